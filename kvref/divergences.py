@@ -1,0 +1,96 @@
+"""Known divergences from vLLM 0.25.1 and the matchers that recognise them.
+
+The registry is ``divergences.toml`` beside this module. A matcher receives
+the configuration, the operation, vLLM's output and the spec-semantics output
+and returns True only if the difference is exactly the documented one.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvspec.config import FULL_TYPE_KINDS, KVCacheConfig, Mamba, SlidingWindow
+
+Json = Any
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """One registry entry."""
+
+    id: str
+    title: str
+    operation: str
+    invariant: str
+    trace: str
+    halts: bool
+    """Whether the two states differ afterwards (the lockstep run stops)."""
+
+
+def load_registry() -> dict[str, Divergence]:
+    """Every entry of ``divergences.toml`` by id."""
+    data = tomllib.loads((Path(__file__).parent / "divergences.toml").read_text())
+    return {
+        d["id"]: Divergence(d["id"], d["title"], d["operation"], d["invariant"], d["trace"],
+                            d["operation"] == "get_computed_blocks")
+        for d in data["divergence"]
+    }  # fmt: skip
+
+
+def explain(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> str | None:
+    """The id of the known divergence that explains ``vllm_out != spec_out``, or None."""
+    for div_id, matcher in MATCHERS.items():
+        if matcher(cfg, op, vllm_out, spec_out, pending):
+            return div_id
+    return None
+
+
+def _hit_lengths(cfg: KVCacheConfig, out: Json) -> list[int]:
+    return [len(blocks) * kind.block_size for kind, blocks in zip(cfg.groups, out["blocks"], strict=True)]
+
+
+def _eagle_mamba(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> bool:
+    if op["op"] != "get_computed_blocks" or "blocks" not in vllm_out:
+        return False
+    eagle = cfg.eagle_group_ids()
+    if not any(isinstance(k, Mamba) and g in eagle for g, k in enumerate(cfg.groups)):
+        return False
+    lengths = _hit_lengths(cfg, vllm_out)
+    n = vllm_out["num_tokens"]
+    return any(isinstance(k, FULL_TYPE_KINDS) and lengths[g] < n for g, k in enumerate(cfg.groups))
+
+
+def _second_full(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> bool:
+    if op["op"] != "get_computed_blocks" or "blocks" not in vllm_out:
+        return False
+    if len({k for k in cfg.groups if isinstance(k, FULL_TYPE_KINDS)}) < 2:
+        return False
+    lengths = _hit_lengths(cfg, vllm_out)
+    n = vllm_out["num_tokens"]
+    return any(isinstance(k, FULL_TYPE_KINDS) and lengths[g] > n for g, k in enumerate(cfg.groups))
+
+
+def _swa_eagle(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> bool:
+    if op["op"] != "get_computed_blocks" or "blocks" not in vllm_out or "blocks" not in spec_out:
+        return False
+    eagle, sched = cfg.eagle_group_ids(), cfg.scheduler_block_size
+    swa_eagle = any(
+        isinstance(k, SlidingWindow) and g in eagle and k.block_size != sched for g, k in enumerate(cfg.groups)
+    )
+    return swa_eagle and spec_out["num_tokens"] > vllm_out["num_tokens"]
+
+
+def _common_prefix(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> bool:
+    return op["op"] == "get_num_common_prefix_blocks" and pending
+
+
+MATCHERS: dict[str, Callable[[KVCacheConfig, Json, Json, Json, bool], bool]] = {
+    "eagle-mamba-hit": _eagle_mamba,
+    "second-full-group": _second_full,
+    "swa-eagle-fallback": _swa_eagle,
+    "common-prefix-pending": _common_prefix,
+}

@@ -1,0 +1,151 @@
+"""Lockstep execution: one operation on every adapter, everything compared.
+
+:class:`Lockstep` owns a reference adapter (first) and one or more others,
+the shared :class:`~kvref.ops.RequestBook`, the operation log (which becomes
+a trace on failure) and the run statistics. Differences are failures unless
+:mod:`kvref.divergences` explains them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvref.adapters import AdapterFactory, KVCacheAdapter
+from kvref.divergences import explain, load_registry
+from kvref.ops import REQUEST_OPS, RequestBook, execute
+from kvref.traces import Trace
+from kvspec.config import KVCacheConfig
+from kvspec.view import diff_views
+
+Json = Any
+
+
+class LockstepFailure(AssertionError):
+    """Two implementations disagree (or one broke an invariant or crashed)."""
+
+    def __init__(self, message: str, trace_path: Path | None) -> None:
+        """Remember where the failing history was written."""
+        super().__init__(message + (f"\n  trace: {trace_path}" if trace_path else ""))
+        self.trace_path = trace_path
+
+
+@dataclass
+class RunStats:
+    """Counters shared by every machine run of one ``kvref check``."""
+
+    steps: int = 0
+    runs: int = 0
+    invariant_checks: int = 0
+    configs: Counter[str] = field(default_factory=Counter)
+    known: Counter[str] = field(default_factory=Counter)
+    unexplained: int = 0
+    started: float = field(default_factory=time.monotonic)
+    last_failure: Path | None = None
+
+
+class Lockstep:
+    """Adapters driven in lockstep over one configuration."""
+
+    def __init__(
+        self,
+        config: KVCacheConfig,
+        factories: list[AdapterFactory],
+        stats: RunStats,
+        failure_dir: Path,
+        config_name: str = "",
+    ) -> None:
+        """Construct every adapter (reference first)."""
+        self.config = config
+        self.stats = stats
+        self.failure_dir = failure_dir
+        self.book = RequestBook(config)
+        self.log: list[Json] = []
+        self.halted = False
+        self.pending = 0
+        self.adapters: list[KVCacheAdapter] = []
+        for factory in factories:
+            adapter = factory(config)
+            if getattr(adapter, "construction_workaround", None) == "sinkfull-ctor":
+                stats.known["sinkfull-ctor"] += 1
+            self.adapters.append(adapter)
+        stats.runs += 1
+        stats.configs[config_name or "custom"] += 1
+
+    def request_op(self, op: Json) -> None:
+        """Apply a request operation (no adapter call)."""
+        self.book.apply(op)
+        self.log.append(op)
+
+    def call(self, op: Json, expect_unchanged: bool = False) -> Json:
+        """Run a facade operation everywhere; return the reference output.
+
+        ``expect_unchanged`` additionally requires every view to be the same
+        after the call as before it (caller errors must change nothing).
+        """
+        assert op["op"] not in REQUEST_OPS
+        before = [a.to_view() for a in self.adapters] if expect_unchanged else []
+        outs: list[Json] = []
+        crash = ""
+        for a in self.adapters:
+            try:
+                outs.append(execute(a, self.book, op))
+            except Exception as exc:
+                crash = f"{a.name} crashed: {type(exc).__name__}: {exc}"
+                break
+        self.stats.steps += 1
+        entry = {**op, "expect": outs[0]} if outs else dict(op)
+        self.log.append(entry)
+        if crash:
+            self._fail(crash)
+        ref_view = self.adapters[0].to_view()
+        entry["view"] = ref_view.digest()
+        for a, out in zip(self.adapters[1:], outs[1:], strict=True):
+            if out != outs[0] and not self._explained(op, a, outs[0], out):
+                self._fail(f"{a.name} returned {out!r}, {self.adapters[0].name} returned {outs[0]!r}")
+        if self.halted:
+            return outs[0]
+        for a in self.adapters[1:]:
+            diff = diff_views(ref_view, a.to_view())
+            if diff:
+                self._fail(f"views differ after {op['op']} ({a.name}): " + "; ".join(diff))
+        for a, old in zip(self.adapters, before, strict=False):
+            if diff_views(old, a.to_view()):
+                self._fail(f"{a.name}: {op['op']} raised {outs[0]!r} but changed the state")
+        self._check_invariants(op)
+        return outs[0]
+
+    def _explained(self, op: Json, other: KVCacheAdapter, ref_out: Json, out: Json) -> bool:
+        names = (self.adapters[0].name, other.name)
+        if "vllm" not in names or names[0] == names[1]:
+            return False
+        vllm_out, spec_out = (ref_out, out) if names[0] == "vllm" else (out, ref_out)
+        div_id = explain(self.config, op, vllm_out, spec_out, self.pending > 0)
+        if div_id is None:
+            return False
+        self.stats.known[div_id] += 1
+        if load_registry()[div_id].halts:
+            self.halted = True
+        return True
+
+    def _check_invariants(self, op: Json) -> None:
+        for a in self.adapters:
+            check = getattr(a, "check_invariants", None)
+            if check is None:
+                continue
+            try:
+                check()
+            except AssertionError as exc:
+                self._fail(f"{a.name} broke an invariant after {op['op']}: {exc}")
+            self.stats.invariant_checks += 1
+
+    def _fail(self, message: str) -> None:
+        self.stats.unexplained += 1
+        path = self.failure_dir / f"failure-{os.getpid()}.jsonl"
+        Trace(self.config, self.log, {"failure": message}).write(path)
+        self.stats.last_failure = path
+        raise LockstepFailure(message, path)

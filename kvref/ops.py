@@ -1,0 +1,204 @@
+"""Operations as language-neutral records, and their execution on adapters.
+
+An operation is a JSON object ``{"op": NAME, ...arguments}``. Three kinds:
+
+* request operations (``add_request``, ``append_tokens``, ``set_request``)
+  change the caller-side request values kept in a :class:`RequestBook`; they
+  never call an adapter (a scheduler owns its requests, not the manager);
+* facade operations (``allocate_slots``, ``free``, ...) call the adapter with
+  the current request value and return a JSON-able output;
+* a facade operation that raises a :mod:`kvspec.errors` class returns
+  ``{"error": ClassName}``.
+
+The exact fields are documented in ``docs/traces.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, replace
+from typing import Any
+
+from kvref.adapters import KVCacheAdapter
+from kvspec.config import (
+    MLA,
+    AttentionKind,
+    ChunkedLocal,
+    CrossAttention,
+    FullAttention,
+    KVCacheConfig,
+    Mamba,
+    SinkFullAttention,
+    SlidingWindow,
+)
+from kvspec.errors import KVCacheError
+from kvspec.events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from kvspec.hashing import ExtraKeySource, LoRA, MultiModalFeature
+from kvspec.request import Request, RequestBlockHasher, RequestStatus
+from kvspec.view import BlockIds
+
+Json = Any
+REQUEST_OPS = ("add_request", "append_tokens", "set_request")
+KIND_CLASSES: dict[str, type] = {
+    c.__name__: c for c in (FullAttention, MLA, SinkFullAttention, SlidingWindow, ChunkedLocal, Mamba, CrossAttention)
+}
+
+
+class RequestBook:
+    """Caller-side request values, advanced by request operations."""
+
+    def __init__(self, config: KVCacheConfig) -> None:
+        """An empty book hashing like ``config``."""
+        self.hasher = RequestBlockHasher(config.hash_function, config.hash_seed, config.resolved_hash_block_size())
+        self.requests: dict[str, Request] = {}
+
+    def apply(self, op: Json) -> None:
+        """Apply one request operation."""
+        name, rid = op["op"], op["rid"]
+        if name == "add_request":
+            extra = extra_from_json(op.get("extra") or {})
+            req = self.hasher.new_request(rid, op["prompt"], extra, bool(op.get("skip_reading_prefix_cache")))
+            self.requests[rid] = req
+        elif name == "append_tokens":
+            self.requests[rid] = self.hasher.with_output_tokens(self.requests[rid], op["tokens"])
+        elif name == "set_request":
+            changes: dict[str, Any] = {}
+            for key in ("num_computed_tokens", "num_preemptions"):
+                if key in op:
+                    changes[key] = op[key]
+            if "status" in op:
+                changes["status"] = RequestStatus(op["status"])
+            self.requests[rid] = replace(self.requests[rid], **changes)
+        else:
+            raise ValueError(f"not a request operation: {name!r}")
+
+
+def execute(adapter: KVCacheAdapter, book: RequestBook, op: Json) -> Json:
+    """Run one facade operation on ``adapter``; caller errors become
+    ``{"error": ClassName}``."""
+    try:
+        return _execute(adapter, book, op)
+    except KVCacheError as exc:
+        return {"error": type(exc).__name__}
+
+
+def _execute(a: KVCacheAdapter, book: RequestBook, op: Json) -> Json:
+    name = op["op"]
+    req = book.requests.get(op.get("rid", ""))
+    if name == "get_computed_blocks":
+        assert req is not None
+        blocks, n = a.get_computed_blocks(req)
+        return {"blocks": ids_to_json(blocks), "num_tokens": n}
+    if name == "allocate_slots":
+        assert req is not None
+        hits = op.get("new_computed_blocks")
+        out = a.allocate_slots(
+            req,
+            op["num_new_tokens"],
+            num_new_computed_tokens=op.get("num_new_computed_tokens", 0),
+            new_computed_blocks=None if hits is None else tuple(tuple(g) for g in hits),
+            num_lookahead_tokens=op.get("num_lookahead_tokens", 0),
+            num_external_computed_tokens=op.get("num_external_computed_tokens", 0),
+            delay_cache_blocks=op.get("delay_cache_blocks", False),
+            num_encoder_tokens=op.get("num_encoder_tokens", 0),
+            full_sequence_must_fit=op.get("full_sequence_must_fit", False),
+            reserved_blocks=op.get("reserved_blocks", 0),
+            has_scheduled_reqs=op.get("has_scheduled_reqs", True),
+        )
+        return None if out is None else ids_to_json(out)
+    if name == "cache_blocks":
+        assert req is not None
+        a.cache_blocks(req, op["num_computed_tokens"])
+        return None
+    return _execute_by_id(a, op)
+
+
+def _execute_by_id(a: KVCacheAdapter, op: Json) -> Json:
+    name = op["op"]
+    if name == "free":
+        a.free(op["rid"])
+        return None
+    if name == "pop_blocks_for_free":
+        return list(a.pop_blocks_for_free(op["rid"]))
+    if name == "free_blocks":
+        a.free_blocks(op["block_ids"])
+        return None
+    if name == "remove_skipped_blocks":
+        a.remove_skipped_blocks(op["rid"], op["total_computed_tokens"], op.get("num_prompt_tokens"))
+        return None
+    if name == "evict_blocks":
+        a.evict_blocks(op["block_ids"])
+        return None
+    if name == "reset_prefix_cache":
+        return a.reset_prefix_cache()
+    if name == "get_num_common_prefix_blocks":
+        return list(a.get_num_common_prefix_blocks(op["rid"]))
+    if name == "take_events":
+        return [event_to_json(e) for e in a.take_events()]
+    if name == "take_new_block_ids":
+        return list(a.take_new_block_ids())
+    if name == "new_step_starts":
+        a.new_step_starts()
+        return None
+    if name == "get_block_ids":
+        return ids_to_json(a.get_block_ids(op["rid"]))
+    if name == "usage":
+        return round(a.usage, 9)
+    if name == "make_prefix_cache_stats":
+        stats = a.make_prefix_cache_stats()
+        return None if stats is None else asdict(stats)
+    raise ValueError(f"unknown operation {name!r}")
+
+
+def ids_to_json(blocks: BlockIds) -> list[list[int]]:
+    """Block ids per group as nested lists."""
+    return [list(g) for g in blocks]
+
+
+def event_to_json(event: KVCacheEvent) -> Json:
+    """An event as a JSON object with a ``type`` field; bytes become hex."""
+    if isinstance(event, AllBlocksCleared):
+        return {"type": "AllBlocksCleared"}
+    kind = "BlockStored" if isinstance(event, BlockStored) else "BlockRemoved"
+    assert isinstance(event, BlockStored | BlockRemoved)
+    return {"type": kind, **{k: _plain(v) for k, v in asdict(event).items()}}
+
+
+def _plain(value: Any) -> Json:
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def extra_from_json(obj: Json) -> ExtraKeySource:
+    """The extra-key sources of an ``add_request`` operation."""
+    lora = obj.get("lora")
+    embeds = obj.get("prompt_embeds")
+    return ExtraKeySource(
+        lora=LoRA(lora["name"], lora["adapter_id"]) if lora else None,
+        mm_features=tuple(
+            MultiModalFeature(f["identifier"], f["offset"], f["length"]) for f in obj.get("mm_features", [])
+        ),
+        cache_salt=obj.get("cache_salt"),
+        prompt_embeds=None if embeds is None else tuple(bytes.fromhex(r) for r in embeds),
+    )
+
+
+def config_to_json(cfg: KVCacheConfig) -> Json:
+    """A config as a JSON object; kinds are ``{"kind": ClassName, ...fields}``."""
+    data = asdict(cfg)
+    data["groups"] = [{"kind": type(k).__name__, **asdict(k)} for k in cfg.groups]
+    data["eagle_groups"] = list(cfg.eagle_groups)
+    return data
+
+
+def config_from_json(obj: Json) -> KVCacheConfig:
+    """Inverse of :func:`config_to_json`."""
+    data = dict(obj)
+    groups: list[AttentionKind] = []
+    for g in data.pop("groups"):
+        fields = {k: v for k, v in g.items() if k != "kind"}
+        groups.append(KIND_CLASSES[g["kind"]](**fields))
+    data["eagle_groups"] = tuple(data.get("eagle_groups", ()))
+    return KVCacheConfig(groups=tuple(groups), **data)

@@ -1,0 +1,46 @@
+"""Hypothesis settings profiles: ``dev``, ``ci``, ``nightly``, ``crosshair``.
+
+``HYPOTHESIS_PROFILE`` selects one (default ``dev``). A *run* is one drawn
+configuration driven through up to ``stateful_step_count`` rules; every
+facade call in a run is one lockstep step.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+PROFILES = {
+    "dev": {"max_examples": 40, "stateful_step_count": 40},
+    "ci": {"max_examples": 400, "stateful_step_count": 60},
+    "nightly": {"max_examples": 5000, "stateful_step_count": 100},
+    "crosshair": {"max_examples": 20, "stateful_step_count": 20},
+}
+
+
+def register_profiles() -> None:
+    """Register every profile with Hypothesis (idempotent)."""
+    common = {"deadline": None, "suppress_health_check": list(HealthCheck), "print_blob": True}
+    for name, values in PROFILES.items():
+        extra = {"backend": "crosshair"} if name == "crosshair" and _crosshair_backend() else {}
+        settings.register_profile(f"kvref-{name}", **common, **values, **extra)
+
+
+def load_profile(name: str | None = None) -> str:
+    """Load ``name`` (default: ``HYPOTHESIS_PROFILE`` or ``dev``); return it."""
+    register_profiles()
+    chosen = name or os.environ.get("HYPOTHESIS_PROFILE", "dev")
+    if chosen not in PROFILES:
+        raise ValueError(f"unknown profile {chosen!r}; choose one of {', '.join(PROFILES)}")
+    settings.load_profile(f"kvref-{chosen}")
+    return chosen
+
+
+def _crosshair_backend() -> bool:
+    try:
+        import hypothesis_crosshair_provider  # type: ignore[import-not-found]  # noqa: F401, PLC0415 - optional
+
+        return True
+    except ImportError:
+        return False

@@ -1,0 +1,481 @@
+"""A scheduler-driving Hypothesis state machine over :class:`Lockstep`.
+
+The machine plays vLLM's scheduler: it admits waiting requests (prefix
+lookup, then ``allocate_slots`` with the hit and a chunk of the prompt),
+advances running ones (chunked prefill, then decode with sampled tokens and
+lookahead slots), preempts on allocation failure, finishes requests with
+``free`` or with ``pop_blocks_for_free`` and a later deferred free, loads
+connector tokens (``delay_cache_blocks`` + ``cache_blocks``), and calls every
+other facade operation, invalid calls included. Every call goes to every
+adapter and everything is compared (see :mod:`kvref.lockstep`).
+
+Use :func:`make_lockstep_machine` to build a machine class for your targets;
+``TestX = make_lockstep_machine(...).TestCase`` runs it under pytest.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+
+from kvref.adapters import AdapterFactory
+from kvref.lockstep import Lockstep, RunStats
+from kvspec.config import (
+    MLA,
+    AttentionKind,
+    ChunkedLocal,
+    CrossAttention,
+    FullAttention,
+    KVCacheConfig,
+    Mamba,
+    SinkFullAttention,
+    SlidingWindow,
+)
+from kvspec.hashing import HASH_FUNCTION_NAMES
+
+Json = Any
+VOCAB = 4
+"""Tokens are drawn from a tiny vocabulary so equal blocks recur by chance too."""
+
+
+@dataclass
+class ReqState:
+    """The scheduler's view of one request."""
+
+    rid: str
+    status: str = "WAITING"
+    computed: int = 0
+    encoder_tokens: int = 0
+    remote_target: int = 0
+    preemptions: int = 0
+
+
+@dataclass
+class Shape:
+    """A named group mix; ``build(bs)`` gives the kinds for block size ``bs``."""
+
+    name: str
+    kinds: Sequence[str]
+    caching: bool | None = None
+    eagle_ok: bool = True
+
+
+SHAPES = (
+    Shape("full", ["full"]),
+    Shape("mla", ["mla"]),
+    Shape("swa", ["swa"]),
+    Shape("chunked", ["chunked"], eagle_ok=False),
+    Shape("mamba-all", ["mamba-all"]),
+    Shape("mamba-align", ["mamba-align"]),
+    Shape("sink", ["sink"]),
+    Shape("cross", ["full", "cross"], caching=False),
+    Shape("full+swa", ["full", "swa"]),
+    Shape("full+swa+swa", ["full", "swa", "swa"]),
+    Shape("full+swa+swa2", ["full", "swa", "swa2"]),
+    Shape("full+mamba-align", ["full", "mamba-align"]),
+    Shape("full+mamba-all", ["full", "mamba-all"]),
+    Shape("full+chunked", ["full", "chunked"], eagle_ok=False),
+    Shape("mla+swa", ["mla", "swa"]),
+    Shape("full2x+swa", ["full", "swa@2x"]),
+    Shape("full+mla+swa", ["full", "mla", "swa"]),
+)
+
+
+def _kind(name: str, bs: int, window: int, spec_blocks: int) -> AttentionKind:
+    if name == "full":
+        return FullAttention(bs)
+    if name == "mla":
+        return MLA(bs)
+    if name == "sink":
+        return SinkFullAttention(bs, bs * 2)
+    if name in ("swa", "swa2"):
+        return SlidingWindow(bs, window + (bs if name == "swa2" else 0))
+    if name == "swa@2x":
+        return SlidingWindow(bs * 2, window)
+    if name == "chunked":
+        return ChunkedLocal(bs, bs * 2)
+    if name == "cross":
+        return CrossAttention(bs)
+    return Mamba(bs, "align" if name == "mamba-align" else "all", spec_blocks)
+
+
+@st.composite
+def configs(draw: st.DrawFn, shapes: Sequence[Shape] = SHAPES) -> tuple[str, KVCacheConfig]:
+    """A named configuration: group mix, sizes, caching, EAGLE, watermark, events."""
+    shape = draw(st.sampled_from(list(shapes)))
+    bs = draw(st.sampled_from([2, 4]))
+    window = draw(st.integers(1, 3 * bs))
+    eagle = shape.eagle_ok and draw(st.booleans())
+    spec_blocks = draw(st.integers(0, 1)) if eagle else 0
+    groups = tuple(_kind(k, bs, window, spec_blocks) for k in shape.kinds)
+    caching = shape.caching if shape.caching is not None else draw(st.sampled_from([True, True, False]))
+    cfg = KVCacheConfig(
+        num_blocks=draw(st.integers(6, 40)),
+        groups=groups,
+        max_model_len=draw(st.sampled_from([32, 48, 64])),
+        max_num_batched_tokens=draw(st.sampled_from([None, 8, 16])),
+        enable_caching=caching,
+        use_eagle=eagle,
+        enable_kv_cache_events=draw(st.booleans()),
+        watermark=draw(st.sampled_from([0.0, 0.0, 0.1, 0.3])),
+        hash_function=draw(st.sampled_from(["sha256_cbor", "sha256_cbor", *HASH_FUNCTION_NAMES])),
+        hash_seed=draw(st.sampled_from(["0", "42"])),
+        log_stats=draw(st.booleans()),
+    )
+    return shape.name, cfg
+
+
+@dataclass
+class MachineSetup:
+    """What a generated machine class runs against."""
+
+    factories: list[AdapterFactory]
+    stats: RunStats = field(default_factory=RunStats)
+    failure_dir: Path = Path("kvref-failures")
+    shapes: Sequence[Shape] = SHAPES
+
+
+def make_lockstep_machine(setup: MachineSetup) -> type[RuleBasedStateMachine]:
+    """A state machine class driving ``setup.factories`` (reference first)."""
+
+    class LockstepMachine(SchedulerMachine):
+        SETUP = setup
+
+    return LockstepMachine
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    """Plays a scheduler against the adapters of ``SETUP``."""
+
+    SETUP: MachineSetup
+
+    def __init__(self) -> None:
+        """No configuration yet (drawn in :meth:`setup`)."""
+        super().__init__()
+        self.lock: Lockstep | None = None
+        self.reqs: dict[str, ReqState] = {}
+        self.waiting: list[str] = []
+        self.running: list[str] = []
+        self.remote: list[str] = []
+        self.pending: list[list[int]] = []
+        self.prefixes: list[list[int]] = []
+        self.counter = 0
+
+    # -- configuration -------------------------------------------------------
+
+    @initialize(data=st.data())
+    def setup(self, data: st.DataObject) -> None:
+        """Draw a configuration; build every adapter and a prefix universe."""
+        name, cfg = data.draw(configs(self.SETUP.shapes), label="config")
+        self.cfg = cfg
+        self.lock = Lockstep(cfg, self.SETUP.factories, self.SETUP.stats, self.SETUP.failure_dir, name)
+        sched = cfg.scheduler_block_size
+        for _ in range(3):
+            n = data.draw(st.integers(0, 3)) * sched + data.draw(st.integers(0, sched - 1))
+            self.prefixes.append(data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=n, max_size=n)))
+
+    # -- helpers -------------------------------------------------------------
+
+    @property
+    def live(self) -> bool:
+        return self.lock is not None and not self.lock.halted
+
+    def _call(self, op: Json, expect_unchanged: bool = False) -> Json:
+        assert self.lock is not None
+        return self.lock.call(op, expect_unchanged)
+
+    def _set(self, st_: ReqState) -> None:
+        assert self.lock is not None
+        self.lock.request_op(
+            {"op": "set_request", "rid": st_.rid, "num_computed_tokens": st_.computed,
+             "status": st_.status, "num_preemptions": st_.preemptions}
+        )  # fmt: skip
+
+    def _num_tokens(self, rid: str) -> int:
+        assert self.lock is not None
+        return self.lock.book.requests[rid].num_tokens
+
+    def _chunk(self, data: st.DataObject, st_: ReqState, start: int) -> int:
+        """Tokens to schedule from ``start``: a drawn chunk of what remains,
+        split at block boundaries for Mamba align (as vLLM's scheduler does)."""
+        remaining = self._num_tokens(st_.rid) - start
+        n = data.draw(st.integers(1, max(1, min(remaining, self.cfg.batched_tokens()))))
+        bs = self.cfg.scheduler_block_size
+        if n < remaining and any(isinstance(k, Mamba) and k.mode == "align" for k in self.cfg.groups):
+            end = (start + n) // bs * bs
+            if end <= start:
+                end = min(start + remaining, (start // bs + 1) * bs)
+            n = end - start
+        return max(1, min(n, remaining))
+
+    def _sample_token(self, data: st.DataObject, rid: str) -> None:
+        assert self.lock is not None
+        tok = data.draw(st.integers(0, VOCAB - 1))
+        self.lock.request_op({"op": "append_tokens", "rid": rid, "tokens": [tok]})
+
+    def _finish(self, rid: str, data: st.DataObject) -> None:
+        st_ = self.reqs.pop(rid)
+        for queue in (self.waiting, self.running, self.remote):
+            if rid in queue:
+                queue.remove(rid)
+        if data.draw(st.booleans()):
+            self._call({"op": "free", "rid": rid})
+        else:
+            popped = self._call({"op": "pop_blocks_for_free", "rid": rid})
+            if popped:
+                self.pending.append(popped)
+                assert self.lock is not None
+                self.lock.pending += 1
+        del st_
+
+    def _preempt(self, rid: str, data: st.DataObject) -> None:
+        st_ = self.reqs[rid]
+        if data.draw(st.booleans()):
+            self._call({"op": "free", "rid": rid})
+        else:
+            popped = self._call({"op": "pop_blocks_for_free", "rid": rid})
+            if popped:
+                self.pending.append(popped)
+                assert self.lock is not None
+                self.lock.pending += 1
+        self.running.remove(rid)
+        st_.status, st_.computed, st_.preemptions = "PREEMPTED", 0, st_.preemptions + 1
+        self._set(st_)
+        self.waiting.insert(0, rid)
+
+    # -- scheduler rules -----------------------------------------------------
+
+    @precondition(lambda self: self.live and len(self.reqs) < 10)
+    @rule(data=st.data())
+    def add_request(self, data: st.DataObject) -> None:
+        """A new request whose prompt starts with a shared prefix."""
+        assert self.lock is not None
+        self.counter += 1
+        rid = f"r{self.counter}"
+        prefix = data.draw(st.sampled_from(self.prefixes))
+        suffix = data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=12))
+        prompt = (prefix + suffix)[: self.cfg.max_model_len - 2] or [0]
+        op: Json = {"op": "add_request", "rid": rid, "prompt": prompt}
+        extra = data.draw(st.sampled_from([{}, {}, {}, {"cache_salt": "s"}, {"lora": {"name": "l", "adapter_id": 1}}]))
+        if extra:
+            op["extra"] = extra
+        self.lock.request_op(op)
+        enc = data.draw(st.integers(1, 12)) if any(isinstance(k, CrossAttention) for k in self.cfg.groups) else 0
+        self.reqs[rid] = ReqState(rid, encoder_tokens=enc)
+        self.waiting.append(rid)
+
+    @precondition(lambda self: self.live and bool(self.waiting))
+    @rule(data=st.data())
+    def admit(self, data: st.DataObject) -> None:
+        """Schedule the first waiting request: prefix lookup, then allocate."""
+        rid = self.waiting[0]
+        st_ = self.reqs[rid]
+        op: Json = {"op": "allocate_slots", "rid": rid}
+        hit = 0
+        if st_.computed == 0:
+            found = self._call({"op": "get_computed_blocks", "rid": rid})
+            hit = found["num_tokens"]
+            if any(found["blocks"]):
+                op["new_computed_blocks"] = found["blocks"]
+            op["num_new_computed_tokens"] = hit
+        total = self._num_tokens(rid)
+        external = 0
+        if st_.computed == 0 and data.draw(st.integers(0, 4)) == 0 and total - hit > 1:
+            external = data.draw(st.integers(1, total - hit - 1))
+        delay = external > 0 and data.draw(st.booleans())
+        new = 0 if delay else self._chunk(data, st_, st_.computed + hit + external)
+        op.update(
+            num_new_tokens=new, num_external_computed_tokens=external, delay_cache_blocks=delay,
+            num_lookahead_tokens=data.draw(st.integers(0, 2)) if self.cfg.use_eagle else 0,
+            num_encoder_tokens=st_.encoder_tokens if st_.computed == 0 else 0,
+            full_sequence_must_fit=data.draw(st.booleans()),
+            reserved_blocks=data.draw(st.sampled_from([0, 0, 0, 1, 2])),
+            has_scheduled_reqs=bool(self.running),
+        )  # fmt: skip
+        if self._call(op) is None:
+            return
+        self.waiting.remove(rid)
+        if delay:
+            st_.status, st_.remote_target = "WAITING_FOR_REMOTE_KVS", hit + external
+            self.remote.append(rid)
+            self._set(st_)
+            return
+        st_.status, st_.computed = "RUNNING", st_.computed + hit + external + new
+        self._set(st_)
+        self.running.append(rid)
+        if st_.computed == total:
+            self._sample_token(data, rid)
+
+    @precondition(lambda self: self.live and bool(self.remote))
+    @rule(data=st.data())
+    def finish_remote_load(self, data: st.DataObject) -> None:
+        """The connector finished loading: cache the loaded blocks, then the
+        request waits to be scheduled with its tokens already computed."""
+        rid = data.draw(st.sampled_from(self.remote))
+        st_ = self.reqs[rid]
+        self._call({"op": "cache_blocks", "rid": rid, "num_computed_tokens": st_.remote_target})
+        self.remote.remove(rid)
+        st_.status, st_.computed = "WAITING", st_.remote_target
+        self._set(st_)
+        self.waiting.insert(0, rid)
+
+    @precondition(lambda self: self.live and bool(self.running))
+    @rule(data=st.data())
+    def schedule_running(self, data: st.DataObject) -> None:
+        """Advance a running request (prefill chunk or one decode token);
+        on failure preempt the newest running request."""
+        rid = data.draw(st.sampled_from(self.running))
+        st_ = self.reqs[rid]
+        total = self._num_tokens(rid)
+        if st_.computed >= total:
+            self._finish(rid, data)
+            return
+        new = self._chunk(data, st_, st_.computed)
+        look = data.draw(st.integers(0, 2)) if self.cfg.use_eagle else 0
+        out = self._call({"op": "allocate_slots", "rid": rid, "num_new_tokens": new, "num_lookahead_tokens": look})
+        if out is None:
+            self._preempt(self.running[-1], data)
+            return
+        st_.computed += new
+        self._set(st_)
+        if st_.computed == total and total < self.cfg.max_model_len:
+            self._sample_token(data, rid)
+
+    @precondition(lambda self: self.live and bool(self.reqs))
+    @rule(data=st.data())
+    def finish(self, data: st.DataObject) -> None:
+        """A request finishes or is aborted (``free`` or deferred free)."""
+        rid = data.draw(st.sampled_from(sorted(self.reqs)))
+        if rid in self.running and data.draw(st.booleans()):
+            self._call({"op": "remove_skipped_blocks", "rid": rid, "total_computed_tokens": self.reqs[rid].computed})
+        self._finish(rid, data)
+
+    @precondition(lambda self: self.live and bool(self.pending))
+    @rule(data=st.data())
+    def deferred_free(self, data: st.DataObject) -> None:
+        """The scheduler frees popped blocks later, reversed."""
+        assert self.lock is not None
+        blocks = self.pending.pop(data.draw(st.integers(0, len(self.pending) - 1)))
+        self.lock.pending -= 1
+        self._call({"op": "free_blocks", "block_ids": list(reversed(blocks))})
+
+    @precondition(lambda self: self.lock is not None)
+    @rule()
+    def new_step(self) -> None:
+        """A scheduler step begins (always enabled; a no-op once a known
+        divergence has stopped the comparison)."""
+        if self.live:
+            self._call({"op": "new_step_starts"})
+
+    @precondition(lambda self: self.live)
+    @rule(which=st.sampled_from(["take_events", "take_new_block_ids", "make_prefix_cache_stats", "usage"]))
+    def drain(self, which: str) -> None:
+        """Events, fresh block ids, statistics, usage."""
+        self._call({"op": which})
+
+    @precondition(lambda self: self.live and bool(self.running))
+    @rule(data=st.data())
+    def common_prefix(self, data: st.DataObject) -> None:
+        """Cascade attention asks for the common prefix of a running request."""
+        self._call({"op": "get_num_common_prefix_blocks", "rid": data.draw(st.sampled_from(self.running))})
+
+    @precondition(lambda self: self.live and bool(self.reqs))
+    @rule(data=st.data())
+    def read_tables(self, data: st.DataObject) -> None:
+        """Read a request's block ids."""
+        self._call({"op": "get_block_ids", "rid": data.draw(st.sampled_from(sorted(self.reqs)))})
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def evict(self, data: st.DataObject) -> None:
+        """A KV connector reports blocks whose contents were lost."""
+        ids = data.draw(st.lists(st.integers(0, self.cfg.num_blocks - 1), max_size=3))
+        self._call({"op": "evict_blocks", "block_ids": ids})
+
+    @precondition(lambda self: self.live)
+    @rule()
+    def reset(self) -> None:
+        """Reset the prefix cache (fails while blocks are in use)."""
+        self._call({"op": "reset_prefix_cache"})
+
+    # -- invalid operations: every side must reject them and change nothing ---
+
+    @precondition(lambda self: self.live and bool(self.reqs))
+    @rule(data=st.data(), kind=st.sampled_from(["negative", "zero", "too_long", "groups", "running_hit"]))
+    def invalid_allocate(self, data: st.DataObject, kind: str) -> None:
+        """allocate_slots with a broken argument."""
+        rid = data.draw(st.sampled_from(sorted(self.reqs)))
+        op: Json = {"op": "allocate_slots", "rid": rid, "num_new_tokens": 1}
+        if kind == "negative":
+            op[data.draw(st.sampled_from(["num_new_tokens", "num_lookahead_tokens", "reserved_blocks"]))] = -1
+        elif kind == "zero":
+            op["num_new_tokens"] = 0
+        elif kind == "too_long":
+            op["num_new_tokens"] = self.cfg.max_model_len + 1
+        elif kind == "groups":
+            op["new_computed_blocks"] = [[] for _ in range(len(self.cfg.groups) + 1)]
+        else:
+            if rid not in self.running:
+                return
+            found = self._call({"op": "get_computed_blocks", "rid": rid})
+            if not any(found["blocks"]):
+                return
+            op["new_computed_blocks"] = found["blocks"]
+        self._call(op, expect_unchanged=True)
+
+    @precondition(lambda self: self.live and bool(self.waiting))
+    @rule()
+    def stale_hit(self) -> None:
+        """Hits evicted between lookup and allocation must be rejected."""
+        rid = self.waiting[0]
+        if self.reqs[rid].computed:
+            return
+        found = self._call({"op": "get_computed_blocks", "rid": rid})
+        real = sorted({b for g in found["blocks"] for b in g if b != 0})
+        if not real:
+            return
+        self._call({"op": "evict_blocks", "block_ids": real[:1]})
+        op = {"op": "allocate_slots", "rid": rid, "num_new_tokens": 1,
+              "num_new_computed_tokens": found["num_tokens"], "new_computed_blocks": found["blocks"]}  # fmt: skip
+        self._call(op, expect_unchanged=True)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), kind=st.sampled_from(["double_free", "bad_evict", "unknown_prefix", "cache_beyond"]))
+    def invalid_other(self, data: st.DataObject, kind: str) -> None:
+        """Other caller errors."""
+        if kind == "double_free":
+            held = sorted({b for r in self.reqs for b in self._held(r)})
+            if not held:
+                return
+            op: Json = {"op": "free_blocks", "block_ids": [data.draw(st.sampled_from(held))]}
+        elif kind == "bad_evict":
+            op = {"op": "evict_blocks", "block_ids": [data.draw(st.sampled_from([-1, self.cfg.num_blocks]))]}
+        elif kind == "unknown_prefix":
+            op = {"op": "get_num_common_prefix_blocks", "rid": "nobody"}
+        else:
+            if not self.reqs or not self.cfg.enable_caching:
+                return
+            rid = data.draw(st.sampled_from(sorted(self.reqs)))
+            op = {"op": "cache_blocks", "rid": rid, "num_computed_tokens": self._num_tokens(rid) + 1}
+        self._call(op, expect_unchanged=True)
+
+    def _held(self, rid: str) -> list[int]:
+        assert self.lock is not None
+        tables = self.lock.adapters[0].get_block_ids(rid)
+        pending = {b for p in self.pending for b in p}
+        return [b for g in tables for b in g if b != 0 and b not in pending]
+
+    def teardown(self) -> None:
+        """Nothing to release; adapters are garbage collected."""
+        self.lock = None
+
+
+def default_failure_dir() -> Path:
+    """Where failing traces go (``KVREF_FAILURE_DIR`` or ./kvref-failures)."""
+    return Path(os.environ.get("KVREF_FAILURE_DIR", "kvref-failures"))

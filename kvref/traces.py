@@ -1,0 +1,102 @@
+"""Replayable trace files (JSON Lines), format version 1.
+
+Line 1 is a header object; every further line is one operation with the
+expected output and the expected view digest after it. ``docs/traces.md``
+describes the format for implementers in other languages.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvref.adapters import AdapterFactory
+from kvref.ops import REQUEST_OPS, RequestBook, config_from_json, config_to_json, execute
+from kvspec import SEMANTICS_VERSION
+from kvspec.config import KVCacheConfig
+
+FORMAT = "kvref-trace"
+VERSION = 1
+Json = Any
+
+
+@dataclass
+class Trace:
+    """A header plus the recorded steps."""
+
+    config: KVCacheConfig
+    steps: list[Json] = field(default_factory=list)
+    meta: dict[str, Json] = field(default_factory=dict)
+
+    def header(self) -> Json:
+        """The first line of the file."""
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "semantics": SEMANTICS_VERSION,
+            "hash_function": self.config.hash_function,
+            "hash_seed": self.config.hash_seed,
+            "config": config_to_json(self.config),
+            **self.meta,
+        }
+
+    def dumps(self) -> str:
+        """The whole file as text."""
+        lines = [self.header(), *self.steps]
+        return "".join(json.dumps(x, sort_keys=True, separators=(",", ":")) + "\n" for x in lines)
+
+    def write(self, path: Path) -> Path:
+        """Write the trace; parent folders are created."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.dumps())
+        return path
+
+
+def load(path: Path) -> Trace:
+    """Read a trace file.
+
+    Raises:
+        ValueError: If the header is not a version-1 kvref trace.
+    """
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not lines:
+        raise ValueError(f"{path}: empty trace")
+    header = lines[0]
+    if header.get("format") != FORMAT or header.get("version") != VERSION:
+        raise ValueError(f"{path}: not a {FORMAT} version {VERSION} file")
+    known = ("format", "version", "semantics", "hash_function", "hash_seed", "config")
+    meta = {k: v for k, v in header.items() if k not in known}
+    return Trace(config_from_json(header["config"]), lines[1:], meta)
+
+
+@dataclass
+class ReplayResult:
+    """Outcome of replaying one trace against one adapter."""
+
+    path: str
+    ok: bool
+    steps: int
+    failed_step: int | None = None
+    message: str = ""
+
+
+def replay(trace: Trace, factory: AdapterFactory, path: str = "<trace>") -> ReplayResult:
+    """Run every step on a fresh adapter; stop at the first mismatch of an
+    output or of the view digest."""
+    adapter = factory(trace.config)
+    book = RequestBook(trace.config)
+    for i, step in enumerate(trace.steps):
+        op = {k: v for k, v in step.items() if k not in ("expect", "view")}
+        if op["op"] in REQUEST_OPS:
+            book.apply(op)
+            continue
+        got = execute(adapter, book, op)
+        if got != step.get("expect"):
+            return ReplayResult(path, False, i + 1, i, f"{op['op']}: expected {step.get('expect')!r}, got {got!r}")
+        if "view" in step:
+            digest = adapter.to_view().digest()
+            if digest != step["view"]:
+                return ReplayResult(path, False, i + 1, i, f"{op['op']}: view digest differs")
+    return ReplayResult(path, True, len(trace.steps))

@@ -1,0 +1,309 @@
+"""The block pool: free queue, reference counts, prefix-cache map and events.
+
+Blocks are integer ids ``0 .. num_gpu_blocks - 1``. Block 0 is the *null
+block*: a placeholder for table positions that need no KV (outside a sliding
+window, skipped Mamba states); it is never free, never hashed and its
+reference count is not tracked.
+
+Upstream: ``vllm/v1/core/block_pool.py`` (``BlockPool``,
+``BlockHashToBlockMap``) and ``FreeKVCacheBlockQueue`` of ``kv_cache_utils.py``.
+The doubly linked free list becomes a plain list in eviction order.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import NewType
+
+from kvspec.errors import DoubleFreeError, InvalidBlockIdError, PoolExhaustedError
+from kvspec.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from kvspec.hashing import (
+    BlockHash,
+    BlockHashWithGroupId,
+    block_extra_keys,
+    coarse_block_hashes,
+    external_block_hash,
+    make_key,
+    split_key,
+)
+from kvspec.invariants import require
+from kvspec.request import Request
+
+BlockId = NewType("BlockId", int)
+NULL_BLOCK = BlockId(0)
+
+
+class BlockPool:
+    """Hands out blocks, counts references and caches full blocks by hash.
+
+    inv: block 0 is never free, never hashed, never a cache-map value
+    inv: a block is free <=> it is not null, not a sink block and ref_cnt == 0
+    inv: num_gpu_blocks == 1 + len(sink) + len(free_queue) + #{b: ref_cnt[b] > 0}
+    inv: cached[k] lists exactly the blocks whose block_hash is k, oldest first
+    """
+
+    def __init__(
+        self,
+        num_gpu_blocks: int,
+        enable_caching: bool,
+        hash_block_size: int,
+        enable_kv_cache_events: bool = False,
+        int_block_hashes: bool = True,
+    ) -> None:
+        """An empty pool: every block but the null block is free, in id order."""
+        self.num_gpu_blocks = num_gpu_blocks
+        self.enable_caching = enable_caching
+        self.hash_block_size = hash_block_size
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.int_block_hashes = int_block_hashes
+        self.ref_cnt = [0] * num_gpu_blocks
+        self.block_hash: list[BlockHashWithGroupId | None] = [None] * num_gpu_blocks
+        self.free_queue = [BlockId(i) for i in range(1, num_gpu_blocks)]
+        self.cached: dict[BlockHashWithGroupId, list[BlockId]] = {}
+        self.sink: list[BlockId] = []
+        self.events: list[KVCacheEvent] = []
+
+    def get_num_free_blocks(self) -> int:
+        """Free blocks, cached-but-evictable ones included."""
+        return len(self.free_queue)
+
+    def get_usage(self) -> float:
+        """``1 - free / (num_gpu_blocks - 1)``; 0 for a pool of one block."""
+        if self.num_gpu_blocks == 1:
+            return 0.0
+        return 1.0 - len(self.free_queue) / (self.num_gpu_blocks - 1)
+
+    def get_cached_block(self, block_hash: BlockHash, group_ids: Sequence[int]) -> list[BlockId] | None:
+        """The oldest cached block of ``block_hash`` in each group, or None if any
+        group misses."""
+        found = []
+        for gid in group_ids:
+            ids = self.cached.get(make_key(block_hash, gid))
+            if not ids:
+                return None
+            found.append(ids[0])
+        return found
+
+    def get_new_blocks(self, num_blocks: int) -> list[BlockId]:
+        """Take ``num_blocks`` from the head of the free queue, evicting their
+        hashes; each gets ref_cnt 1.
+
+        Raises:
+            PoolExhaustedError: If fewer blocks are free.
+        """
+        if num_blocks > len(self.free_queue):
+            raise PoolExhaustedError(f"Cannot get {num_blocks} free blocks from the pool")
+        taken, self.free_queue = self.free_queue[:num_blocks], self.free_queue[num_blocks:]
+        for b in taken:
+            if self.enable_caching:
+                self._evict(b)
+            self.ref_cnt[b] = 1
+        return taken
+
+    def touch(self, blocks: Sequence[BlockId]) -> None:
+        """Add a reference to each block (a prefix hit); free ones leave the queue."""
+        for b in blocks:
+            if b == NULL_BLOCK:
+                continue
+            if self.ref_cnt[b] == 0:
+                self.free_queue.remove(b)
+            self.ref_cnt[b] += 1
+
+    def free_blocks(self, ordered_blocks: Iterable[BlockId]) -> None:
+        """Drop one reference per element; blocks reaching 0 become free.
+
+        ``ordered_blocks`` is in eviction priority order. Of the blocks reaching
+        0, unhashed ones go to the *front* of the queue (they can never be hit)
+        and hashed ones to the *tail* (least recently used last), each set in
+        the given order.
+
+        Raises:
+            InvalidBlockIdError: For an id outside the pool.
+            DoubleFreeError: If a block would drop below 0 references.
+        """
+        blocks = [b for b in ordered_blocks if self._valid_id(b, "free_blocks") != NULL_BLOCK]
+        for b, n in Counter(blocks).items():
+            if self.ref_cnt[b] < n:
+                raise DoubleFreeError(
+                    f"free_blocks: block {b} has ref_cnt {self.ref_cnt[b]} but is freed {n} "
+                    "time(s); it was freed more often than allocated"
+                )
+        unhashed: list[BlockId] = []
+        hashed: list[BlockId] = []
+        for b in blocks:
+            self.ref_cnt[b] -= 1
+            if self.ref_cnt[b] == 0:
+                (unhashed if self.block_hash[b] is None else hashed).append(b)
+        self.free_queue = unhashed + self.free_queue + hashed
+
+    def cache_full_blocks(
+        self,
+        request: Request,
+        blocks: Sequence[BlockId],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        group_id: int,
+        block_mask: Sequence[bool] | None = None,
+    ) -> None:
+        """Insert ``blocks[num_cached_blocks:num_full_blocks]`` into the prefix cache.
+
+        Null blocks and blocks whose mask entry is False are skipped. Block i
+        gets key ``hash_i ‖ group_id`` where ``hash_i`` is the request's hash at
+        this group's block size. Duplicates of an existing key are kept (block
+        tables are append-only); lookups return the oldest. With events on,
+        exactly one BlockStored is emitted per call, even if nothing was stored.
+        """
+        if num_cached_blocks >= num_full_blocks:
+            return
+        hashes = self._hashes_at(request, block_size)
+        stored: list[int] = []
+        for i in range(num_cached_blocks, num_full_blocks):
+            b = blocks[i]
+            if b == NULL_BLOCK or (block_mask is not None and not block_mask[i - num_cached_blocks]):
+                continue
+            assert self.block_hash[b] is None, f"block {b} is hashed twice"
+            key = make_key(hashes[i], group_id)
+            self.block_hash[b] = key
+            self.cached.setdefault(key, []).append(b)
+            stored.append(i)
+        if self.enable_kv_cache_events:
+            self.events.append(
+                _stored_event(self, request, hashes, stored, num_cached_blocks, num_full_blocks, block_size, group_id)
+            )
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Remove the given blocks from the prefix cache, in ascending id order.
+
+        Reference counts and queue positions do not change: an in-use block
+        just stops being hittable. Unhashed blocks are ignored.
+
+        NOTE: vLLM takes a set and walks it in CPython's set order; kvref fixes
+        ascending order so the BlockRemoved sequence is defined.
+
+        Raises:
+            InvalidBlockIdError: For any id outside the pool (checked first).
+        """
+        ids = sorted({self._valid_id(b, "evict_blocks") for b in block_ids})
+        for b in ids:
+            self._evict(b)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every hash if no block but the null block is in use.
+
+        Returns:
+            False (and changes nothing) if any other block is in use or held as a
+            sink block; True after clearing, with one AllBlocksCleared event.
+        """
+        if self.num_gpu_blocks - len(self.free_queue) != 1:
+            return False
+        self.cached = {}
+        self.block_hash = [None] * self.num_gpu_blocks
+        if self.enable_kv_cache_events:
+            self.events.append(AllBlocksCleared())
+        return True
+
+    def take_sink_blocks(self, num_blocks: int) -> list[BlockId]:
+        """Permanently take blocks from the head of the free queue (attention
+        sinks); they keep ref_cnt 0 and are never returned."""
+        taken, self.free_queue = self.free_queue[:num_blocks], self.free_queue[num_blocks:]
+        self.sink += taken
+        return taken
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """Return and clear the recorded events ([] when events are off)."""
+        events, self.events = self.events, []
+        return events
+
+    def check_invariants(self) -> None:
+        """Raise InvariantViolation if a pool invariant is broken."""
+        require(inv_null_block_inert(self), "the null block is free, hashed or cached")
+        require(inv_free_queue_membership(self), "free queue != {non-null, non-sink, ref 0}")
+        require(inv_block_conservation(self), "blocks are not conserved")
+        require(inv_hash_map_consistent(self), "cache map and block hashes disagree")
+
+    def _evict(self, b: BlockId) -> None:
+        key = self.block_hash[b]
+        if key is None:
+            return
+        self.block_hash[b] = None
+        self.cached[key].remove(b)
+        if not self.cached[key]:
+            del self.cached[key]
+        if self.enable_kv_cache_events:
+            digest, gid = split_key(key)
+            self.events.append(BlockRemoved((external_block_hash(digest, self.int_block_hashes),), MEDIUM_GPU, gid))
+
+    def _valid_id(self, b: int, op: str) -> BlockId:
+        if not 0 <= b < self.num_gpu_blocks:
+            raise InvalidBlockIdError(f"{op}: block id {b} is outside 0..{self.num_gpu_blocks - 1}")
+        return BlockId(b)
+
+    def _hashes_at(self, request: Request, block_size: int) -> Sequence[BlockHash]:
+        if block_size == self.hash_block_size:
+            return request.block_hashes
+        return coarse_block_hashes(request.block_hashes, self.hash_block_size, block_size)
+
+
+def _stored_event(
+    pool: BlockPool,
+    request: Request,
+    hashes: Sequence[BlockHash],
+    stored: list[int],
+    num_cached: int,
+    num_full: int,
+    block_size: int,
+    group_id: int,
+) -> BlockStored:
+    """The BlockStored event of one ``cache_full_blocks`` call."""
+    as_int = pool.int_block_hashes
+    extra_keys, cursor = [], 0
+    for i in stored:
+        keys, cursor = block_extra_keys(request.extra, i * block_size, (i + 1) * block_size, cursor)
+        extra_keys.append(keys)
+    lora = request.extra.lora
+    return BlockStored(
+        block_hashes=tuple(external_block_hash(hashes[i], as_int) for i in stored),
+        parent_block_hash=None if num_cached == 0 else external_block_hash(hashes[num_cached - 1], as_int),
+        token_ids=request.all_token_ids[num_cached * block_size : num_full * block_size],
+        block_size=block_size,
+        lora_id=lora.adapter_id if lora else None,
+        medium=MEDIUM_GPU,
+        lora_name=lora.name if lora else None,
+        extra_keys=tuple(extra_keys) if extra_keys else None,
+        group_idx=group_id,
+    )
+
+
+def inv_null_block_inert(pool: BlockPool) -> bool:
+    """The null block is never in the free queue, never hashed, never cached."""
+    in_map = any(NULL_BLOCK in ids for ids in pool.cached.values())
+    return NULL_BLOCK not in pool.free_queue and pool.block_hash[NULL_BLOCK] is None and not in_map
+
+
+def inv_free_queue_membership(pool: BlockPool) -> bool:
+    """A block is in the free queue exactly once iff it is non-null, not a sink
+    block and has no reference."""
+    expected = {b for b in range(1, pool.num_gpu_blocks) if pool.ref_cnt[b] == 0} - set(pool.sink)
+    return len(pool.free_queue) == len(set(pool.free_queue)) and set(pool.free_queue) == expected
+
+
+def inv_block_conservation(pool: BlockPool) -> bool:
+    """Every block is exactly one of: null, sink, free, or referenced (ref > 0);
+    no non-null block has a negative count."""
+    used = sum(1 for b in range(1, pool.num_gpu_blocks) if pool.ref_cnt[b] > 0)
+    non_negative = all(pool.ref_cnt[b] >= 0 for b in range(1, pool.num_gpu_blocks))
+    return non_negative and pool.num_gpu_blocks == 1 + len(pool.sink) + len(pool.free_queue) + used
+
+
+def inv_hash_map_consistent(pool: BlockPool) -> bool:
+    """``cached[k]`` holds exactly the blocks whose hash is ``k``, each once, and
+    no key maps to an empty list."""
+    by_key: dict[BlockHashWithGroupId, set[int]] = {}
+    for b, key in enumerate(pool.block_hash):
+        if key is not None:
+            by_key.setdefault(key, set()).add(b)
+    listed = {k: set(ids) for k, ids in pool.cached.items()}
+    no_dups = all(len(ids) == len(set(ids)) and ids for ids in pool.cached.values())
+    return no_dups and listed == by_key

@@ -1,0 +1,257 @@
+"""Attention kinds and the manager configuration.
+
+One KV-cache *group* is a set of layers that share block tables; each group
+has one attention kind. Kinds are frozen values compared by equality: in a
+hybrid model, groups with equal kinds are looked up jointly.
+
+Upstream: the ``*Spec`` classes of ``vllm/v1/kv_cache_interface.py`` (our
+names drop "Spec"), ``KVCacheConfig``/``KVCacheGroupSpec``, the
+``KVCacheManager`` constructor arguments and
+``resolve_kv_cache_block_sizes``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from kvspec.errors import ConfigError
+from kvspec.hashing import get_hash_fn_by_name
+
+
+@dataclass(frozen=True, slots=True)
+class FullAttention:
+    """Every token attends to every earlier token (upstream: ``FullAttentionSpec``)."""
+
+    block_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class MLA:
+    """Multi-head latent attention; managed like full attention
+    (upstream: ``MLAAttentionSpec``)."""
+
+    block_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class SinkFullAttention:
+    """Full attention plus ``sink_len`` tokens of attention-sink blocks taken
+    from the pool at construction (upstream: ``SinkFullAttentionSpec``)."""
+
+    block_size: int
+    sink_len: int
+
+
+@dataclass(frozen=True, slots=True)
+class SlidingWindow:
+    """Each token attends to the last ``window`` tokens (itself included)
+    (upstream: ``SlidingWindowSpec``)."""
+
+    block_size: int
+    window: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkedLocal:
+    """Tokens attend within their ``chunk``-aligned chunk only
+    (upstream: ``ChunkedLocalAttentionSpec``)."""
+
+    block_size: int
+    chunk: int
+
+
+MambaMode = Literal["none", "all", "align"]
+
+
+@dataclass(frozen=True, slots=True)
+class Mamba:
+    """Recurrent state; only the latest state is needed (upstream: ``MambaSpec``).
+
+    ``mode`` is vLLM's ``mamba_cache_mode``: ``none`` (no prefix caching of
+    states), ``all`` (cache the state at every block boundary) or ``align``
+    (cache states that land on block boundaries at step ends).
+    """
+
+    block_size: int
+    mode: MambaMode = "all"
+    num_speculative_blocks: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CrossAttention:
+    """Encoder-decoder cross attention; blocks sized by the encoder input
+    (upstream: ``CrossAttentionSpec``). Requires prefix caching off."""
+
+    block_size: int
+
+
+AttentionKind = FullAttention | MLA | SinkFullAttention | SlidingWindow | ChunkedLocal | Mamba | CrossAttention
+
+FULL_TYPE_KINDS = (FullAttention, MLA, SinkFullAttention)
+"""Kinds vLLM manages with ``FullAttentionManager`` semantics."""
+
+
+def kind_name(kind: AttentionKind) -> str:
+    """The kind string carried by BlockStored events (vLLM's ``KVCacheSpecKind``)."""
+    names: dict[type, str] = {
+        FullAttention: "full_attention",
+        MLA: "mla_attention",
+        SinkFullAttention: "sink_full_attention",
+        SlidingWindow: "sliding_window",
+        ChunkedLocal: "chunked_local_attention",
+        Mamba: "mamba",
+        CrossAttention: "cross_attention",
+    }
+    return names[type(kind)]
+
+
+def event_sliding_window(kind: AttentionKind) -> int | None:
+    """The sliding window carried by BlockStored events (None unless SWA)."""
+    return kind.window if isinstance(kind, SlidingWindow) else None
+
+
+def tracks_new_block_ids(kind: AttentionKind) -> bool:
+    """Whether fresh blocks of this kind are reported by ``take_new_block_ids``.
+
+    NOTE: vLLM checks the exact spec type, so SinkFull, SWA, Mamba,
+    ChunkedLocal and Cross groups are not reported.
+    """
+    return type(kind) in (FullAttention, MLA)
+
+
+def admission_cap(kind: AttentionKind, max_num_batched_tokens: int, max_model_len: int) -> int | None:
+    """Per-request block cap of the full-sequence admission gate, or None.
+
+    pre: max_num_batched_tokens > 0 and max_model_len > 0
+    post: __return__ is None or __return__ >= 1
+    """
+    if isinstance(kind, SlidingWindow):
+        tokens = min(kind.window - 1 + max_num_batched_tokens, max_model_len)
+        return -(-tokens // kind.block_size) + 1
+    if isinstance(kind, ChunkedLocal):
+        tokens = min(kind.chunk + max_num_batched_tokens, max_model_len)
+        return -(-tokens // kind.block_size)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class KVCacheConfig:
+    """Everything needed to construct a ``KVCacheManager``.
+
+    Args:
+        num_blocks: Pool size, the null block 0 included.
+        groups: One attention kind per KV-cache group, in group order.
+        max_model_len: Longest sequence a request may reach.
+        max_num_batched_tokens: Step token budget; None means ``max_model_len``.
+        enable_caching: Prefix caching on or off.
+        use_eagle: EAGLE/MTP speculative decoding (drops the last hit block).
+        eagle_groups: Groups flagged ``is_eagle_group``; if empty and
+            ``use_eagle``, every group is treated as an EAGLE group.
+        enable_kv_cache_events: Record BlockStored/BlockRemoved/AllBlocksCleared.
+        watermark: Fraction of ``num_blocks`` kept free when admitting.
+        hash_function: One of vLLM's hash function names.
+        hash_seed: The ``PYTHONHASHSEED`` string NONE_HASH is derived from.
+        hash_block_size: Hash granularity override (default: see
+            :meth:`resolved_hash_block_size`).
+        int_block_hashes: Events carry 64-bit ints (vLLM default) or bytes.
+        log_stats: Keep prefix-cache statistics.
+
+    inv: self.scheduler_block_size % self.resolved_hash_block_size() == 0
+    """
+
+    num_blocks: int
+    groups: tuple[AttentionKind, ...]
+    max_model_len: int
+    max_num_batched_tokens: int | None = None
+    enable_caching: bool = True
+    use_eagle: bool = False
+    eagle_groups: tuple[int, ...] = field(default=())
+    enable_kv_cache_events: bool = False
+    watermark: float = 0.0
+    hash_function: str = "sha256_cbor"
+    hash_seed: str = "0"
+    hash_block_size: int | None = None
+    int_block_hashes: bool = True
+    log_stats: bool = False
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    @property
+    def scheduler_block_size(self) -> int:
+        """The LCM of the group block sizes (the group's size for one group)."""
+        return math.lcm(*(g.block_size for g in self.groups))
+
+    def resolved_hash_block_size(self) -> int:
+        """Hash granularity: the override, else the GCD of group sizes when
+        caching a hybrid model, else the scheduler block size."""
+        if self.hash_block_size is not None:
+            return self.hash_block_size
+        if len(self.groups) == 1 or not self.enable_caching:
+            return self.scheduler_block_size
+        return math.gcd(*(g.block_size for g in self.groups))
+
+    def batched_tokens(self) -> int:
+        """``max_num_batched_tokens`` with vLLM's default applied."""
+        if self.max_num_batched_tokens is None:
+            return self.max_model_len
+        return self.max_num_batched_tokens
+
+    def eagle_group_ids(self) -> frozenset[int]:
+        """Groups that drop the EAGLE block (all groups when none is flagged)."""
+        if self.eagle_groups:
+            return frozenset(self.eagle_groups)
+        return frozenset(range(len(self.groups))) if self.use_eagle else frozenset()
+
+
+def _validate(cfg: KVCacheConfig) -> None:
+    """Raise ConfigError naming the first broken condition of ``cfg``."""
+    if not isinstance(cfg.num_blocks, int) or cfg.num_blocks < 1:
+        raise ConfigError(f"num_blocks must be a positive int, got {cfg.num_blocks!r}")
+    if not cfg.groups:
+        raise ConfigError("groups is empty; give at least one attention kind")
+    if cfg.max_model_len < 1:
+        raise ConfigError(f"max_model_len must be positive, got {cfg.max_model_len}")
+    if cfg.max_num_batched_tokens is not None and cfg.max_num_batched_tokens < 1:
+        raise ConfigError(f"max_num_batched_tokens must be positive, got {cfg.max_num_batched_tokens}")
+    if not 0.0 <= cfg.watermark < 1.0:
+        raise ConfigError(f"watermark must be in [0, 1), got {cfg.watermark}")
+    get_hash_fn_by_name(cfg.hash_function)
+    for gid, kind in enumerate(cfg.groups):
+        _validate_kind(gid, kind, cfg)
+    if cfg.enable_caching and len(cfg.groups) > 1 and len(set(cfg.groups)) < 2:
+        raise ConfigError("a cached hybrid needs at least two distinct kinds; equal groups are one group")
+    for gid in cfg.eagle_groups:
+        if not 0 <= gid < len(cfg.groups):
+            raise ConfigError(f"eagle_groups names group {gid}, but there are {len(cfg.groups)} groups")
+    hbs = cfg.resolved_hash_block_size()
+    if hbs < 1 or cfg.scheduler_block_size % hbs:
+        raise ConfigError(f"hash_block_size {hbs} must divide the scheduler block size")
+    if cfg.enable_caching and any(g.block_size % hbs for g in cfg.groups):
+        raise ConfigError(f"hash_block_size {hbs} must divide every group block size when caching")
+
+
+def _validate_kind(gid: int, kind: AttentionKind, cfg: KVCacheConfig) -> None:
+    where = f"group {gid} ({type(kind).__name__})"
+    if kind.block_size < 1:
+        raise ConfigError(f"{where}: block_size must be positive, got {kind.block_size}")
+    if isinstance(kind, SlidingWindow) and kind.window < 1:
+        raise ConfigError(f"{where}: window must be positive, got {kind.window}")
+    if isinstance(kind, ChunkedLocal):
+        if kind.chunk < 1:
+            raise ConfigError(f"{where}: chunk must be positive, got {kind.chunk}")
+        if cfg.enable_caching and gid in cfg.eagle_group_ids():
+            raise ConfigError(f"{where}: EAGLE is not supported with chunked local attention")
+        if cfg.enable_caching and kind.block_size != cfg.scheduler_block_size:
+            raise ConfigError(f"{where}: chunked local attention needs every group to share its block size")
+    if isinstance(kind, SinkFullAttention) and (kind.sink_len < 1 or kind.sink_len % kind.block_size):
+        raise ConfigError(f"{where}: sink_len {kind.sink_len} must be a positive multiple of the block size")
+    if isinstance(kind, Mamba):
+        if kind.mode not in ("none", "all", "align"):
+            raise ConfigError(f"{where}: unknown mode {kind.mode!r}")
+        if kind.num_speculative_blocks < 0:
+            raise ConfigError(f"{where}: num_speculative_blocks must be >= 0")
+    if isinstance(kind, CrossAttention) and cfg.enable_caching:
+        raise ConfigError(f"{where}: cross attention requires enable_caching=False")

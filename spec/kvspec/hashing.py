@@ -1,0 +1,261 @@
+"""Chained block hashes, byte-identical to vLLM 0.25.1.
+
+A request's token sequence is cut into full blocks of ``hash_block_size``
+tokens. Block ``j``'s hash is ``fn((parent, tokens_j, extra_keys_j))`` where
+``parent`` is block ``j-1``'s hash (``none_hash`` for ``j == 0``), so every
+hash fingerprints the whole prefix that ends at its block. Partial trailing
+blocks are never hashed.
+
+Upstream: ``vllm/utils/hashing.py`` and ``vllm/v1/core/kv_cache_utils.py``
+(``init_none_hash``, ``hash_block_tokens``, ``generate_block_hash_extra_keys``,
+``get_request_block_hasher``, ``BlockHashListWithBlockSize``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NewType
+
+import cbor2
+
+from kvspec.errors import InvalidRequestError, UnknownHashFunctionError
+
+BlockHash = NewType("BlockHash", bytes)
+"""Raw digest of one block (32 bytes for SHA-256, 16 for xxh3-128)."""
+
+BlockHashWithGroupId = NewType("BlockHashWithGroupId", bytes)
+"""Hash-map key: the digest followed by the group id as 4 big-endian bytes."""
+
+HashFunction = Callable[[Any], bytes]
+
+HASH_FUNCTION_NAMES = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
+
+
+@dataclass(frozen=True, slots=True)
+class MultiModalFeature:
+    """A multimodal item placed at ``[offset, offset + length)`` of the prompt.
+
+    Upstream: ``MultiModalFeatureSpec`` (``identifier`` and ``mm_position``).
+    """
+
+    identifier: str
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class LoRA:
+    """The LoRA adapter of a request (upstream: ``LoRARequest``)."""
+
+    name: str
+    adapter_id: int
+
+    def __post_init__(self) -> None:
+        if self.adapter_id < 1:
+            raise InvalidRequestError(f"LoRA {self.name!r}: adapter_id must be >= 1, got {self.adapter_id}")
+
+
+@dataclass(frozen=True, slots=True)
+class ExtraKeySource:
+    """Everything besides token ids that enters a block hash.
+
+    ``prompt_embeds`` holds one raw row of bytes per prompt token; the bytes of
+    a block are the concatenation of its rows, exactly the bytes vLLM reads
+    from a contiguous embeddings tensor.
+    """
+
+    lora: LoRA | None = None
+    mm_features: tuple[MultiModalFeature, ...] = ()
+    cache_salt: str | None = None
+    prompt_embeds: tuple[bytes, ...] | None = None
+
+
+def get_hash_fn_by_name(name: str) -> HashFunction:
+    """Return vLLM's hash function called ``name``.
+
+    Args:
+        name: One of ``sha256`` (pickle + SHA-256), ``sha256_cbor`` (canonical
+            CBOR + SHA-256, the default), ``xxhash``, ``xxhash_cbor``.
+
+    Raises:
+        UnknownHashFunctionError: For any other name.
+
+    pre: isinstance(name, str)
+    """
+    if name == "sha256":
+        return _sha256
+    if name == "sha256_cbor":
+        return _sha256_cbor
+    if name == "xxhash":
+        return _xxhash
+    if name == "xxhash_cbor":
+        return _xxhash_cbor
+    raise UnknownHashFunctionError(f"unknown hash function {name!r}; expected one of {', '.join(HASH_FUNCTION_NAMES)}")
+
+
+def none_hash(fn: HashFunction, seed: str) -> BlockHash:
+    """The parent hash of every first block: ``fn(seed)``.
+
+    NOTE: vLLM uses ``fn(PYTHONHASHSEED)`` when that variable is set and 32
+    random bytes otherwise; the spec always takes the seed string, so digests
+    are reproducible (set ``PYTHONHASHSEED`` to the same string in vLLM).
+    """
+    return BlockHash(fn(seed))
+
+
+def hash_block_tokens(
+    fn: HashFunction,
+    parent: BlockHash,
+    token_ids: Sequence[int],
+    extra_keys: tuple[Any, ...] | None,
+) -> BlockHash:
+    """Hash one full block: ``fn((parent, tuple(token_ids), extra_keys))``.
+
+    ``extra_keys`` is ``None`` (never an empty tuple) when a block has none.
+    """
+    return BlockHash(fn((parent, tuple(token_ids), extra_keys)))
+
+
+def block_extra_keys(src: ExtraKeySource, start: int, end: int, mm_cursor: int) -> tuple[tuple[Any, ...] | None, int]:
+    """Extra keys of the block ``[start, end)`` and the advanced mm cursor.
+
+    Order: LoRA name (every block), multimodal ``(identifier, offset - start)``
+    for each feature overlapping the block, cache salt (block starting at 0
+    only, if truthy), SHA-256 digest of the block's prompt-embedding bytes.
+
+    Args:
+        src: The request's extra-key sources.
+        start: First token of the block.
+        end: One past the last token of the block.
+        mm_cursor: Index of the first feature to consider; ``-1`` means the
+            last feature (used for blocks completed after construction).
+
+    pre: 0 <= start < end
+    post: __return__[0] is None or len(__return__[0]) > 0
+    """
+    mm_keys, cursor = _mm_extra_keys(src.mm_features, start, end, mm_cursor)
+    keys: list[Any] = [src.lora.name] if src.lora is not None else []
+    keys += mm_keys
+    if start == 0 and src.cache_salt:
+        keys.append(src.cache_salt)
+    if src.prompt_embeds is not None:
+        keys.append(hashlib.sha256(b"".join(src.prompt_embeds[start:end])).digest())
+    return (tuple(keys) if keys else None), cursor
+
+
+def extend_block_hashes(
+    fn: HashFunction,
+    seed_hash: BlockHash,
+    hash_block_size: int,
+    existing: tuple[BlockHash, ...],
+    token_ids: Sequence[int],
+    src: ExtraKeySource,
+) -> tuple[BlockHash, ...]:
+    """Return ``existing`` extended with the hashes of every new full block.
+
+    Mirrors vLLM's request hasher, which runs at construction and after every
+    appended output token: the mm cursor starts at 0 when hashing starts at
+    token 0, and at the last feature otherwise.
+
+    pre: hash_block_size > 0
+    post: len(__return__) == len(token_ids) // hash_block_size
+    """
+    hashes = list(existing)
+    start = len(hashes) * hash_block_size
+    cursor = 0 if start == 0 else -1
+    while start + hash_block_size <= len(token_ids):
+        end = start + hash_block_size
+        extra, cursor = block_extra_keys(src, start, end, cursor)
+        parent = hashes[-1] if hashes else seed_hash
+        hashes.append(hash_block_tokens(fn, parent, token_ids[start:end], extra))
+        start = end
+    return tuple(hashes)
+
+
+def coarse_block_hashes(fine: Sequence[BlockHash], hash_block_size: int, block_size: int) -> tuple[BlockHash, ...]:
+    """View fine hashes at a coarser ``block_size`` (a multiple of the fine size).
+
+    Coarse block ``j`` is the last fine hash inside it, which already chains
+    the whole prefix (upstream: ``BlockHashListWithBlockSize``).
+
+    pre: hash_block_size > 0 and block_size % hash_block_size == 0
+    post: len(__return__) == len(fine) // (block_size // hash_block_size)
+    """
+    k = block_size // hash_block_size
+    return tuple(fine[(j + 1) * k - 1] for j in range(len(fine) // k))
+
+
+def make_key(block_hash: BlockHash, group_id: int) -> BlockHashWithGroupId:
+    """The hash-map key of ``block_hash`` in KV-cache group ``group_id``.
+
+    pre: 0 <= group_id < 2 ** 32
+    post: len(__return__) == len(block_hash) + 4
+    """
+    return BlockHashWithGroupId(block_hash + group_id.to_bytes(4, "big", signed=False))
+
+
+def split_key(key: BlockHashWithGroupId) -> tuple[BlockHash, int]:
+    """Inverse of :func:`make_key`.
+
+    pre: len(key) >= 4
+    """
+    return BlockHash(key[:-4]), int.from_bytes(key[-4:], "big", signed=False)
+
+
+def external_block_hash(block_hash: BlockHash, as_int: bool) -> bytes | int:
+    """The form of a hash carried by events.
+
+    vLLM's default (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``) is the low 64
+    bits of the digest read as a big-endian integer; otherwise the raw bytes.
+
+    post: as_int or __return__ == block_hash
+    """
+    if not as_int:
+        return block_hash
+    return int.from_bytes(block_hash, "big") & ((1 << 64) - 1)
+
+
+def _mm_extra_keys(features: tuple[MultiModalFeature, ...], start: int, end: int, cursor: int) -> tuple[list[Any], int]:
+    """Multimodal keys of ``[start, end)``; features are sorted by offset."""
+    if not features or features[-1].offset + features[-1].length <= start:
+        return [], cursor
+    if cursor < 0:
+        cursor = len(features) + cursor
+    keys: list[Any] = []
+    while cursor < len(features):
+        feat = features[cursor]
+        if end <= feat.offset:
+            break
+        if start >= feat.offset + feat.length:
+            cursor += 1
+            continue
+        keys.append((feat.identifier, feat.offset - start))
+        if end < feat.offset + feat.length:
+            break
+        cursor += 1
+    return keys, cursor
+
+
+def _sha256(obj: Any) -> bytes:
+    return hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+
+
+def _sha256_cbor(obj: Any) -> bytes:
+    return hashlib.sha256(cbor2.dumps(obj, canonical=True)).digest()
+
+
+def _xxhash(obj: Any) -> bytes:
+    return _xxh3_128(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _xxhash_cbor(obj: Any) -> bytes:
+    return _xxh3_128(cbor2.dumps(obj, canonical=True))
+
+
+def _xxh3_128(data: bytes) -> bytes:
+    import xxhash  # noqa: PLC0415 - optional in vLLM; imported only when used
+
+    return xxhash.xxh3_128_digest(data)

@@ -1,0 +1,113 @@
+"""The request value: only the fields the KV-cache manager reads.
+
+The manager never changes a request. The caller (a scheduler, or the
+conformance kit) advances it and passes the current value to each call:
+``with_output_tokens`` appends sampled tokens and extends the block hashes,
+``dataclasses.replace`` updates ``num_computed_tokens``, ``status`` and
+``num_preemptions``.
+
+Upstream: ``vllm.v1.request.Request`` (fields listed in §5.6 of the
+reference).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import NewType
+
+from kvspec.errors import InvalidRequestError
+from kvspec.hashing import (
+    BlockHash,
+    ExtraKeySource,
+    HashFunction,
+    extend_block_hashes,
+    get_hash_fn_by_name,
+    none_hash,
+)
+
+RequestId = NewType("RequestId", str)
+
+
+class RequestStatus(enum.Enum):
+    """The statuses the manager distinguishes (watermark applies to the first and
+    third)."""
+
+    WAITING = "WAITING"
+    RUNNING = "RUNNING"
+    PREEMPTED = "PREEMPTED"
+    WAITING_FOR_REMOTE_KVS = "WAITING_FOR_REMOTE_KVS"
+    FINISHED = "FINISHED"
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """An immutable snapshot of one request.
+
+    inv: len(self.block_hashes) == self.num_tokens // <hash block size>
+    inv: 0 <= self.num_computed_tokens
+    """
+
+    request_id: RequestId
+    all_token_ids: tuple[int, ...]
+    num_prompt_tokens: int
+    block_hashes: tuple[BlockHash, ...]
+    num_computed_tokens: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    extra: ExtraKeySource = ExtraKeySource()
+    skip_reading_prefix_cache: bool = False
+    num_preemptions: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus output tokens (draft tokens are never part of it)."""
+        return len(self.all_token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestBlockHasher:
+    """Computes block hashes the way vLLM's ``get_request_block_hasher`` does."""
+
+    hash_function: str
+    seed: str
+    hash_block_size: int
+
+    def new_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        extra: ExtraKeySource = ExtraKeySource(),
+        skip_reading_prefix_cache: bool = False,
+    ) -> Request:
+        """A WAITING request with its prompt hashed.
+
+        Raises:
+            InvalidRequestError: If the prompt is empty.
+        """
+        if not prompt_token_ids:
+            raise InvalidRequestError(f"request {request_id!r}: the prompt is empty")
+        tokens = tuple(prompt_token_ids)
+        hashes = self._extend((), tokens, extra)
+        return Request(
+            request_id=RequestId(request_id),
+            all_token_ids=tokens,
+            num_prompt_tokens=len(tokens),
+            block_hashes=hashes,
+            extra=extra,
+            skip_reading_prefix_cache=skip_reading_prefix_cache,
+        )
+
+    def with_output_tokens(self, request: Request, token_ids: Sequence[int]) -> Request:
+        """``request`` with sampled tokens appended and new full blocks hashed
+        (upstream: ``Request.append_output_token_ids``)."""
+        tokens = request.all_token_ids + tuple(token_ids)
+        hashes = self._extend(request.block_hashes, tokens, request.extra)
+        return replace(request, all_token_ids=tokens, block_hashes=hashes)
+
+    def _extend(
+        self, existing: tuple[BlockHash, ...], tokens: tuple[int, ...], extra: ExtraKeySource
+    ) -> tuple[BlockHash, ...]:
+        fn: HashFunction = get_hash_fn_by_name(self.hash_function)
+        seed = none_hash(fn, self.seed)
+        return extend_block_hashes(fn, seed, self.hash_block_size, existing, tokens, extra)
