@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 PROFILES = {
     "dev": {"max_examples": 40, "stateful_step_count": 40},
@@ -21,10 +21,18 @@ PROFILES = {
 
 def register_profiles() -> None:
     """Register every profile with Hypothesis (idempotent)."""
-    common = {"deadline": None, "suppress_health_check": list(HealthCheck), "print_blob": True}
     for name, values in PROFILES.items():
-        extra = {"backend": "crosshair"} if name == "crosshair" and _crosshair_backend() else {}
-        settings.register_profile(f"kvref-{name}", **common, **values, **extra)
+        backend = "crosshair" if name == "crosshair" and _crosshair_backend() else "hypothesis"
+        settings.register_profile(
+            f"kvref-{name}",
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            print_blob=True,
+            max_examples=values["max_examples"],
+            stateful_step_count=values["stateful_step_count"],
+            backend=backend,
+            phases=[p for p in Phase if p is not Phase.explain],
+        )
 
 
 def load_profile(name: str | None = None) -> str:

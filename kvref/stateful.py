@@ -26,6 +26,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 from kvref.adapters import AdapterFactory
 from kvref.lockstep import Lockstep, RunStats
+from kvref.traces import Trace
 from kvspec.config import (
     MLA,
     AttentionKind,
@@ -139,6 +140,9 @@ class MachineSetup:
     stats: RunStats = field(default_factory=RunStats)
     failure_dir: Path = Path("kvref-failures")
     shapes: Sequence[Shape] = SHAPES
+    record_dir: Path | None = None
+    """If set, every run that ends without divergence is written there as a trace."""
+    recorded: int = 0
 
 
 def make_lockstep_machine(setup: MachineSetup) -> type[RuleBasedStateMachine]:
@@ -173,7 +177,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def setup(self, data: st.DataObject) -> None:
         """Draw a configuration; build every adapter and a prefix universe."""
         name, cfg = data.draw(configs(self.SETUP.shapes), label="config")
-        self.cfg = cfg
+        self.cfg, self.shape = cfg, name
         self.lock = Lockstep(cfg, self.SETUP.factories, self.SETUP.stats, self.SETUP.failure_dir, name)
         sched = cfg.scheduler_block_size
         for _ in range(3):
@@ -472,7 +476,14 @@ class SchedulerMachine(RuleBasedStateMachine):
         return [b for g in tables for b in g if b != 0 and b not in pending]
 
     def teardown(self) -> None:
-        """Nothing to release; adapters are garbage collected."""
+        """Record the run as a trace if asked to; adapters are garbage collected."""
+        setup, lock = self.SETUP, self.lock
+        if setup.record_dir is not None and lock is not None and not lock.halted and lock.stats.steps:
+            facade_steps = sum(1 for op in lock.log if "expect" in op)
+            if facade_steps >= 3:
+                setup.recorded += 1
+                path = setup.record_dir / f"{self.shape}-{setup.recorded:04d}.jsonl"
+                Trace(self.cfg, lock.log, {"shape": self.shape}).write(path)
         self.lock = None
 
 

@@ -137,7 +137,7 @@ def _load_vllm() -> _Vllm:
     global _LOADED  # noqa: PLW0603 - import once per process
     if _LOADED is not None:
         return _LOADED
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     try:
         vllm = importlib.import_module("vllm")
     except Exception as exc:  # ImportError, or anything torch/vLLM raise on import
