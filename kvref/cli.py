@@ -14,11 +14,12 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kvref.adapters import AdapterFactory, load_factory
+from kvref.adapters import AdapterFactory, KVCacheAdapter, load_factory
 from kvref.lockstep import RunStats
 from kvref.profiles import load_profile
 from kvref.stateful import SHAPES, MachineSetup, default_failure_dir, make_lockstep_machine
 from kvref.traces import load, replay
+from kvspec.config import KVCacheConfig
 
 MIN_STEPS = {"dev": 2_000, "ci": 20_000, "nightly": 500_000, "crosshair": 200}
 BATCH_EXAMPLES = 100
@@ -45,6 +46,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     rec.add_argument("--count", type=int, default=50)
     rec.add_argument("--seed", type=int, default=0)
     rec.add_argument("--against", default=None, help="also require agreement with this adapter (e.g. vllm)")
+    rec.add_argument(
+        "--shape",
+        action="append",
+        choices=[s.name for s in SHAPES],
+        default=None,
+        help="record only this configuration shape (repeatable; default: every shape)",
+    )
     args = parser.parse_args(argv)
     if args.command == "check":
         return cmd_check(args)
@@ -114,7 +122,10 @@ def _run_batches(setup: MachineSetup, args: argparse.Namespace, goal: int, conso
             machine._hypothesis_internal_use_seed = args.seed * 1_000_003 + batch
             try:
                 run_state_machine_as_test(
-                    machine, settings=settings(settings.default, max_examples=BATCH_EXAMPLES, database=None, report_multiple_bugs=False)
+                    machine,
+                    settings=settings(
+                        settings.default, max_examples=BATCH_EXAMPLES, database=None, report_multiple_bugs=False
+                    ),
                 )
             except AssertionError as exc:
                 console.print(f"[red]unexplained divergence[/]: {str(exc).splitlines()[0]}")
@@ -147,14 +158,24 @@ def _report(stats: RunStats, target: str, against: str | None, console: Console,
 
 def cmd_replay(files: Sequence[Path], target: str) -> int:
     """Replay traces; a trace marked ``known_divergence`` must fail on vLLM
-    at its marked step and pass elsewhere."""
+    at its marked step and pass elsewhere. ``divergence_step == -1`` marks a
+    divergence at construction: on vLLM every step must pass and the adapter
+    must report that it was built through the documented workaround
+    (``construction_workaround`` equal to the divergence id)."""
     factory = load_factory(target)
     bad = 0
     for path in files:
         trace = load(path)
-        result = replay(trace, factory, str(path))
+        built: list[KVCacheAdapter] = []
+        result = replay(trace, _remembering(factory, built), str(path))
         known = trace.meta.get("known_divergence")
-        if known and target == "vllm":
+        if known and target == "vllm" and trace.meta.get("divergence_step") == -1:
+            workaround = getattr(built[0], "construction_workaround", None) if built else None
+            ok = result.ok and workaround == known
+            status = f"known divergence {known} confirmed at construction"
+            if not ok:
+                status = f"known divergence {known} NOT reproduced ({workaround=}, {result.message or 'steps ok'})"
+        elif known and target == "vllm":
             ok = not result.ok and result.failed_step == trace.meta.get("divergence_step")
             status = f"known divergence {known} confirmed" if ok else f"known divergence {known} NOT reproduced"
         else:
@@ -166,12 +187,25 @@ def cmd_replay(files: Sequence[Path], target: str) -> int:
     return 1 if bad else 0
 
 
+def _remembering(factory: AdapterFactory, built: list[KVCacheAdapter]) -> AdapterFactory:
+    """``factory``, also appending every adapter it builds to ``built``."""
+
+    def build(config: KVCacheConfig) -> KVCacheAdapter:
+        adapter = factory(config)
+        built.append(adapter)
+        return adapter
+
+    return build
+
+
 def cmd_record(args: argparse.Namespace) -> int:
     """Record ``--count`` traces from lockstep runs of the spec (optionally
-    kept only when ``--against`` agrees at every step)."""
+    kept only when ``--against`` agrees at every step), drawing configurations
+    from the ``--shape`` names only when any are given."""
     load_profile("dev")
     factories = [load_factory("spec")] + ([load_factory(args.against)] if args.against else [])
-    setup = MachineSetup(factories, RunStats(), default_failure_dir(), record_dir=args.out)
+    shapes = SHAPES if not args.shape else tuple(s for s in SHAPES if s.name in args.shape)
+    setup = MachineSetup(factories, RunStats(), default_failure_dir(), shapes=shapes, record_dir=args.out)
     machine = make_lockstep_machine(setup)
     batch = 0
     while setup.recorded < args.count:

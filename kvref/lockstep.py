@@ -20,6 +20,7 @@ from kvref.divergences import explain, load_registry
 from kvref.ops import REQUEST_OPS, RequestBook, execute
 from kvref.traces import Trace
 from kvspec.config import KVCacheConfig
+from kvspec.invariants import inv_hash_lifetime, inv_tables_append_only
 from kvspec.view import diff_views
 
 Json = Any
@@ -88,7 +89,7 @@ class Lockstep:
         after the call as before it (caller errors must change nothing).
         """
         assert op["op"] not in REQUEST_OPS
-        before = [a.to_view() for a in self.adapters] if expect_unchanged else []
+        before = [a.to_view() for a in self.adapters]
         outs: list[Json] = []
         crash = ""
         for a in self.adapters:
@@ -113,9 +114,14 @@ class Lockstep:
             diff = diff_views(ref_view, a.to_view())
             if diff:
                 self._fail(f"views differ after {op['op']} ({a.name}): " + "; ".join(diff))
-        for a, old in zip(self.adapters, before, strict=False):
-            if diff_views(old, a.to_view()):
+        for a, old in zip(self.adapters, before, strict=True):
+            new = a.to_view()
+            if expect_unchanged and diff_views(old, new):
                 self._fail(f"{a.name}: {op['op']} raised {outs[0]!r} but changed the state")
+            if not inv_tables_append_only(old, new):
+                self._fail(f"{a.name}: {op['op']} rewrote a table entry (tables must be append-only)")
+            if not inv_hash_lifetime(old, new, op["op"]):
+                self._fail(f"{a.name}: {op['op']} dropped a cached hash it may not drop")
         self._check_invariants(op)
         return outs[0]
 

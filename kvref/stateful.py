@@ -85,12 +85,16 @@ SHAPES = (
     Shape("mla+swa", ["mla", "swa"]),
     Shape("full2x+swa", ["full", "swa@2x"]),
     Shape("full+mla+swa", ["full", "mla", "swa"]),
+    Shape("full@2x+swa", ["full@2x", "swa"]),
+    Shape("full@2x+mamba-align", ["full@2x", "mamba-align@2x", "swa"]),
 )
 
 
 def _kind(name: str, bs: int, window: int, spec_blocks: int) -> AttentionKind:
     if name == "full":
         return FullAttention(bs)
+    if name == "full@2x":
+        return FullAttention(bs * 2)
     if name == "mla":
         return MLA(bs)
     if name == "sink":
@@ -103,6 +107,8 @@ def _kind(name: str, bs: int, window: int, spec_blocks: int) -> AttentionKind:
         return ChunkedLocal(bs, bs * 2)
     if name == "cross":
         return CrossAttention(bs)
+    if name == "mamba-align@2x":
+        return Mamba(bs * 2, "align", spec_blocks)
     return Mamba(bs, "align" if name == "mamba-align" else "all", spec_blocks)
 
 
@@ -123,6 +129,7 @@ def configs(draw: st.DrawFn, shapes: Sequence[Shape] = SHAPES) -> tuple[str, KVC
         max_num_batched_tokens=draw(st.sampled_from([None, 8, 16])),
         enable_caching=caching,
         use_eagle=eagle,
+        eagle_groups=tuple(draw(st.sets(st.integers(0, len(groups) - 1)))) if eagle and draw(st.booleans()) else (),
         enable_kv_cache_events=draw(st.booleans()),
         watermark=draw(st.sampled_from([0.0, 0.0, 0.1, 0.3])),
         hash_function=draw(st.sampled_from(["sha256_cbor", "sha256_cbor", *HASH_FUNCTION_NAMES])),
@@ -266,9 +273,22 @@ class SchedulerMachine(RuleBasedStateMachine):
         suffix = data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=12))
         prompt = (prefix + suffix)[: self.cfg.max_model_len - 2] or [0]
         op: Json = {"op": "add_request", "rid": rid, "prompt": prompt}
-        extra = data.draw(st.sampled_from([{}, {}, {}, {"cache_salt": "s"}, {"lora": {"name": "l", "adapter_id": 1}}]))
-        if extra:
-            op["extra"] = extra
+        extra = data.draw(st.sampled_from(["", "", "", "salt", "lora", "mm", "embeds"]))
+        if extra == "salt":
+            op["extra"] = {"cache_salt": "s"}
+        elif extra == "lora":
+            op["extra"] = {"lora": {"name": "l", "adapter_id": 1}}
+        elif extra == "mm":
+            off = data.draw(st.integers(0, len(prompt) - 1))
+            length = data.draw(st.integers(1, len(prompt) - off))
+            op["extra"] = {
+                "mm_features": [{"identifier": data.draw(st.sampled_from("ab")), "offset": off, "length": length}]
+            }
+        elif extra == "embeds":
+            rows = [bytes([t, 0, 0, 60]).hex() for t in prompt]
+            op["prompt"], op["extra"] = [0] * len(prompt), {"prompt_embeds": rows}
+        if data.draw(st.integers(0, 9)) == 0:
+            op["skip_reading_prefix_cache"] = True
         self.lock.request_op(op)
         enc = data.draw(st.integers(1, 12)) if any(isinstance(k, CrossAttention) for k in self.cfg.groups) else 0
         self.reqs[rid] = ReqState(rid, encoder_tokens=enc)

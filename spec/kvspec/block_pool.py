@@ -222,6 +222,7 @@ class BlockPool:
         require(inv_free_queue_membership(self), "free queue != {non-null, non-sink, ref 0}")
         require(inv_block_conservation(self), "blocks are not conserved")
         require(inv_hash_map_consistent(self), "cache map and block hashes disagree")
+        require(0.0 <= self.get_usage() <= 1.0, "usage outside [0, 1]")
 
     def _evict(self, b: BlockId) -> None:
         key = self.block_hash[b]

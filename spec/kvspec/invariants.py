@@ -10,6 +10,8 @@ is raised even under ``python -O``.
 
 from __future__ import annotations
 
+from kvspec.view import KVView
+
 
 class InvariantViolation(AssertionError):
     """An internal invariant does not hold."""
@@ -19,3 +21,32 @@ def require(holds: bool, message: str) -> None:
     """Raise InvariantViolation(message) unless ``holds``."""
     if not holds:
         raise InvariantViolation(message)
+
+
+def inv_tables_append_only(before: KVView, after: KVView) -> bool:
+    """Between two states, a request's table only grows at its end, and an
+    entry only changes by becoming null (never back): reference §6 inv. 10
+    and the null-block monotonicity of inv. 11. A request that appears or
+    disappears is unconstrained."""
+    old = dict(before.tables)
+    for rid, groups in after.tables:
+        for prev, cur in zip(old.get(rid, ()), groups, strict=False):
+            if len(cur) < len(prev):
+                return False
+            if any(p != c and (p == 0 or c != 0) for p, c in zip(prev, cur, strict=False)):
+                return False
+    return True
+
+
+def inv_hash_lifetime(before: KVView, after: KVView, operation: str) -> bool:
+    """Hashes survive freeing and touching (reference §6 inv. 7): only
+    ``evict_blocks`` and ``reset_prefix_cache`` drop arbitrary entries, and
+    ``allocate_slots`` only those of blocks it took from the free queue;
+    every other operation drops none."""
+    now = {(k, b) for k, ids in after.cached for b in ids}
+    lost = {(k, b) for k, ids in before.cached for b in ids} - now
+    if operation in ("evict_blocks", "reset_prefix_cache"):
+        return True
+    if operation == "allocate_slots":
+        return all(b in before.free_queue for _, b in lost)
+    return not lost

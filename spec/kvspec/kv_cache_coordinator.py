@@ -19,11 +19,7 @@ from kvspec.block_pool import BlockId, BlockPool
 from kvspec.config import FULL_TYPE_KINDS, AttentionKind, CrossAttention, KVCacheConfig, Mamba, admission_cap
 from kvspec.hashing import BlockHash, coarse_block_hashes
 from kvspec.request import Request
-from kvspec.single_type_kv_cache_manager import (
-    SingleTypeKVCacheManager,
-    find_longest_cache_hit,
-    make_manager,
-)
+from kvspec.single_type_kv_cache_manager import find_longest_cache_hit, make_manager
 
 GroupBlocks = tuple[list[BlockId], ...]
 
@@ -283,8 +279,3 @@ def make_coordinator(config: KVCacheConfig) -> KVCacheCoordinator:
     if len(config.groups) == 1:
         return UnitaryCoordinator(config, True)
     return HybridCoordinator(config, True)
-
-
-def managers_of(coord: KVCacheCoordinator) -> tuple[SingleTypeKVCacheManager, ...]:
-    """The coordinator's managers in group order."""
-    return coord.managers

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from kvspec.block_pool import NULL_BLOCK, BlockId
-from kvspec.config import CrossAttention, KVCacheConfig, event_sliding_window, kind_name
+from kvspec.config import CrossAttention, KVCacheConfig, Mamba, event_sliding_window, kind_name
 from kvspec.errors import (
     CacheBeyondAllocationError,
     DoubleFreeError,
@@ -26,8 +26,8 @@ from kvspec.errors import (
     UnexpectedPrefixHitError,
     UnknownRequestError,
 )
-from kvspec.events import BlockStored, KVCacheEvent
-from kvspec.hashing import coarse_block_hashes, make_key
+from kvspec.events import BlockRemoved, BlockStored, KVCacheEvent
+from kvspec.hashing import coarse_block_hashes, external_block_hash, make_key, split_key
 from kvspec.invariants import require
 from kvspec.kv_cache_coordinator import GroupBlocks, make_coordinator
 from kvspec.request import Request, RequestStatus
@@ -51,6 +51,10 @@ class KVCacheManager:
         self.block_pool = self.coordinator.pool
         self.watermark_blocks = int(config.watermark * config.num_blocks)
         self.pending: Counter[BlockId] = Counter()
+        self.requests: dict[str, Request] = {}
+        """Latest value of each request holding blocks (for :func:`inv_hash_content`)."""
+        self.event_keys: Counter[tuple[object, int | None]] = Counter()
+        """Cache keys implied by the events taken so far (:func:`inv_events_replay_to_cache`)."""
         self.prefix_cache_stats = PrefixCacheStats() if config.log_stats else None
 
     @property
@@ -66,6 +70,7 @@ class KVCacheManager:
         if not self.enable_caching or request.skip_reading_prefix_cache:
             return self._ids(tuple([] for _ in self.config.groups)), 0
         blocks, n = self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
+        require(hit_covers_length(self.config, blocks, n, request.num_tokens - 1), f"malformed hit {blocks}, {n}")
         if self.prefix_cache_stats is not None:
             self.prefix_cache_stats.record(request.num_tokens, n, request.num_preemptions > 0)
         return self._ids(blocks), n
@@ -128,6 +133,8 @@ class KVCacheManager:
         if any(hits) or num_external_computed_tokens > 0:
             coord.allocate_new_computed_blocks(rid, hits, local, num_external_computed_tokens)
         new = coord.allocate_new_blocks(rid, slots, main, num_encoder_tokens)
+        self.requests[rid] = request
+        require(tables_cover_slots(self, rid, slots), f"request {rid}: tables shorter than {slots} slots")
         if self.enable_caching and not delay_cache_blocks:
             coord.cache_blocks(request, min(total + num_new_tokens, request.num_tokens))
         return self._ids(new)
@@ -135,12 +142,14 @@ class KVCacheManager:
     def free(self, request_id: str) -> None:
         """Free the request's blocks, each group's table last entry first, in
         group order. Lenient: an unknown request is a no-op (as in vLLM)."""
+        self.requests.pop(request_id, None)
         self.coordinator.free(request_id)
 
     def pop_blocks_for_free(self, request_id: str) -> tuple[BlockId, ...]:
         """Forget the request but keep its references: the blocks (groups
         concatenated) are *pending* until the caller passes them to
         :meth:`free_blocks`, normally reversed. Unknown request → ()."""
+        self.requests.pop(request_id, None)
         blocks = tuple(self.coordinator.pop_blocks_for_free(request_id))
         self.pending.update(b for b in blocks if b != NULL_BLOCK)
         return blocks
@@ -201,7 +210,9 @@ class KVCacheManager:
 
     def take_events(self) -> list[KVCacheEvent]:
         """Drain the events; BlockStored gets its group's kind and window."""
-        return [self._annotate(ev) for ev in self.block_pool.take_events()]
+        events = [self._annotate(ev) for ev in self.block_pool.take_events()]
+        replay_events(self.event_keys, events)
+        return events
 
     def _annotate(self, ev: KVCacheEvent) -> KVCacheEvent:
         if not isinstance(ev, BlockStored) or ev.group_idx is None:
@@ -240,6 +251,7 @@ class KVCacheManager:
                     f"{num_computed_tokens // kind.block_size} full blocks to cache"
                 )
         self.coordinator.cache_blocks(request, num_computed_tokens)
+        self.requests[request.request_id] = request
 
     def take_new_block_ids(self) -> list[BlockId]:
         """Drain fresh full-attention/MLA block ids, in group order."""
@@ -279,6 +291,8 @@ class KVCacheManager:
             m.check_invariants()
         require(inv_ref_cnt_counts_holders(self), "ref_cnt != table occurrences + pending")
         require(inv_group_exclusive(self), "a block is in the tables of two groups")
+        require(inv_hash_content(self), "a cached block's key is not its prefix hash")
+        require(inv_events_replay_to_cache(self), "the event stream does not rebuild the cache map")
 
     def _validate_allocation(
         self,
@@ -373,3 +387,64 @@ def inv_group_exclusive(mgr: KVCacheManager) -> bool:
                 if owner.setdefault(b, g) != g or (key is not None and int.from_bytes(key[-4:], "big") != g):
                     return False
     return True
+
+
+def hit_covers_length(config: KVCacheConfig, blocks: GroupBlocks, n: int, max_len: int) -> bool:
+    """A hit never exceeds ``num_tokens - 1`` tokens, is a multiple of the
+    scheduler block size, and every group's list covers exactly ``n`` tokens
+    (reference §6 inv. 12, without vLLM's two exceptions)."""
+    sizes = [k.block_size for k in config.groups]
+    exact = all(len(b) * bs == n for b, bs in zip(blocks, sizes, strict=True))
+    return n <= max(max_len, 0) and n % config.scheduler_block_size == 0 and exact
+
+
+def tables_cover_slots(mgr: KVCacheManager, request_id: str, slots: int) -> bool:
+    """After an allocation, every group but Mamba and cross attention holds
+    at least ``cdiv(slots, bs)`` entries (reference §6 inv. 19)."""
+    for kind, table in zip(mgr.config.groups, mgr.get_blocks(request_id), strict=True):
+        if not isinstance(kind, Mamba | CrossAttention) and len(table) * kind.block_size < slots:
+            return False
+    return True
+
+
+def inv_hash_content(mgr: KVCacheManager) -> bool:
+    """A hashed block at table index ``i`` of group ``g`` is keyed by the
+    request's prefix hash at ``(i+1)*bs`` tokens and ``g`` (reference §6 inv. 9)."""
+    hbs = mgr.coordinator.hash_block_size
+    for g, m in enumerate(mgr.coordinator.managers):
+        for rid, table in m.req_to_blocks.items():
+            req = mgr.requests.get(rid)
+            if req is None or m.block_size % hbs:
+                continue
+            hashes = coarse_block_hashes(req.block_hashes, hbs, m.block_size)
+            for i, b in enumerate(table[: m.num_cached_block.get(rid, 0)]):
+                key = mgr.block_pool.block_hash[b]
+                if b != NULL_BLOCK and key is not None and key != make_key(hashes[i], g):
+                    return False
+    return True
+
+
+def replay_events(keys: Counter[tuple[object, int | None]], events: Sequence[KVCacheEvent]) -> None:
+    """Apply events to a multiset of (external hash, group) cache entries."""
+    for ev in events:
+        if isinstance(ev, BlockStored):
+            keys.update((h, ev.group_idx) for h in ev.block_hashes)
+        elif isinstance(ev, BlockRemoved):
+            keys.subtract((h, ev.group_idx) for h in ev.block_hashes)
+        else:
+            keys.clear()
+
+
+def inv_events_replay_to_cache(mgr: KVCacheManager) -> bool:
+    """With events on, replaying every event since construction rebuilds the
+    cache map's entries exactly (reference §6 inv. 17)."""
+    pool = mgr.block_pool
+    if not pool.enable_kv_cache_events:
+        return True
+    keys = Counter(mgr.event_keys)
+    replay_events(keys, pool.events)
+    expected: Counter[tuple[object, int | None]] = Counter()
+    for key, ids in pool.cached.items():
+        digest, gid = split_key(key)
+        expected[(external_block_hash(digest, pool.int_block_hashes), gid)] += len(ids)
+    return {k: v for k, v in keys.items() if v} == expected
