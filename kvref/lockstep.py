@@ -91,23 +91,24 @@ class Lockstep:
         assert op["op"] not in REQUEST_OPS
         before = [a.to_view() for a in self.adapters]
         outs: list[Json] = []
-        crash = ""
+        crashes: list[str] = []
         for a in self.adapters:
             try:
                 outs.append(execute(a, self.book, op))
             except Exception as exc:
-                crash = f"{a.name} crashed: {type(exc).__name__}: {exc}"
-                break
+                outs.append({"crash": type(exc).__name__})
+                crashes.append(f"{a.name} crashed: {type(exc).__name__}: {exc}")
         self.stats.steps += 1
-        entry = {**op, "expect": outs[0]} if outs else dict(op)
+        entry = {**op, "expect": outs[0]}
         self.log.append(entry)
-        if crash:
-            self._fail(crash)
+        if crashes and (len(crashes) == len(self.adapters) or len(self.adapters) == 1):
+            self._fail("; ".join(crashes))
         ref_view = self.adapters[0].to_view()
         entry["view"] = ref_view.digest()
         for a, out in zip(self.adapters[1:], outs[1:], strict=True):
             if out != outs[0] and not self._explained(op, a, outs[0], out):
-                self._fail(f"{a.name} returned {out!r}, {self.adapters[0].name} returned {outs[0]!r}")
+                detail = "; ".join(crashes)
+                self._fail(f"{a.name} returned {out!r}, {self.adapters[0].name} returned {outs[0]!r} {detail}".strip())
         if self.halted:
             return outs[0]
         for a in self.adapters[1:]:

@@ -92,7 +92,10 @@ def replay(trace: Trace, factory: AdapterFactory, path: str = "<trace>") -> Repl
         if op["op"] in REQUEST_OPS:
             book.apply(op)
             continue
-        got = execute(adapter, book, op)
+        try:
+            got = execute(adapter, book, op)
+        except Exception as exc:
+            return ReplayResult(path, False, i + 1, i, f"{op['op']}: crashed: {type(exc).__name__}: {exc}")
         if got != step.get("expect"):
             return ReplayResult(path, False, i + 1, i, f"{op['op']}: expected {step.get('expect')!r}, got {got!r}")
         if "view" in step:

@@ -10,39 +10,19 @@ Layers (bottom up): :mod:`kvspec.hashing`, :mod:`kvspec.block_pool`,
 :mod:`kvspec.kv_cache_manager`.
 """
 
-from kvspec.config import (
-    MLA,
-    AttentionKind,
-    ChunkedLocal,
-    CrossAttention,
-    FullAttention,
-    KVCacheConfig,
-    Mamba,
-    SinkFullAttention,
-    SlidingWindow,
-)
-from kvspec.kv_cache_manager import KVCacheManager
-from kvspec.request import Request, RequestBlockHasher, RequestStatus
-from kvspec.view import BlockIds, KVView
+from kvspec.config import MLA as MLA
+from kvspec.config import ChunkedLocal as ChunkedLocal
+from kvspec.config import CrossAttention as CrossAttention
+from kvspec.config import FullAttention as FullAttention
+from kvspec.config import KVCacheConfig as KVCacheConfig
+from kvspec.config import Mamba as Mamba
+from kvspec.config import SinkFullAttention as SinkFullAttention
+from kvspec.config import SlidingWindow as SlidingWindow
+from kvspec.kv_cache_manager import KVCacheManager as KVCacheManager
+from kvspec.request import Request as Request
+from kvspec.request import RequestBlockHasher as RequestBlockHasher
+from kvspec.request import RequestStatus as RequestStatus
+from kvspec.view import KVView as KVView
 
 SEMANTICS_VERSION = "vllm-0.25.1"
 """The vLLM release whose observable behaviour this package specifies."""
-
-__all__ = [
-    "MLA",
-    "SEMANTICS_VERSION",
-    "AttentionKind",
-    "BlockIds",
-    "ChunkedLocal",
-    "CrossAttention",
-    "FullAttention",
-    "KVCacheConfig",
-    "KVCacheManager",
-    "KVView",
-    "Mamba",
-    "Request",
-    "RequestBlockHasher",
-    "RequestStatus",
-    "SinkFullAttention",
-    "SlidingWindow",
-]

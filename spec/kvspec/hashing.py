@@ -133,7 +133,7 @@ def block_extra_keys(src: ExtraKeySource, start: int, end: int, mm_cursor: int) 
         mm_cursor: Index of the first feature to consider; ``-1`` means the
             last feature (used for blocks completed after construction).
 
-    pre: 0 <= start < end
+    pre: 0 <= start < end and mm_cursor >= -1
     post: __return__[0] is None or len(__return__[0]) > 0
     """
     mm_keys, cursor = _mm_extra_keys(src.mm_features, start, end, mm_cursor)
@@ -181,7 +181,7 @@ def coarse_block_hashes(fine: Sequence[BlockHash], hash_block_size: int, block_s
     Coarse block ``j`` is the last fine hash inside it, which already chains
     the whole prefix (upstream: ``BlockHashListWithBlockSize``).
 
-    pre: hash_block_size > 0 and block_size % hash_block_size == 0
+    pre: hash_block_size > 0 and block_size > 0 and block_size % hash_block_size == 0
     post: len(__return__) == len(fine) // (block_size // hash_block_size)
     """
     k = block_size // hash_block_size

@@ -41,12 +41,15 @@ def inv_tables_append_only(before: KVView, after: KVView) -> bool:
 def inv_hash_lifetime(before: KVView, after: KVView, operation: str) -> bool:
     """Hashes survive freeing and touching (reference §6 inv. 7): only
     ``evict_blocks`` and ``reset_prefix_cache`` drop arbitrary entries, and
-    ``allocate_slots`` only those of blocks it took from the free queue;
-    every other operation drops none."""
+    ``allocate_slots`` only those of blocks it took from the free queue (so
+    they sit in a table afterwards; they may have been freed by the same call,
+    which first releases blocks outside the attention window); every other
+    operation drops none."""
     now = {(k, b) for k, ids in after.cached for b in ids}
     lost = {(k, b) for k, ids in before.cached for b in ids} - now
     if operation in ("evict_blocks", "reset_prefix_cache"):
         return True
     if operation == "allocate_slots":
-        return all(b in before.free_queue for _, b in lost)
+        held = {b for _, groups in after.tables for g in groups for b in g}
+        return all(b in held for _, b in lost)
     return not lost

@@ -62,6 +62,7 @@ class KVCacheCoordinator:
         total_computed_tokens: int,
         num_tokens_main_model: int,
         apply_admission_cap: bool = False,
+        num_external: int = 0,
     ) -> int:
         """Sum over groups; cross attention is sized by the encoder tokens."""
         total = 0
@@ -72,8 +73,9 @@ class KVCacheCoordinator:
                 )
             else:
                 total += m.get_num_blocks_to_allocate(
-                    request_id, num_tokens, hits, total_computed_tokens, num_tokens_main_model, apply_admission_cap
-                )
+                    request_id, num_tokens, hits, total_computed_tokens, num_tokens_main_model, apply_admission_cap,
+                    num_external,
+                )  # fmt: skip
         return total
 
     def allocate_new_computed_blocks(

@@ -126,8 +126,9 @@ class KVCacheManager:
         slots = min(main + num_lookahead_tokens, self.config.max_model_len)
         coord.remove_skipped_blocks(rid, total)
         need = coord.get_num_blocks_to_allocate(
-            rid, slots, hits, num_encoder_tokens, local + num_external_computed_tokens, main
-        )
+            rid, slots, hits, num_encoder_tokens, local + num_external_computed_tokens, main,
+            num_external=num_external_computed_tokens,
+        )  # fmt: skip
         if need + wm > self.block_pool.get_num_free_blocks() - reserved_blocks:
             return None
         if any(hits) or num_external_computed_tokens > 0:

@@ -84,9 +84,11 @@ class SingleTypeKVCacheManager:
         total_computed_tokens: int,
         num_tokens_main_model: int,
         apply_admission_cap: bool = False,
+        num_external: int = 0,
     ) -> int:
         """Blocks an allocation would take from the free queue, counting hit
-        blocks that are currently free (touching removes them from the queue)."""
+        blocks that are currently free (touching removes them from the queue).
+        ``num_external`` only matters to Mamba align (see there)."""
         required = cdiv(num_tokens, self.block_size)
         if apply_admission_cap and self.admission_cap is not None:
             required = min(required, self.admission_cap)
@@ -240,9 +242,17 @@ class MambaManager(SingleTypeKVCacheManager):
         total_computed_tokens: int,
         num_tokens_main_model: int,
         apply_admission_cap: bool = False,
+        num_external: int = 0,
     ) -> int:
         """As the base, plus speculative blocks; a hit on a state cached in this
-        very step cannot be used yet (returns more than the pool holds)."""
+        very step cannot be used yet (returns more than the pool holds).
+
+        NOTE: in align mode vLLM 0.25.1 forgets the block that external
+        (connector) tokens take for a new request, so its estimate can be one
+        short and the allocation then fails half-way; the spec takes the larger
+        of vLLM's estimate and the exact count (docs/divergences.md,
+        "mamba-align-external-estimate").
+        """
         if new_computed_blocks and self.pool.block_hash[new_computed_blocks[-1]] in self.cached_blocks_this_step:
             return self.pool.num_gpu_blocks + 1
         spec = self.mamba.num_speculative_blocks
@@ -255,7 +265,10 @@ class MambaManager(SingleTypeKVCacheManager):
         new = required - len(new_computed_blocks) - len(self.req_to_blocks.get(request_id, ()))
         if new > 0:
             new = 1 if request_id in self.allocated_block_reqs else 1 + spec
-        return new + self._num_evictable(new_computed_blocks)
+        estimate = new + self._num_evictable(new_computed_blocks)
+        if num_external <= 0:
+            return estimate
+        return max(estimate, self._exact_with_external(new_computed_blocks, total_computed_tokens, required))
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[BlockId]:
         """Non-align: base plus speculative blocks. Align: see :meth:`_allocate_aligned`."""
@@ -297,6 +310,16 @@ class MambaManager(SingleTypeKVCacheManager):
         """States cached in earlier steps become usable."""
         self.cached_blocks_this_step.clear()
 
+    def _exact_with_external(self, hits: Sequence[BlockId], total: int, required: int) -> int:
+        """Blocks a new align-mode request with external tokens really takes:
+        the external state block, then the running state and spare blocks."""
+        spec = self.mamba.num_speculative_blocks
+        skipped = max(total - 1, 0) // self.block_size
+        have = max(skipped, len(hits))
+        ext = max(cdiv(total, self.block_size) - have, 0)
+        new = max(required - max(have + ext, required - spec - 1), 0)
+        return ext + new + self._num_evictable(hits[skipped:])
+
     def _allocate_aligned(self, request_id: str, num_tokens: int) -> list[BlockId]:
         """Align mode: the running state goes to index ``cdiv(T, bs) - 1``, padded
         with nulls; last step's spare blocks move there before new ones are taken.
@@ -332,6 +355,8 @@ def num_skipped_tokens(kind: AttentionKind, num_computed_tokens: int) -> int:
     Mamba: ``n - 1`` (only the last state; -1 for n = 0). Others: 0.
 
     pre: num_computed_tokens >= 0
+    pre: not isinstance(kind, SlidingWindow) or kind.window >= 1
+    pre: not isinstance(kind, ChunkedLocal) or kind.chunk >= 1
     post: __return__ <= num_computed_tokens
     """
     if isinstance(kind, SlidingWindow):
@@ -479,6 +504,7 @@ def reachable_block_mask(
     only the ``need`` blocks before each boundary can ever be part of a hit.
 
     pre: 0 <= start <= end and alignment >= 1
+    pre: not isinstance(kind, SlidingWindow) or (kind.window >= 1 and kind.block_size >= 1)
     post: __return__ is None or len(__return__) == end - start
     """
     if not isinstance(kind, SlidingWindow):

@@ -1,6 +1,6 @@
 """The executed traces of the behavioural reference, on the spec and on real vLLM.
 
-Source: ``/work/shared/reference/vllm-0.25.1-kv-core.md`` — Appendix A (A.1–A.8),
+Source: ``/work/shared/reference/vllm-0.25.1-kv-core.md`` — Appendix A (A.1 to A.8),
 the §2.7 example and the §7 items marked [H] (confirmed by running vLLM 0.25.1).
 Only vLLM 0.25.1 behaviour is asserted; the 0.16.0 columns of the traces are not.
 Where the spec deliberately differs from 0.25.1 (``kvref/divergences.toml``), the
@@ -95,7 +95,9 @@ A2_CASES: list[tuple[str, tuple[AttentionKind, ...], bool, int]] = [
 
 
 @pytest.mark.parametrize(("groups", "use_eagle", "hit"), [c[1:] for c in A2_CASES], ids=[c[0] for c in A2_CASES])
-def test_a2_eagle_across_coordinators(target: str, groups: tuple[AttentionKind, ...], use_eagle: bool, hit: int) -> None:
+def test_a2_eagle_across_coordinators(
+    target: str, groups: tuple[AttentionKind, ...], use_eagle: bool, hit: int
+) -> None:
     """Reference Appendix A.2 (§7 item 17 [H]): 40-token prompt cached, then a 41-token prompt; 0.25.1 hit lengths."""
     kv = make_kv(target, *groups, num_blocks=64, use_eagle=use_eagle)
     prompt = list(range(40))
@@ -141,7 +143,7 @@ def test_a3_swa_lookup(
 
 
 def test_a3_swa_lookup_misaligned_run_start(target: str) -> None:
-    """Reference Appendix A.3: w8, align 8, cached 0-6 -> N×4 + idx 4,5 (24; idx 6 skipped as misaligned run start)."""
+    """Reference Appendix A.3: w8, align 8, cached 0-6 -> N x4 + idx 4,5 (24; idx 6 is a misaligned run start)."""
     kv = make_kv(target, FullAttention(8), SlidingWindow(4, 8), num_blocks=32)
     hits, n, swa = a3_lookup(kv, 1, set(range(7)))
     fa = kv.table("a")[0]
@@ -308,7 +310,7 @@ def test_a6_full_sequence_gate(target: str) -> None:
 
 
 def test_a6_watermark(target: str) -> None:
-    """Reference Appendix A.6: watermark 0.3 of NB=10 -> 3 blocks: 24 tokens allowed, 28 -> None unless no scheduled reqs."""
+    """Reference Appendix A.6: watermark 0.3, NB=10 (3 blocks): 24 tokens fit, 28 -> None unless nothing scheduled."""
     kw = {"num_blocks": 10, "watermark": 0.3}
     kv = make_kv(target, FullAttention(4), **kw)
     assert kv.a.allocate_slots(kv.req("a", [1] * 24), 24) == ((1, 2, 3, 4, 5, 6),)
@@ -326,7 +328,7 @@ def test_a6_reserved_blocks(target: str) -> None:
 
 
 def test_a6_mamba_same_step_hit(target: str) -> None:
-    """Reference Appendix A.6 (§7 item 20): Mamba all, identical prompt in the same step -> None; next step -> [N,2,4]."""
+    """Reference Appendix A.6 (§7 item 20): Mamba all, same prompt in the same step -> None; next step -> [N,2,4]."""
     kv = make_kv(target, Mamba(4, "all"))
     assert kv.a.allocate_slots(kv.req("a", range(10)), 10) == ((1, 2, 3),)
     b = kv.req("b", range(10))
@@ -378,7 +380,7 @@ def test_a7_common_prefix_pending_under_report(target: str) -> None:
 
 
 def test_a7_common_prefix_pending_over_report(target: str) -> None:
-    """Reference Appendix A.7 / §6 invariant 15: unrelated request allocated, b popped not freed -> vLLM 2 (over-report)."""
+    """Reference Appendix A.7 / §6 inv. 15: unrelated request allocated, b popped not freed -> vLLM 2 (over-report)."""
     kv = make_kv(target, FullAttention(4))
     a7_setup(kv)
     assert kv.a.allocate_slots(kv.req("c", [50] * 10), 10) == ((5, 6, 7),)
@@ -518,7 +520,7 @@ def test_s7_41_second_full_type_group(target: str) -> None:
 
 
 def test_s4_3_eagle_mamba_hit(target: str) -> None:
-    """Reference §4.3 / §7 item 18 [H]: FA+Mamba, EAGLE, no group flagged, 16 cached tokens -> vLLM hit 16, 3 FA blocks."""
+    """Reference §4.3 / §7 item 18 [H]: FA+Mamba, EAGLE, no group flagged, 16 cached: vLLM hit 16, 3 FA blocks."""
     kv = make_kv(target, FullAttention(4), Mamba(4, "all"), use_eagle=True)
     prompt = list(range(17))
     assert kv.a.allocate_slots(kv.req("a", prompt), 17) == ((1, 2, 3, 4, 5), (6, 7, 8, 9, 10))

@@ -1,0 +1,212 @@
+"""The pure formulas of the worked examples, on the spec's own functions (spec only).
+
+Sources: ``/work/shared/seeds/000_0a3a6c98f49a3887.txt`` (seed 000) and
+``/work/shared/reference/vllm-0.25.1-kv-core.md`` (§3, §6, §7, Appendix A).
+The same examples run end to end against both targets in
+``test_examples_seeds.py`` and ``test_examples_appendix_a.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvspec.block_pool import BlockId
+from kvspec.config import (
+    MLA,
+    AttentionKind,
+    ChunkedLocal,
+    CrossAttention,
+    FullAttention,
+    Mamba,
+    SinkFullAttention,
+    SlidingWindow,
+    admission_cap,
+)
+from kvspec.single_type_kv_cache_manager import (
+    align_down,
+    cdiv,
+    chunked_local_hit,
+    common_prefix_length,
+    contiguous_blocks_for_hit,
+    full_attention_hit,
+    mamba_hit,
+    num_skipped_tokens,
+    reachable_block_mask,
+    sliding_window_hit,
+)
+
+
+def present(cached: set[int] | range, n: int = 10) -> list[bool]:
+    """Which of ``n`` block positions are cached (reference Appendix A.3 notation)."""
+    return [i in cached for i in range(n)]
+
+
+# --------------------------------------------------------------------------- skipped tokens
+
+
+@pytest.mark.parametrize(
+    ("kind", "n", "skipped"),
+    [
+        (SlidingWindow(1, 4), 7, 4),
+        (SlidingWindow(4, 4), 7, 4),
+        (SlidingWindow(4, 8), 3, 0),
+        (ChunkedLocal(4, 8), 13, 8),
+        (ChunkedLocal(4, 8), 8, 8),
+        (ChunkedLocal(4, 8), 7, 0),
+        (Mamba(4), 10, 9),
+        (Mamba(4), 0, -1),
+        (FullAttention(4), 100, 0),
+        (MLA(4), 100, 0),
+        (SinkFullAttention(4, 8), 100, 0),
+        (CrossAttention(4), 100, 0),
+    ],
+)
+def test_num_skipped_tokens(kind: AttentionKind, n: int, skipped: int) -> None:
+    """Seed 000 (get_num_skipped_tokens): window 4 / 7 computed -> 4; chunk 8: 13 -> 8, 8 -> 8, 7 -> 0; Mamba n-1."""
+    assert num_skipped_tokens(kind, n) == skipped
+
+
+def test_mamba_skipped_blocks_use_floor_division() -> None:
+    """Reference §7 item 32: Mamba skips -1 tokens at 0 computed and -1 // bs == -1 (Python floor) is harmless."""
+    skipped_blocks = num_skipped_tokens(Mamba(4), 0) // 4
+    assert skipped_blocks == -1
+    assert [0] * skipped_blocks == []
+    assert (cdiv(-1, 4), cdiv(0, 4), cdiv(13, 4), cdiv(16, 4)) == (0, 0, 4, 4)
+
+
+# --------------------------------------------------------------------------- SWA
+
+
+@pytest.mark.parametrize(
+    ("window", "bs", "eagle", "blocks"),
+    [(8, 4, False, 2), (8, 4, True, 3), (13, 4, False, 3), (13, 4, True, 4), (16, 4, False, 4), (1, 4, False, 0)],
+)
+def test_contiguous_blocks_for_hit(window: int, bs: int, eagle: bool, blocks: int) -> None:
+    """Seed 000 (sliding_window_contiguous_blocks = ceil((window - 1) / block_size), +1 with EAGLE); §7 item 40."""
+    assert contiguous_blocks_for_hit(window, bs, eagle) == blocks
+
+
+@pytest.mark.parametrize(
+    ("cached", "window", "eagle", "alignment", "hit"),
+    [
+        (range(8), 8, False, 4, (6, 8)),
+        ({0, 1, 2, 4, 5, 7}, 8, False, 4, (4, 6)),
+        ({0}, 8, False, 4, (0, 1)),
+        ({0, 1, 2, 4, 5, 6, 7}, 8, True, 4, (5, 7)),
+        (range(7), 8, False, 8, (4, 6)),
+    ],
+    ids=["w8 cached 0-7", "w8 cached 0,1,2,4,5,7", "w8 cached 0", "w8 eagle cached 0-2,4-7", "w8 align 8 cached 0-6"],
+)
+def test_sliding_window_hit_appendix_a3(
+    cached: set[int] | range, window: int, eagle: bool, alignment: int, hit: tuple[int, int]
+) -> None:
+    """Reference Appendix A.3: SWA lookups (bs 4, 10 blocks) as (first real index, length in blocks)."""
+    contiguous = contiguous_blocks_for_hit(window, 4, eagle)
+    assert sliding_window_hit(present(cached), contiguous, eagle, 4, alignment) == hit
+
+
+def test_sliding_window_hit_eagle_fallback() -> None:
+    """Reference Appendix A.3 / §7 item 16: w13+EAGLE, align 8, cached {0,1,2}: spec 2 blocks (8 tokens)."""
+    # divergence "swa-eagle-fallback": vLLM 0.25.1 returns [] here (aligns, pops the
+    # EAGLE block, aligns again); the spec drops the EAGLE block and aligns once.
+    contiguous = contiguous_blocks_for_hit(13, 4, True)
+    assert contiguous == 4
+    assert sliding_window_hit(present({0, 1, 2}, 9), contiguous, True, 4, 8) == (0, 2)
+
+
+def test_sliding_window_hit_is_the_rightmost_run() -> None:
+    """Seed 000 (SWA right-to-left scan: a miss resets the run; the first complete run from the right wins)."""
+    assert sliding_window_hit(present(range(10)), 2, False, 4, 4) == (8, 10)
+    assert sliding_window_hit(present(set(range(9)) - {7}), 2, False, 4, 4) == (5, 7)  # block 8 alone is too short
+    assert sliding_window_hit(present(set()), 2, False, 4, 4) == (0, 0)
+
+
+# --------------------------------------------------------------------------- full attention, alignment
+
+
+@pytest.mark.parametrize(
+    ("n", "bs", "alignment", "aligned"),
+    [(3, 4, 8, 2), (2, 4, 8, 2), (1, 4, 8, 0), (5, 4, 4, 5), (7, 4, 16, 4), (0, 4, 8, 0)],
+)
+def test_align_down(n: int, bs: int, alignment: int, aligned: int) -> None:
+    """Seed 000 (alignment_tokens: hybrid hits are cut to a multiple of the LCM block size)."""
+    assert align_down(n, bs, alignment) == aligned
+
+
+def test_full_attention_hit_is_downward_closed() -> None:
+    """Seed 000 (FullAttentionManager: left-to-right until the first miss; downward closed; EAGLE drops one)."""
+    assert full_attention_hit([True, False, True, True], False, 4, 4) == 1
+    assert full_attention_hit([True] * 4, False, 4, 4) == 4
+    assert full_attention_hit([True] * 4, True, 4, 4) == 3
+    assert full_attention_hit([True] * 3, False, 4, 8) == 2
+    assert full_attention_hit([False, True], False, 4, 4) == 0
+    for k in range(5):  # every shorter prefix of a hit is a hit
+        assert full_attention_hit([True] * k + [False], False, 4, 4) == k
+
+
+# --------------------------------------------------------------------------- chunked local, Mamba
+
+
+def test_chunked_local_hit_without_lookups() -> None:
+    """Reference §7 item 14 / §3.11: empty cache, 17 tokens (max 16), chunk 8, bs 4 -> 4 null blocks (16 tokens)."""
+    assert chunked_local_hit(present(set(), 4), 16, 8, 4) == (4, 4)
+
+
+def test_chunked_local_hit_scans_the_current_chunk() -> None:
+    """Seed 000 (ChunkedLocal: nulls up to (max_length // chunk) * chunk, then left-to-right until a miss)."""
+    assert chunked_local_hit(present({2}, 3), 12, 8, 4) == (2, 3)
+    assert chunked_local_hit(present({0, 1}, 3), 12, 8, 4) == (2, 2)
+    assert chunked_local_hit(present({0}, 1), 7, 8, 4) == (0, 1)
+    assert chunked_local_hit([], 0, 8, 4) == (0, 0)
+
+
+def test_mamba_hit_is_the_rightmost_aligned_state() -> None:
+    """Seed 000 (MambaManager: right-to-left, the first hit wins); reference §7 item 19 (misaligned hits skipped)."""
+    assert mamba_hit([True, True, False, True], 4, 4) == (3, 4)
+    assert mamba_hit([True, True, True, False], 4, 8) == (1, 2)
+    assert mamba_hit([False, False], 4, 4) == (0, 0)
+
+
+# --------------------------------------------------------------------------- cache masks, caps, common prefix
+
+
+def mask_pattern(mask: list[bool] | None) -> str | None:
+    """``h`` for cacheable, ``-`` for masked blocks (Appendix A.8 notation)."""
+    return None if mask is None else "".join("h" if m else "-" for m in mask)
+
+
+def test_reachable_block_mask_appendix_a8() -> None:
+    """Reference Appendix A.8 (retention None): swa(4,8) with scheduler block 16: --hh… (EAGLE --hhh-hhh…)."""
+    swa = SlidingWindow(4, 8)
+    assert mask_pattern(reachable_block_mask(swa, 0, 16, 16, False)) == "--hh--hh--hh--hh"
+    assert mask_pattern(reachable_block_mask(swa, 0, 17, 16, True)) == "--hhh-hhh-hhh-hhh"
+    assert mask_pattern(reachable_block_mask(swa, 4, 8, 16, False)) == "--hh"
+
+
+def test_reachable_block_mask_dense_and_degenerate() -> None:
+    """Reference §3.10 (single group / need >= per -> None, dense) and §7 item 40 (window 1 -> all masked)."""
+    assert reachable_block_mask(SlidingWindow(4, 8), 0, 10, 4, False) is None
+    assert reachable_block_mask(SlidingWindow(4, 13), 0, 10, 8, True) is None
+    assert reachable_block_mask(FullAttention(4), 0, 10, 16, False) is None
+    assert reachable_block_mask(Mamba(4), 0, 10, 16, False) is None
+    assert mask_pattern(reachable_block_mask(SlidingWindow(4, 1), 0, 3, 4, False)) == "---"
+
+
+def test_admission_caps_appendix_a6() -> None:
+    """Reference Appendix A.6 / §3.10-3.11: swa(4,8), mnbt 8 -> cap 5; chunked local cdiv(min(chunk+mnbt, L), bs)."""
+    assert admission_cap(SlidingWindow(4, 8), 8, 128) == 5
+    assert admission_cap(ChunkedLocal(4, 8), 8, 128) == 4
+    assert admission_cap(SlidingWindow(4, 8), 8, 10) == 4
+    assert admission_cap(FullAttention(4), 8, 128) is None
+    assert admission_cap(Mamba(4), 8, 128) is None
+
+
+def test_common_prefix_length_appendix_a7() -> None:
+    """Reference Appendix A.7 / §6 invariant 15: a [1,2,3], b [1,2,4] -> 2; with unrelated c [5,6,7] -> 0."""
+    a, b, c = ([BlockId(i) for i in t] for t in ((1, 2, 3), (1, 2, 4), (5, 6, 7)))
+    assert common_prefix_length(a, [a, b]) == 2
+    assert common_prefix_length(a, [a, b, c]) == 0
+    # divergence "common-prefix-pending": b popped (pending), c allocated -> the spec
+    # counts tables only (0); vLLM's ref_cnt rule over-reports 2.
+    assert common_prefix_length(a, [a, c]) == 0
+    assert common_prefix_length(a, [a]) == 3
