@@ -23,6 +23,7 @@ from kvspec.config import KVCacheConfig
 
 MIN_STEPS = {"dev": 2_000, "ci": 20_000, "nightly": 500_000, "crosshair": 200}
 BATCH_EXAMPLES = 100
+RECORD_BATCH_EXAMPLES = 20
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -52,6 +53,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=[s.name for s in SHAPES],
         default=None,
         help="record only this configuration shape (repeatable; default: every shape)",
+    )
+    rec.add_argument(
+        "--min-allocations",
+        type=int,
+        default=0,
+        help="keep only runs with at least this many successful allocate_slots calls",
     )
     args = parser.parse_args(argv)
     if args.command == "check":
@@ -201,17 +208,21 @@ def _remembering(factory: AdapterFactory, built: list[KVCacheAdapter]) -> Adapte
 def cmd_record(args: argparse.Namespace) -> int:
     """Record ``--count`` traces from lockstep runs of the spec (optionally
     kept only when ``--against`` agrees at every step), drawing configurations
-    from the ``--shape`` names only when any are given."""
+    from the ``--shape`` names only when any are given and keeping only runs
+    with ``--min-allocations`` successful ``allocate_slots`` calls."""
     load_profile("dev")
     factories = [load_factory("spec")] + ([load_factory(args.against)] if args.against else [])
     shapes = SHAPES if not args.shape else tuple(s for s in SHAPES if s.name in args.shape)
     setup = MachineSetup(factories, RunStats(), default_failure_dir(), shapes=shapes, record_dir=args.out)
+    setup.min_allocations, setup.record_limit = args.min_allocations, args.count
     machine = make_lockstep_machine(setup)
     batch = 0
     while setup.recorded < args.count:
         machine._hypothesis_internal_use_seed = args.seed * 1_000_003 + batch
-        remaining = args.count - setup.recorded
-        run_state_machine_as_test(machine, settings=settings(settings.default, max_examples=remaining, database=None))
+        # Hypothesis starts every run with its simplest example; a batch of a
+        # few examples only would record that same trivial run again and again.
+        examples = max(args.count - setup.recorded, RECORD_BATCH_EXAMPLES)
+        run_state_machine_as_test(machine, settings=settings(settings.default, max_examples=examples, database=None))
         batch += 1
     print(f"recorded {setup.recorded} traces in {args.out}")
     return 0

@@ -150,6 +150,12 @@ class MachineSetup:
     record_dir: Path | None = None
     """If set, every run that ends without divergence is written there as a trace."""
     recorded: int = 0
+    record_limit: int | None = None
+    """Stop writing traces once this many were recorded."""
+    min_allocations: int = 0
+    """Record only runs with at least this many successful ``allocate_slots`` calls."""
+    recorded_texts: set[str] = field(default_factory=set)
+    """Traces already written (a run identical to an earlier one is not written again)."""
 
 
 def make_lockstep_machine(setup: MachineSetup) -> type[RuleBasedStateMachine]:
@@ -499,12 +505,25 @@ class SchedulerMachine(RuleBasedStateMachine):
         """Record the run as a trace if asked to; adapters are garbage collected."""
         setup, lock = self.SETUP, self.lock
         if setup.record_dir is not None and lock is not None and not lock.halted and lock.stats.steps:
-            facade_steps = sum(1 for op in lock.log if "expect" in op)
-            if facade_steps >= 3:
-                setup.recorded += 1
-                path = setup.record_dir / f"{self.shape}-{setup.recorded:04d}.jsonl"
-                Trace(self.cfg, lock.log, {"shape": self.shape}).write(path)
+            self._record(setup, setup.record_dir, lock)
         self.lock = None
+
+    def _record(self, setup: MachineSetup, record_dir: Path, lock: Lockstep) -> None:
+        """Write the run unless the limit is reached or it is too short, too
+        poor in allocations or a duplicate."""
+        if lock.stats.unexplained or (setup.record_limit is not None and setup.recorded >= setup.record_limit):
+            return  # a failing run (or its shrinks) is never a golden trace
+        facade_steps = sum(1 for op in lock.log if "expect" in op)
+        allocations = sum(1 for op in lock.log if op["op"] == "allocate_slots" and isinstance(op.get("expect"), list))
+        if facade_steps < 3 or allocations < setup.min_allocations:
+            return
+        trace = Trace(self.cfg, lock.log, {"shape": self.shape})
+        text = trace.dumps()
+        if text in setup.recorded_texts:
+            return
+        setup.recorded_texts.add(text)
+        setup.recorded += 1
+        trace.write(record_dir / f"{self.shape}-{setup.recorded:04d}.jsonl")
 
 
 def default_failure_dir() -> Path:
