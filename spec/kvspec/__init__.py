@@ -19,10 +19,8 @@ from kvspec.config import Mamba as Mamba
 from kvspec.config import SinkFullAttention as SinkFullAttention
 from kvspec.config import SlidingWindow as SlidingWindow
 from kvspec.kv_cache_manager import KVCacheManager as KVCacheManager
-from kvspec.request import Request as Request
 from kvspec.request import RequestBlockHasher as RequestBlockHasher
 from kvspec.request import RequestStatus as RequestStatus
-from kvspec.view import KVView as KVView
 
 SEMANTICS_VERSION = "vllm-0.25.1"
 """The vLLM release whose observable behaviour this package specifies."""

@@ -109,5 +109,4 @@ class RequestBlockHasher:
         self, existing: tuple[BlockHash, ...], tokens: tuple[int, ...], extra: ExtraKeySource
     ) -> tuple[BlockHash, ...]:
         fn: HashFunction = get_hash_fn_by_name(self.hash_function)
-        seed = none_hash(fn, self.seed)
-        return extend_block_hashes(fn, seed, self.hash_block_size, existing, tokens, extra)
+        return extend_block_hashes(fn, none_hash(fn, self.seed), self.hash_block_size, existing, tokens, extra)

@@ -476,8 +476,9 @@ def find_longest_cache_hit(
     """The longest hit of at most ``max_length`` tokens, one list per group in
     ``group_ids`` (every group must hold each block); null where not needed."""
     max_blocks = max(max_length, 0) // kind.block_size
-    found = [pool.get_cached_block(h, group_ids) for h in block_hashes[:max_blocks]]
-    present = [f is not None for f in found]
+    looked_up = [pool.get_cached_block(h, group_ids) for h in block_hashes[:max_blocks]]
+    present = [f is not None for f in looked_up]
+    found = [f or [] for f in looked_up]
     bs = kind.block_size
     if isinstance(kind, SlidingWindow):
         first, length = sliding_window_hit(
@@ -491,7 +492,7 @@ def find_longest_cache_hit(
         raise NotImplementedError("cross attention does not support prefix caching")
     else:
         first, length = 0, full_attention_hit(present, drop_eagle, bs, alignment)
-    return [[NULL_BLOCK if i < first else _nth(found[i], g) for i in range(length)] for g in range(len(group_ids))]
+    return [[NULL_BLOCK if i < first else found[i][g] for i in range(length)] for g in range(len(group_ids))]
 
 
 def reachable_block_mask(
@@ -565,8 +566,3 @@ def inv_null_shape(m: SingleTypeKVCacheManager) -> bool:
         if leading and NULL_BLOCK in table[first_real:]:
             return False
     return True
-
-
-def _nth(blocks: list[BlockId] | None, g: int) -> BlockId:
-    assert blocks is not None
-    return blocks[g]
