@@ -19,7 +19,7 @@ from kvref.lockstep import RunStats
 from kvref.profiles import load_profile
 from kvref.stateful import SHAPES, MachineSetup, default_failure_dir, make_lockstep_machine
 from kvref.traces import load, replay
-from kvspec.config import KVCacheConfig
+from kvspec.config import FullAttention, KVCacheConfig
 
 MIN_STEPS = {"dev": 2_000, "ci": 20_000, "nightly": 500_000, "crosshair": 200}
 BATCH_EXAMPLES = 100
@@ -108,6 +108,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     target, against, why = choose_targets(args.target, args.against)
     names = [n for n in (against, target) if n is not None]
     factories: list[AdapterFactory] = [load_factory(n) for n in names]
+    for name, factory in zip(names, factories, strict=True):
+        try:
+            factory(KVCacheConfig(num_blocks=4, groups=(FullAttention(4),), max_model_len=16))
+        except Exception as exc:
+            console.print(f"[red]cannot construct adapter {name!r}[/]: {exc}")
+            return 2
     console.print(f"kvref check: target [bold]{target}[/] against [bold]{against or '(none)'}[/] ({why})")
     load_profile(args.profile)
     goal = args.min_steps or MIN_STEPS[args.profile]
