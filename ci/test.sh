@@ -37,4 +37,7 @@ else
 fi
 # ---------------------------------------------------------------------------
 
+# CrossHair: the spec's contracts and harnesses hold; every mutant is killed.
+bash ci/proofs.sh
+
 echo "==> test: all checks passed in $((SECONDS - total_start))s"

@@ -1,0 +1,1 @@
+"""CrossHair proofs of kvspec's pure functions (see proofs/README.md)."""

@@ -1,0 +1,27 @@
+"""Mutant: a sliding window keeps ``w`` tokens instead of ``w - 1`` (skips one
+token too few)."""
+
+from __future__ import annotations
+
+from kvspec.config import AttentionKind, ChunkedLocal, Mamba, SlidingWindow
+
+OWN_CONTRACT = False  # AttentionKind includes Mamba's Literal mode: CrossHair cannot build it
+HARNESSES = ("arith.skipped_props", "arith.skipped_monotone")
+
+
+def num_skipped_tokens(kind: AttentionKind, num_computed_tokens: int) -> int:
+    """Mutant of the spec function (same contract).
+
+    pre: num_computed_tokens >= 0
+    pre: not isinstance(kind, SlidingWindow) or kind.window >= 1
+    pre: not isinstance(kind, ChunkedLocal) or kind.chunk >= 1
+    post: __return__ <= num_computed_tokens
+    """
+    # crosshair: max_iterations=40
+    if isinstance(kind, SlidingWindow):
+        return max(0, num_computed_tokens - kind.window)
+    if isinstance(kind, ChunkedLocal):
+        return num_computed_tokens // kind.chunk * kind.chunk
+    if isinstance(kind, Mamba):
+        return num_computed_tokens - 1
+    return 0
