@@ -37,6 +37,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     check.add_argument("--seed", type=int, default=0)
     check.add_argument("--budget", type=float, default=None, help="stop after this many seconds")
     check.add_argument("--min-steps", type=int, default=None, help="override the profile's step goal")
+    ben = sub.add_parser("bench", help="time the managers on one scheduler workload")
+    ben.add_argument("--mix", default="full", choices=["full", "full+swa", "full+mamba"])
+    ben.add_argument("--requests", type=int, default=300)
+    ben.add_argument("--max-running", type=int, default=64)
+    ben.add_argument("--blocks", type=int, default=2048)
+    ben.add_argument("--repeats", type=int, default=5)
+    ben.add_argument("--seed", type=int, default=0)
     rep = sub.add_parser("replay", help="replay trace files against an adapter")
     rep.add_argument("files", nargs="+", type=Path)
     rep.add_argument("--target", default="spec")
@@ -65,6 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_check(args)
     if args.command == "replay":
         return cmd_replay(args.files, args.target)
+    if args.command == "bench":
+        return cmd_bench(args)
     return cmd_record(args)
 
 
@@ -167,6 +176,27 @@ def _report(stats: RunStats, target: str, against: str | None, console: Console,
         n_ops = len(stats.last_failure.read_text().splitlines()) - 1
         console.print(f"shrunk trace ({n_ops} operations): {stats.last_failure}")
         console.print(f"replay it: kvref replay {stats.last_failure} --target {target}")
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Print µs per allocate call of every installed engine on one workload."""
+    from kvref.bench import Workload, bench  # noqa: PLC0415 - only this command needs it
+
+    w = Workload(
+        num_requests=args.requests, max_running=args.max_running, num_blocks=args.blocks, mix=args.mix, seed=args.seed
+    )
+    rows = bench(w, repeats=args.repeats)
+    table = Table(
+        title=f"kvref bench: {w.mix}, {w.num_requests} requests, batch {w.max_running}, {w.num_blocks} blocks"
+    )
+    for col in ("engine", "allocate calls", "µs per call (median)", "speed vs vLLM"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        ratio = "-" if r.x_vs_vllm is None else f"{r.x_vs_vllm:.2f}x"
+        table.add_row(r.engine, str(r.calls), f"{r.us_per_call:.2f}", ratio)
+    Console().print(table)
+    print("all engines allocated identical block ids")
+    return 0
 
 
 def cmd_replay(files: Sequence[Path], target: str) -> int:
