@@ -1,8 +1,24 @@
-"""Optimized implementation of vLLM 0.25.1's paged KV-cache manager (not written yet).
+"""kvimpl: an optimized implementation of vLLM 0.25.1's paged KV-cache manager.
 
-This package is intentionally empty: the optimized implementation is planned
-but has not been written. When it exists it must behave exactly like the
-executable specification in :mod:`kvspec`, as checked by the conformance kit
-(:mod:`kvref`), and it may import only the value types of ``kvspec`` (errors,
-config, request, hashing, events, view and stats), never its algorithms.
+Observably identical to the executable specification :mod:`kvspec` (same
+block ids in the same order, same events, same errors raised before any
+state change, same :class:`kvspec.view.KVView`), as checked in lockstep by
+the conformance kit (``kvref check --target impl --against spec``). Module
+for module it mirrors the spec with the same public names and signatures;
+the bookkeeping sits in flat per-block lists (an intrusive doubly linked
+free queue, ref counts, block hashes, per-group holder counts) instead of
+the spec's O(n) list operations.
+
+It imports from ``kvspec`` only value types and pure hashing helpers
+(errors, config, request, hashing, events, view, stats), never its logic:
+helpers are duplicated on purpose, because a shared helper is a shared bug.
+
+Layers (bottom up): :mod:`kvimpl.block_pool`,
+:mod:`kvimpl.single_type_kv_cache_manager`, :mod:`kvimpl.kv_cache_coordinator`,
+:mod:`kvimpl.kv_cache_manager`.
 """
+
+from kvimpl.kv_cache_manager import KVCacheManager as KVCacheManager
+
+SEMANTICS_VERSION = "vllm-0.25.1"
+"""The vLLM release whose observable behaviour this package implements."""

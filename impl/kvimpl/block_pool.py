@@ -1,0 +1,395 @@
+"""The block pool over flat per-block lists: free queue, ref counts, hash map.
+
+Same behaviour as :mod:`kvspec.block_pool` (same ids in the same order, same
+events, same errors before any change); only the structures differ. Block 0
+is the null block: never free, never hashed, its counter not tracked.
+
+Upstream: ``vllm/v1/core/block_pool.py`` and ``FreeKVCacheBlockQueue``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import NewType
+
+from kvimpl.invariants import require
+from kvspec.errors import DoubleFreeError, InvalidBlockIdError, PoolExhaustedError
+from kvspec.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from kvspec.hashing import BlockHash, BlockHashWithGroupId, block_extra_keys, external_block_hash, make_key, split_key
+from kvspec.request import Request
+
+BlockId = NewType("BlockId", int)
+NULL_BLOCK = BlockId(0)
+
+
+class FreeQueue:
+    """Free block ids in eviction order, as an intrusive doubly linked list.
+
+    ``nxt[b]`` / ``prv[b]`` link block ``b``; index ``num_blocks`` is the
+    sentinel of a circular list (``nxt[S]`` is the head, ``prv[S]`` the
+    tail), so no operation needs a branch for the ends. Membership is not
+    stored: a block is in the queue iff the pool says it is free.
+
+    NOTE: measured with timeit (CPython 3.11, 4,096 blocks, one op pair per
+    call including the lambda): remove + prepend 0.64 µs vs 5.2 µs for the
+    spec's ``list.remove`` + ``insert(0)``; popleft + append 1.1 µs vs 15 µs
+    for the spec's slicing; a one-block ``free_blocks`` re-link ~0.3 µs vs 32 µs for the
+    spec's ``unhashed + queue + hashed`` concatenation. ``array('i')`` for
+    nxt/prv measured 1.09 µs for remove + prepend (boxing on every read), so
+    plain lists are used.
+
+    inv: walking nxt from the sentinel visits len(self) blocks and returns
+    inv: prv is the inverse of nxt on every linked block
+    """
+
+    __slots__ = ("_len", "nxt", "prv", "sentinel")
+
+    def __init__(self, num_blocks: int) -> None:
+        """Blocks 1 .. num_blocks - 1 in id order."""
+        s = num_blocks
+        self.sentinel = s
+        self.nxt = [i + 1 for i in range(num_blocks + 1)]
+        self.prv = [i - 1 for i in range(num_blocks + 1)]
+        # Block 0 stays unlinked; the ring is S -> 1 -> ... -> n-1 -> S.
+        if num_blocks > 1:
+            self.nxt[s] = 1
+            self.prv[1] = s
+            self.nxt[num_blocks - 1] = s
+            self.prv[s] = num_blocks - 1
+        else:
+            self.nxt[s] = s
+            self.prv[s] = s
+        self.nxt[0] = self.prv[0] = 0
+        self._len = num_blocks - 1
+
+    def __len__(self) -> int:
+        return self._len
+
+    def popleft_n(self, n: int) -> list[BlockId]:
+        """Unlink and return the first ``n`` blocks (caller checked ``n <= len``)."""
+        nxt, s = self.nxt, self.sentinel
+        out: list[BlockId] = []
+        b = nxt[s]
+        for _ in range(n):
+            out.append(BlockId(b))
+            b = nxt[b]
+        nxt[s] = b
+        self.prv[b] = s
+        self._len -= n
+        return out
+
+    def remove(self, b: int) -> None:
+        """Unlink block ``b`` (it must be linked)."""
+        nxt, prv = self.nxt, self.prv
+        p, n = prv[b], nxt[b]
+        nxt[p] = n
+        prv[n] = p
+        self._len -= 1
+
+    def append(self, b: int) -> None:
+        """Link ``b`` at the tail."""
+        s, prv = self.sentinel, self.prv
+        t = prv[s]
+        self.nxt[t] = b
+        prv[b] = t
+        self.nxt[b] = s
+        prv[s] = b
+        self._len += 1
+
+    def prepend(self, b: int) -> None:
+        """Link ``b`` at the head."""
+        s, nxt = self.sentinel, self.nxt
+        h = nxt[s]
+        self.prv[h] = b
+        nxt[b] = h
+        self.prv[b] = s
+        nxt[s] = b
+        self._len += 1
+
+    def to_list(self) -> list[int]:
+        """Head to tail."""
+        nxt, s = self.nxt, self.sentinel
+        out: list[int] = []
+        b = nxt[s]
+        while b != s:
+            out.append(b)
+            b = nxt[b]
+        return out
+
+    def check(self) -> list[int]:
+        """Verify the ring (bounded walk, prv inverse of nxt); return the order."""
+        nxt, prv, s = self.nxt, self.prv, self.sentinel
+        out: list[int] = []
+        b = nxt[s]
+        prev = s
+        while b != s:
+            require(len(out) < s, "free queue: nxt pointers form a cycle without the sentinel")
+            require(prv[b] == prev, f"free queue: prv[{b}] is {prv[b]}, expected {prev}")
+            out.append(b)
+            prev, b = b, nxt[b]
+        require(prv[s] == prev, "free queue: sentinel's prv is not the tail")
+        require(len(out) == self._len, f"free queue: count {self._len} but {len(out)} linked")
+        return out
+
+
+class BlockPool:
+    """Hands out blocks, counts references and caches full blocks by hash.
+
+    ``ref_cnt`` and ``block_hash`` are flat lists indexed by block id; the
+    cache map is ``dict[key, list[id]]`` (oldest first) as in the spec.
+
+    inv: block 0 is never free, never hashed, never a cache-map value
+    inv: a block is free <=> it is not null, not a sink block and ref_cnt == 0
+    inv: cached[k] lists exactly the blocks whose block_hash is k
+    """
+
+    def __init__(
+        self,
+        num_gpu_blocks: int,
+        enable_caching: bool,
+        hash_block_size: int,
+        enable_kv_cache_events: bool = False,
+        int_block_hashes: bool = True,
+    ) -> None:
+        """An empty pool: every block but the null block is free, in id order."""
+        self.num_gpu_blocks = num_gpu_blocks
+        self.enable_caching = enable_caching
+        self.hash_block_size = hash_block_size
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.int_block_hashes = int_block_hashes
+        self.ref_cnt = [0] * num_gpu_blocks
+        self.block_hash: list[BlockHashWithGroupId | None] = [None] * num_gpu_blocks
+        self.free_queue = FreeQueue(num_gpu_blocks)
+        self.cached: dict[BlockHashWithGroupId, list[BlockId]] = {}
+        self.sink: list[BlockId] = []
+        self.events: list[KVCacheEvent] = []
+
+    def get_num_free_blocks(self) -> int:
+        """Free blocks, cached-but-evictable ones included."""
+        return len(self.free_queue)
+
+    def get_usage(self) -> float:
+        """``1 - free / (num_gpu_blocks - 1)``; 0 for a pool of one block."""
+        if self.num_gpu_blocks == 1:
+            return 0.0
+        return 1.0 - len(self.free_queue) / (self.num_gpu_blocks - 1)
+
+    def get_cached_block(self, block_hash: BlockHash, group_ids: Sequence[int]) -> list[BlockId] | None:
+        """The oldest cached block of ``block_hash`` in each group, or None."""
+        found = []
+        cached = self.cached
+        for gid in group_ids:
+            ids = cached.get(make_key(block_hash, gid))
+            if not ids:
+                return None
+            found.append(ids[0])
+        return found
+
+    def get_new_blocks(self, num_blocks: int) -> list[BlockId]:
+        """Take ``num_blocks`` from the head of the free queue, evicting their
+        hashes; each gets ref_cnt 1.
+
+        Raises:
+            PoolExhaustedError: If fewer blocks are free.
+        """
+        if num_blocks > len(self.free_queue):
+            raise PoolExhaustedError(f"Cannot get {num_blocks} free blocks from the pool")
+        taken = self.free_queue.popleft_n(num_blocks)
+        ref, bh = self.ref_cnt, self.block_hash
+        evict = self.enable_caching
+        for b in taken:
+            if evict and bh[b] is not None:
+                self._evict(b)
+            ref[b] = 1
+        return taken
+
+    def touch(self, blocks: Sequence[BlockId]) -> None:
+        """Add a reference to each block (a prefix hit); free ones leave the queue."""
+        ref, fq = self.ref_cnt, self.free_queue
+        for b in blocks:
+            if b == NULL_BLOCK:
+                continue
+            if ref[b] == 0:
+                fq.remove(b)
+            ref[b] += 1
+
+    def free_blocks(self, ordered_blocks: Iterable[BlockId]) -> None:
+        """Drop one reference per element; blocks reaching 0 become free:
+        unhashed ones at the front (in the given order), hashed ones at the tail.
+
+        Raises:
+            InvalidBlockIdError: For an id outside the pool.
+            DoubleFreeError: If a block would drop below 0 references.
+        """
+        n_blocks = self.num_gpu_blocks
+        blocks: list[BlockId] = []
+        for b in ordered_blocks:
+            if not 0 <= b < n_blocks:
+                raise InvalidBlockIdError(f"free_blocks: block id {b} is outside 0..{n_blocks - 1}")
+            if b != NULL_BLOCK:
+                blocks.append(b)
+        ref = self.ref_cnt
+        if len(set(blocks)) != len(blocks) or any(ref[b] < 1 for b in blocks):
+            _check_double_free(ref, blocks)
+        fq, bh = self.free_queue, self.block_hash
+        unhashed: list[BlockId] = []
+        for b in blocks:
+            n = ref[b] - 1
+            ref[b] = n
+            if n == 0:
+                if bh[b] is None:
+                    unhashed.append(b)
+                else:
+                    fq.append(b)
+        for b in reversed(unhashed):
+            fq.prepend(b)
+
+    def cache_full_blocks(
+        self,
+        request: Request,
+        blocks: Sequence[BlockId],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        group_id: int,
+        block_mask: Sequence[bool] | None = None,
+    ) -> None:
+        """Insert ``blocks[num_cached_blocks:num_full_blocks]`` into the prefix
+        cache (null and masked-out blocks skipped); one BlockStored per call."""
+        if num_cached_blocks >= num_full_blocks:
+            return
+        fine = request.block_hashes
+        k = block_size // self.hash_block_size
+        bh, cached = self.block_hash, self.cached
+        stored: list[int] = []
+        for i in range(num_cached_blocks, num_full_blocks):
+            b = blocks[i]
+            if b == NULL_BLOCK or (block_mask is not None and not block_mask[i - num_cached_blocks]):
+                continue
+            assert bh[b] is None, f"block {b} is hashed twice"
+            key = make_key(fine[(i + 1) * k - 1], group_id)
+            bh[b] = key
+            ids = cached.get(key)
+            if ids is None:
+                cached[key] = [b]
+            else:
+                ids.append(b)
+            stored.append(i)
+        if self.enable_kv_cache_events:
+            self.events.append(_stored_event(self, request, k, stored, num_cached_blocks, num_full_blocks, block_size,
+                                             group_id))  # fmt: skip
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Remove the given blocks from the prefix cache, ascending id order.
+
+        Raises:
+            InvalidBlockIdError: For any id outside the pool (checked first).
+        """
+        n_blocks = self.num_gpu_blocks
+        ids: set[int] = set()
+        for b in block_ids:
+            if not 0 <= b < n_blocks:
+                raise InvalidBlockIdError(f"evict_blocks: block id {b} is outside 0..{n_blocks - 1}")
+            ids.add(b)
+        bh = self.block_hash
+        for b in sorted(ids):
+            if bh[b] is not None:
+                self._evict(BlockId(b))
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every hash if no block but the null block is in use."""
+        if self.num_gpu_blocks - len(self.free_queue) != 1:
+            return False
+        self.cached = {}
+        self.block_hash = [None] * self.num_gpu_blocks
+        if self.enable_kv_cache_events:
+            self.events.append(AllBlocksCleared())
+        return True
+
+    def take_sink_blocks(self, num_blocks: int) -> list[BlockId]:
+        """Permanently take blocks from the head of the free queue (attention sinks)."""
+        taken = self.free_queue.popleft_n(min(num_blocks, len(self.free_queue)))
+        self.sink += taken
+        return taken
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """Return and clear the recorded events."""
+        events, self.events = self.events, []
+        return events
+
+    def free_order(self) -> list[int]:
+        """The free queue head to tail."""
+        return self.free_queue.to_list()
+
+    def check_invariants(self) -> None:
+        """Raise InvariantViolation if the list, counts or hash map disagree."""
+        order = self.free_queue.check()
+        ref = self.ref_cnt
+        expected = {b for b in range(1, self.num_gpu_blocks) if ref[b] == 0} - set(self.sink)
+        require(len(set(order)) == len(order) and set(order) == expected, "free queue != {non-null, non-sink, ref 0}")
+        require(all(r >= 0 for r in ref[1:]), "negative ref_cnt")
+        require(self.block_hash[NULL_BLOCK] is None, "the null block is hashed")
+        by_key: dict[BlockHashWithGroupId, list[int]] = {}
+        for b, key in enumerate(self.block_hash):
+            if key is not None:
+                by_key.setdefault(key, []).append(b)
+        listed = {k: sorted(ids) for k, ids in self.cached.items() if ids}
+        require(len(listed) == len(self.cached) and listed == by_key, "cache map and block hashes disagree")
+
+    def _evict(self, b: BlockId) -> None:
+        bh = self.block_hash
+        key = bh[b]
+        if key is None:
+            return
+        bh[b] = None
+        ids = self.cached[key]
+        if len(ids) == 1:
+            del self.cached[key]
+        else:
+            ids.remove(b)
+        if self.enable_kv_cache_events:
+            digest, gid = split_key(key)
+            self.events.append(BlockRemoved((external_block_hash(digest, self.int_block_hashes),), MEDIUM_GPU, gid))
+
+
+def _check_double_free(ref: list[int], blocks: list[BlockId]) -> None:
+    """The slow path of ``free_blocks``: raise for the first over-freed block."""
+    for b, n in Counter(blocks).items():
+        if ref[b] < n:
+            raise DoubleFreeError(
+                f"free_blocks: block {b} has ref_cnt {ref[b]} but is freed {n} "
+                "time(s); it was freed more often than allocated"
+            )
+
+
+def _stored_event(
+    pool: BlockPool,
+    request: Request,
+    k: int,
+    stored: list[int],
+    num_cached: int,
+    num_full: int,
+    block_size: int,
+    group_id: int,
+) -> BlockStored:
+    """The BlockStored event of one ``cache_full_blocks`` call (``k`` fine
+    hashes per block)."""
+    as_int = pool.int_block_hashes
+    fine = request.block_hashes
+    extra_keys, cursor = [], 0
+    for i in stored:
+        keys, cursor = block_extra_keys(request.extra, i * block_size, (i + 1) * block_size, cursor)
+        extra_keys.append(keys)
+    lora = request.extra.lora
+    return BlockStored(
+        block_hashes=tuple(external_block_hash(fine[(i + 1) * k - 1], as_int) for i in stored),
+        parent_block_hash=None if num_cached == 0 else external_block_hash(fine[num_cached * k - 1], as_int),
+        token_ids=request.all_token_ids[num_cached * block_size : num_full * block_size],
+        block_size=block_size,
+        lora_id=lora.adapter_id if lora else None,
+        medium=MEDIUM_GPU,
+        lora_name=lora.name if lora else None,
+        extra_keys=tuple(extra_keys) if extra_keys else None,
+        group_idx=group_id,
+    )

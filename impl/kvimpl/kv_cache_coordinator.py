@@ -1,0 +1,296 @@
+"""Coordinators: make the managers of several groups agree.
+
+* :class:`NoPrefixCacheCoordinator` — caching off, any number of groups.
+* :class:`UnitaryCoordinator` — one group.
+* :class:`HybridCoordinator` — several groups; groups with equal kinds are
+  looked up jointly, and the hit length is a fixed point every kind accepts,
+  a multiple of the scheduler block size (the LCM of the block sizes).
+
+kvimpl's copy of :mod:`kvspec.kv_cache_coordinator` (duplicated on purpose);
+the structures it drives live in :mod:`kvimpl.block_pool`.
+
+Upstream: ``vllm/v1/core/kv_cache_coordinator.py`` (``KVCacheCoordinator``
+and subclasses).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvimpl.block_pool import BlockId, BlockPool
+from kvimpl.single_type_kv_cache_manager import find_longest_cache_hit, make_manager
+from kvspec.config import (
+    FULL_TYPE_KINDS,
+    AttentionKind,
+    ChunkedLocal,
+    CrossAttention,
+    KVCacheConfig,
+    Mamba,
+    SlidingWindow,
+    admission_cap,
+)
+from kvspec.hashing import BlockHash, coarse_block_hashes
+from kvspec.request import Request
+
+GroupBlocks = tuple[list[BlockId], ...]
+
+
+class KVCacheCoordinator:
+    """Fans operations out to one manager per group, in group order."""
+
+    def __init__(self, config: KVCacheConfig, enable_caching: bool) -> None:
+        """Build the pool and the managers (SinkFull takes its blocks here)."""
+        self.config = config
+        self.scheduler_block_size = config.scheduler_block_size
+        self.hash_block_size = config.resolved_hash_block_size()
+        self.pool = BlockPool(
+            config.num_blocks,
+            enable_caching,
+            self.hash_block_size,
+            config.enable_kv_cache_events,
+            config.int_block_hashes,
+        )
+        self.eagle_group_ids = config.eagle_group_ids()
+        mnbt, mml = config.batched_tokens(), config.max_model_len
+        self.managers = tuple(
+            make_manager(kind, self.pool, enable_caching, gid, self.scheduler_block_size,
+                         admission_cap(kind, mnbt, mml))
+            for gid, kind in enumerate(config.groups)
+        )  # fmt: skip
+        self.is_cross = tuple(isinstance(kind, CrossAttention) for kind in config.groups)
+        # Only these kinds ever skip leading tokens; the others' remove_skipped_blocks is a no-op.
+        self.skipping = tuple(m for m in self.managers if isinstance(m.kind, SlidingWindow | ChunkedLocal | Mamba))
+
+    def find_longest_cache_hit(
+        self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
+    ) -> tuple[GroupBlocks, int]:
+        """Hit blocks per group and the hit length in tokens."""
+        raise NotImplementedError
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[Sequence[BlockId]],
+        num_encoder_tokens: int,
+        total_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+        num_external: int = 0,
+    ) -> int:
+        """Sum over groups; cross attention is sized by the encoder tokens."""
+        total = 0
+        for m, cross, hits in zip(self.managers, self.is_cross, new_computed_blocks, strict=True):
+            if cross:
+                total += m.get_num_blocks_to_allocate(
+                    request_id, num_encoder_tokens, (), 0, num_encoder_tokens, apply_admission_cap
+                )
+            else:
+                total += m.get_num_blocks_to_allocate(
+                    request_id, num_tokens, hits, total_computed_tokens, num_tokens_main_model, apply_admission_cap,
+                    num_external,
+                )  # fmt: skip
+        return total
+
+    def allocate_new_computed_blocks(
+        self, request_id: str, new_computed_blocks: Sequence[Sequence[BlockId]], num_local: int, num_external: int
+    ) -> None:
+        """Add hits (all groups touched first), then external-token blocks.
+
+        Touching every group's hits before any group takes fresh blocks keeps
+        one group's allocation from evicting another group's hit (vLLM issue
+        #33775). A request some manager already tracks is left alone.
+        """
+        if any(request_id in m.num_cached_block for m in self.managers):
+            return
+        for m, hits in zip(self.managers, new_computed_blocks, strict=True):
+            m.add_local_computed_blocks(request_id, hits, num_local, num_external)
+        if num_external > 0:
+            for m in self.managers:
+                m.allocate_external_computed_blocks(request_id, num_local, num_external)
+
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int, num_encoder_tokens: int
+    ) -> GroupBlocks:
+        """New blocks per group (cross attention: for the encoder tokens)."""
+        return tuple(
+            m.allocate_new_blocks(request_id, num_encoder_tokens if cross else num_tokens, num_tokens_main_model)
+            for m, cross in zip(self.managers, self.is_cross, strict=True)
+        )
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Every group caches its full blocks up to ``num_tokens``."""
+        for m in self.managers:
+            m.cache_blocks(request, num_tokens)
+
+    def free(self, request_id: str) -> None:
+        """Each group frees its table, last entry first, in group order."""
+        for m in self.managers:
+            m.free(request_id)
+
+    def pop_blocks_for_free(self, request_id: str) -> list[BlockId]:
+        """Every group's table, concatenated in group order."""
+        return [b for m in self.managers for b in m.pop_blocks_for_free(request_id)]
+
+    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+        """Each group frees what its attention no longer reads (full-type and
+        cross groups never skip a token, so they are not asked)."""
+        for m in self.skipping:
+            m.remove_skipped_blocks(request_id, total_computed_tokens)
+
+    def get_num_common_prefix_blocks(self, request_id: str) -> list[int]:
+        """Common-prefix length per group."""
+        return [m.get_num_common_prefix_blocks(request_id) for m in self.managers]
+
+    def get_blocks(self, request_id: str) -> GroupBlocks:
+        """The request's table per group ([] where it has none)."""
+        return tuple(list(m.req_to_blocks.get(request_id, [])) for m in self.managers)
+
+    def new_step_starts(self) -> None:
+        """Tell every manager a scheduler step begins."""
+        for m in self.managers:
+            m.new_step_starts()
+
+    def _hashes_for(self, kind: AttentionKind, block_hashes: Sequence[BlockHash]) -> Sequence[BlockHash]:
+        if kind.block_size == self.hash_block_size:
+            return block_hashes
+        return coarse_block_hashes(block_hashes, self.hash_block_size, kind.block_size)
+
+
+class NoPrefixCacheCoordinator(KVCacheCoordinator):
+    """Prefix caching off: no hits, no common prefix."""
+
+    def find_longest_cache_hit(
+        self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
+    ) -> tuple[GroupBlocks, int]:
+        """Always no hit."""
+        return tuple([] for _ in self.managers), 0
+
+    def get_num_common_prefix_blocks(self, request_id: str) -> list[int]:
+        """Always 0 per group."""
+        return [0] * len(self.managers)
+
+
+class UnitaryCoordinator(KVCacheCoordinator):
+    """Exactly one group."""
+
+    def __init__(self, config: KVCacheConfig, enable_caching: bool) -> None:
+        """One manager; it drops the EAGLE block if its group is an EAGLE group."""
+        super().__init__(config, enable_caching)
+        self.managers[0].use_eagle = 0 in self.eagle_group_ids
+
+    def find_longest_cache_hit(
+        self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
+    ) -> tuple[GroupBlocks, int]:
+        """The manager's own hit; null entries count towards the length."""
+        kind = self.managers[0].kind
+        blocks = find_longest_cache_hit(
+            kind, block_hashes, max_cache_hit_length, [0], self.pool, 0 in self.eagle_group_ids, kind.block_size
+        )
+        return (blocks[0],), len(blocks[0]) * kind.block_size
+
+
+@dataclass(frozen=True, slots=True)
+class SpecGroup:
+    """Groups with one kind, looked up together (upstream: ``SpecGroup``)."""
+
+    kind: AttentionKind
+    group_ids: tuple[int, ...]
+    use_eagle: bool
+
+
+class HybridCoordinator(KVCacheCoordinator):
+    """Several groups with at least two distinct kinds."""
+
+    def __init__(self, config: KVCacheConfig, enable_caching: bool) -> None:
+        """Merge equal kinds into spec groups, full-attention kinds first."""
+        super().__init__(config, enable_caching)
+        merged: dict[AttentionKind, list[int]] = {}
+        for gid, kind in enumerate(config.groups):
+            merged.setdefault(kind, []).append(gid)
+        groups = [SpecGroup(k, tuple(ids), any(i in self.eagle_group_ids for i in ids)) for k, ids in merged.items()]
+        self.spec_groups = sorted(groups, key=lambda g: not isinstance(g.kind, FULL_TYPE_KINDS))
+        for sg in self.spec_groups:
+            for gid in sg.group_ids:
+                self.managers[gid].use_eagle = sg.use_eagle
+
+    def find_longest_cache_hit(
+        self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
+    ) -> tuple[GroupBlocks, int]:
+        """Shrink a candidate length until every spec group accepts it.
+
+        Full-attention groups are looked up once and only trimmed afterwards
+        (their hits are downward closed). An EAGLE spec group looks one block
+        further and drops it, once per candidate length.
+
+        NOTE: two deliberate departures from vLLM 0.25.1 (docs/divergences.md):
+        Mamba groups never take the EAGLE look-ahead ("eagle-mamba-hit"), and
+        every full-attention spec group, not only the first, is trimmed to the
+        final length ("second-full-group").
+        """
+        hit, hits = hybrid_hit_search(self, block_hashes, max_cache_hit_length)
+        for sg in self.spec_groups:
+            if isinstance(sg.kind, FULL_TYPE_KINDS):
+                for gid in sg.group_ids:
+                    del hits[gid][hit // sg.kind.block_size :]
+        return tuple(hits), hit
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Cache only up to a scheduler-block boundary (hits always end on one);
+        EAGLE groups one block further, the block their look-ahead needs."""
+        sched = self.scheduler_block_size
+        aligned = num_tokens // sched * sched
+        for m in self.managers:
+            n = aligned
+            if m.use_eagle and aligned > 0:
+                n = min(num_tokens, aligned + m.block_size)
+            m.cache_blocks(request, n)
+
+
+def hybrid_hit_search(
+    coord: HybridCoordinator, block_hashes: Sequence[BlockHash], max_len: int
+) -> tuple[int, list[list[BlockId]]]:
+    """The fixed-point loop of :meth:`HybridCoordinator.find_longest_cache_hit`;
+    returns the hit length and untrimmed hit lists per group."""
+    hits: list[list[BlockId]] = [[] for _ in coord.managers]
+    looked_up: set[int] = set()
+    verified: set[int] = set()
+    simple = len(coord.spec_groups) == 2 and isinstance(coord.spec_groups[0].kind, FULL_TYPE_KINDS)
+    hit = max_len
+    while True:
+        cur = hit
+        for idx, sg in enumerate(coord.spec_groups):
+            bs = sg.kind.block_size
+            if isinstance(sg.kind, FULL_TYPE_KINDS) and idx in looked_up:
+                cur = cur // bs * bs
+                continue
+            drop = sg.use_eagle and idx not in verified and not isinstance(sg.kind, Mamba)
+            limit = min(cur + bs, max_len) if drop else cur
+            found = find_longest_cache_hit(
+                sg.kind, coord._hashes_for(sg.kind, block_hashes), limit, sg.group_ids,
+                coord.pool, drop, coord.scheduler_block_size,
+            )  # fmt: skip
+            new = len(found[0]) * bs
+            if drop:
+                verified.add(idx)
+            elif new < cur:
+                verified.clear()
+            cur = new
+            looked_up.add(idx)
+            for gid, blocks in zip(sg.group_ids, found, strict=True):
+                hits[gid] = blocks
+        if cur >= hit:
+            return hit, hits
+        hit = cur
+        if simple:
+            return hit, hits
+
+
+def make_coordinator(config: KVCacheConfig) -> KVCacheCoordinator:
+    """The coordinator vLLM would pick for ``config``."""
+    if not config.enable_caching:
+        return NoPrefixCacheCoordinator(config, False)
+    if len(config.groups) == 1:
+        return UnitaryCoordinator(config, True)
+    return HybridCoordinator(config, True)
