@@ -20,6 +20,9 @@ else
     timed "lockstep (spec self-check)" kvref check --target spec --profile ci --seed 0
 fi
 
+# kvimpl against kvspec: identical outputs and views at every step.
+timed "lockstep (impl vs spec)" kvref check --target impl --against spec --profile ci --seed 0
+
 # Replay of the stored traces (traces/README.md): the golden corpus must pass
 # everywhere; a known-divergence trace must pass on the spec and, on real vLLM,
 # differ exactly at its divergence_step. Only failures and the summary print.
@@ -29,6 +32,8 @@ replay() {  # replay GLOB TARGET
 }
 timed "replay golden (spec)" replay 'traces/golden/*.jsonl' spec
 timed "replay divergences (spec)" replay 'traces/divergences/*.jsonl' spec
+timed "replay golden (impl)" replay 'traces/golden/*.jsonl' impl
+timed "replay divergences (impl)" replay 'traces/divergences/*.jsonl' impl
 if python -c "from kvref.adapters.vllm_adapter import vllm_available as a; raise SystemExit(0 if a() else 1)"; then
     timed "replay golden (vllm)" replay 'traces/golden/*.jsonl' vllm
     timed "replay divergences (vllm)" replay 'traces/divergences/*.jsonl' vllm
@@ -36,6 +41,12 @@ else
     echo "==> replay against vllm: skipped (vLLM 0.25.1 is not installed)"
 fi
 # ---------------------------------------------------------------------------
+
+# Reliability: a short soak on the spec and on kvimpl (no leaked block, flat
+# memory), and the unit and reliability tests under python -O.
+bash ci/soak.sh --target spec
+bash ci/soak.sh --target impl
+bash ci/test-O.sh
 
 # CrossHair: the spec's contracts and harnesses hold; every mutant is killed.
 bash ci/proofs.sh

@@ -167,6 +167,7 @@ def _report(stats: RunStats, target: str, against: str | None, console: Console,
     covered = sorted(stats.configs)
     table.add_row("configurations covered", f"{len(covered)}/{len(SHAPES)}: {', '.join(covered)}")
     table.add_row("invariant checks", str(stats.invariant_checks))
+    table.add_row("event-log checks", str(stats.event_log_checks))
     known = ", ".join(f"{k} x{v}" for k, v in sorted(stats.known.items())) or "0"
     table.add_row("divergences known", known)
     table.add_row("divergences unexplained", "1" if failed else "0")

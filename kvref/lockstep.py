@@ -21,7 +21,7 @@ from kvref.ops import REQUEST_OPS, RequestBook, execute
 from kvref.traces import Trace
 from kvspec.config import KVCacheConfig
 from kvspec.invariants import inv_hash_lifetime, inv_tables_append_only
-from kvspec.view import diff_views
+from kvspec.view import KVView, diff_views
 
 Json = Any
 
@@ -45,6 +45,8 @@ class RunStats:
     configs: Counter[str] = field(default_factory=Counter)
     known: Counter[str] = field(default_factory=Counter)
     unexplained: int = 0
+    event_log_checks: int = 0
+    """Times an adapter's consumer-side event index was compared with its view."""
     started: float = field(default_factory=time.monotonic)
     last_failure: Path | None = None
 
@@ -69,11 +71,13 @@ class Lockstep:
         self.halted = False
         self.pending = 0
         self.adapters: list[KVCacheAdapter] = []
+        self.event_logs: list[EventLog | None] = []
         for factory in factories:
             adapter = factory(config)
             if getattr(adapter, "construction_workaround", None) == "sinkfull-ctor":
                 stats.known["sinkfull-ctor"] += 1
             self.adapters.append(adapter)
+            self.event_logs.append(EventLog(config.int_block_hashes) if config.enable_kv_cache_events else None)
         stats.runs += 1
         stats.configs[config_name or "custom"] += 1
 
@@ -124,7 +128,20 @@ class Lockstep:
             if not inv_hash_lifetime(old, new, op["op"]):
                 self._fail(f"{a.name}: {op['op']} dropped a cached hash it may not drop")
         self._check_invariants(op)
+        if op["op"] == "take_events":
+            self._check_event_logs(outs)
         return outs[0]
+
+    def _check_event_logs(self, outs: list[Json]) -> None:
+        """Feed each adapter's drained events to its consumer index, then
+        compare the index with the adapter's cache map."""
+        for a, log, out in zip(self.adapters, self.event_logs, outs, strict=True):
+            if log is None or not isinstance(out, list):
+                continue
+            problem = log.consume(out) or log.compare(a.to_view())
+            if problem:
+                self._fail(f"{a.name}: the event stream is not a faithful log of the prefix cache: {problem}")
+            self.stats.event_log_checks += 1
 
     def _explained(self, op: Json, other: KVCacheAdapter, ref_out: Json, out: Json) -> bool:
         names = (self.adapters[0].name, other.name)
@@ -156,3 +173,69 @@ class Lockstep:
         Trace(self.config, self.log, {"failure": message}).write(path)
         self.stats.last_failure = path
         raise LockstepFailure(message, path)
+
+
+class EventLog:
+    """What a KV-event consumer (a router, an external cache index) knows.
+
+    Built only from the events that ``take_events`` returned, in order: a
+    multiset of ``(external hash, group_idx)``. ``BlockStored`` adds one per
+    listed hash, ``BlockRemoved`` removes one, ``AllBlocksCleared`` empties
+    it. Right after a ``take_events`` step the multiset must equal the
+    adapter's cache map (a key counts once per block cached under it); a lost,
+    duplicated or misordered event breaks the equality.
+
+    NOTE: the external form is recomputed here from the view's keys (low 64
+    bits, big-endian, or the raw digest as hex) instead of calling
+    :func:`kvspec.hashing.external_block_hash`, so that a wrong conversion in
+    the spec is caught too.
+    """
+
+    def __init__(self, int_block_hashes: bool) -> None:
+        """An empty index; hashes are ints when ``int_block_hashes``."""
+        self.int_block_hashes = int_block_hashes
+        self.counts: dict[tuple[Json, Json], int] = {}
+        self.consumed = 0
+
+    def consume(self, events: list[Json]) -> str:
+        """Apply events (as :func:`kvref.ops.event_to_json` writes them);
+        return a problem description, or "" if they applied cleanly."""
+        for event in events:
+            self.consumed += 1
+            kind = event.get("type")
+            if kind == "AllBlocksCleared":
+                self.counts.clear()
+                continue
+            group = event.get("group_idx")
+            for h in event.get("block_hashes", []):
+                key = (h, group)
+                if kind == "BlockStored":
+                    self.counts[key] = self.counts.get(key, 0) + 1
+                elif self.counts.get(key, 0) == 0:
+                    return (
+                        f"event #{self.consumed} removes hash {h!r} of group {group} that no earlier event "
+                        "stored (a BlockStored was lost or came after its BlockRemoved)"
+                    )
+                else:
+                    self.counts[key] -= 1
+                    if not self.counts[key]:
+                        del self.counts[key]
+        return ""
+
+    def compare(self, view: KVView) -> str:
+        """Differences between the index and ``view.cached`` ("" if none)."""
+        expected: dict[tuple[Json, Json], int] = {}
+        for key, ids in view.cached:
+            digest, group = key[:-4], int.from_bytes(key[-4:], "big")
+            ext: Json = int.from_bytes(digest[-8:], "big") if self.int_block_hashes else digest.hex()
+            expected[(ext, group)] = expected.get((ext, group), 0) + len(ids)
+        if expected == self.counts:
+            return ""
+        diffs = [
+            f"hash {k[0]!r} group {k[1]}: events say {self.counts.get(k, 0)}, cache holds {expected.get(k, 0)}"
+            for k in sorted(set(expected) | set(self.counts), key=repr)
+            if self.counts.get(k, 0) != expected.get(k, 0)
+        ]
+        more = f" (+{len(diffs) - 5} more)" if len(diffs) > 5 else ""
+        cause = "an event was lost, duplicated or emitted out of order"
+        return f"after {self.consumed} events: {'; '.join(diffs[:5])}{more} ({cause})"

@@ -103,3 +103,27 @@ def replay(trace: Trace, factory: AdapterFactory, path: str = "<trace>") -> Repl
             if digest != step["view"]:
                 return ReplayResult(path, False, i + 1, i, f"{op['op']}: view digest differs")
     return ReplayResult(path, True, len(trace.steps))
+
+
+def transcript(trace: Trace, factory: AdapterFactory) -> str:
+    """Everything observable while replaying ``trace``, as canonical JSON.
+
+    One line per facade step: the operation, its output and the full view
+    after it (not just the digest), then a final ``take_events`` drain, so the
+    whole event stream is included. Two runs of a deterministic adapter give
+    byte-identical text, whatever ``PYTHONHASHSEED`` is (kvspec's hash seed is
+    the config's ``hash_seed``). Outputs are not compared with the trace's
+    expectations here; :func:`replay` does that.
+    """
+    adapter = factory(trace.config)
+    book = RequestBook(trace.config)
+    lines = []
+    steps = [*trace.steps, {"op": "take_events"}]
+    for i, step in enumerate(steps):
+        op = {k: v for k, v in step.items() if k not in ("expect", "view")}
+        if op["op"] in REQUEST_OPS:
+            book.apply(op)
+            continue
+        out = execute(adapter, book, op)
+        lines.append({"step": i, "op": op, "out": out, "view": adapter.to_view().to_json()})
+    return "".join(json.dumps(x, sort_keys=True, separators=(",", ":")) + "\n" for x in lines)
