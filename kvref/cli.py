@@ -168,6 +168,11 @@ def _report(stats: RunStats, target: str, against: str | None, console: Console,
     table.add_row("configurations covered", f"{len(covered)}/{len(SHAPES)}: {', '.join(covered)}")
     table.add_row("invariant checks", str(stats.invariant_checks))
     table.add_row("event-log checks", str(stats.event_log_checks))
+    kinds = ", ".join(sorted(stats.invalid_calls)) or "0"
+    table.add_row(
+        "invalid calls rejected", f"{sum(stats.invalid_calls.values())} ({len(stats.invalid_calls)} kinds: {kinds})"
+    )
+    table.add_row("invalid configs rejected", str(stats.invalid_configs))
     known = ", ".join(f"{k} x{v}" for k, v in sorted(stats.known.items())) or "0"
     table.add_row("divergences known", known)
     table.add_row("divergences unexplained", "1" if failed else "0")

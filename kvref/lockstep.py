@@ -48,6 +48,9 @@ class RunStats:
     event_log_checks: int = 0
     """Times an adapter's consumer-side event index was compared with its view."""
     started: float = field(default_factory=time.monotonic)
+    invalid_configs: int = 0
+    invalid_calls: Counter[str] = field(default_factory=Counter)
+    """Rejected invalid operations by ``op:ErrorClass``."""
     last_failure: Path | None = None
 
 
@@ -121,6 +124,8 @@ class Lockstep:
                 self._fail(f"views differ after {op['op']} ({a.name}): " + "; ".join(diff))
         for a, old in zip(self.adapters, before, strict=True):
             new = a.to_view()
+            if expect_unchanged and a is self.adapters[0] and isinstance(outs[0], dict) and "error" in outs[0]:
+                self.stats.invalid_calls[f"{op['op']}:{outs[0]['error']}"] += 1
             if expect_unchanged and diff_views(old, new):
                 self._fail(f"{a.name}: {op['op']} raised {outs[0]!r} but changed the state")
             if not inv_tables_append_only(old, new):

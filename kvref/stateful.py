@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from kvspec.config import (
     SinkFullAttention,
     SlidingWindow,
 )
+from kvspec.errors import ConfigError
 from kvspec.hashing import HASH_FUNCTION_NAMES
 
 Json = Any
@@ -476,6 +477,60 @@ class SchedulerMachine(RuleBasedStateMachine):
         op = {"op": "allocate_slots", "rid": rid, "num_new_tokens": 1,
               "num_new_computed_tokens": found["num_tokens"], "new_computed_blocks": found["blocks"]}  # fmt: skip
         self._call(op, expect_unchanged=True)
+
+    @precondition(lambda self: self.live and bool(self.waiting) and len(self.cfg.groups) > 1)
+    @rule(data=st.data())
+    def foreign_group_hit(self, data: st.DataObject) -> None:
+        """A hit list carrying a block of another group must be rejected."""
+        rid = self.waiting[0]
+        if self.reqs[rid].computed:
+            return
+        found = self._call({"op": "get_computed_blocks", "rid": rid})
+        slots = [(g, i) for g, ids in enumerate(found["blocks"]) for i, b in enumerate(ids) if b != 0]
+        if not slots:
+            return
+        g, i = data.draw(st.sampled_from(slots))
+        assert self.lock is not None
+        foreign = sorted(
+            {
+                b
+                for r in self.reqs
+                for h, ids in enumerate(self.lock.adapters[0].get_block_ids(r))
+                if h != g
+                for b in ids
+            }
+            - {0}
+        )
+        if not foreign:
+            return
+        hits = [list(ids) for ids in found["blocks"]]
+        hits[g][i] = data.draw(st.sampled_from(foreign))
+        op = {"op": "allocate_slots", "rid": rid, "num_new_tokens": 1,
+              "num_new_computed_tokens": found["num_tokens"], "new_computed_blocks": hits}  # fmt: skip
+        self._call(op, expect_unchanged=True)
+
+    @precondition(lambda self: self.live)
+    @rule(kind=st.sampled_from(["blocks", "block_size", "window", "watermark", "hash", "eagle_group", "sink"]))
+    def invalid_config(self, kind: str) -> None:
+        """A broken configuration is rejected with ConfigError before any manager exists."""
+        cfg, first = self.cfg, self.cfg.groups[0]
+        bad: dict[str, Any]
+        bad = {
+            "blocks": {"num_blocks": 0},
+            "block_size": {"groups": (FullAttention(0),)},
+            "window": {"groups": (SlidingWindow(first.block_size, 0),)},
+            "watermark": {"watermark": 1.0},
+            "hash": {"hash_function": "md5"},
+            "eagle_group": {"use_eagle": True, "eagle_groups": (len(cfg.groups),)},
+            "sink": {"groups": (SinkFullAttention(first.block_size, first.block_size + 1),)},
+        }[kind]  # type: ignore[assignment]  # values are kwargs of differing types
+        try:
+            replace(cfg, **bad)
+        except ConfigError:
+            assert self.lock is not None
+            self.lock.stats.invalid_configs += 1
+            return
+        raise AssertionError(f"config with {bad} was accepted")
 
     @precondition(lambda self: self.live)
     @rule(data=st.data(), kind=st.sampled_from(["double_free", "bad_evict", "unknown_prefix", "cache_beyond"]))
