@@ -420,6 +420,48 @@ DIFFS = (
         0,
     ),
     (
+        "spec vs kvimpl: cdiv",
+        "kvspec.single_type_kv_cache_manager.cdiv",
+        "kvimpl.single_type_kv_cache_manager.cdiv",
+        0,
+    ),
+    (
+        "spec vs kvimpl: contiguous_blocks_for_hit",
+        "kvspec.single_type_kv_cache_manager.contiguous_blocks_for_hit",
+        "kvimpl.single_type_kv_cache_manager.contiguous_blocks_for_hit",
+        0,
+    ),
+    (
+        "spec vs kvimpl: align_down",
+        "kvspec.single_type_kv_cache_manager.align_down",
+        "kvimpl.single_type_kv_cache_manager.align_down",
+        0,
+    ),
+    (
+        "spec vs kvimpl: full_attention_hit",
+        "kvspec.single_type_kv_cache_manager.full_attention_hit",
+        "kvimpl.single_type_kv_cache_manager.full_attention_hit",
+        0,
+    ),
+    (
+        "spec vs kvimpl: sliding_window_hit",
+        "kvspec.single_type_kv_cache_manager.sliding_window_hit",
+        "kvimpl.single_type_kv_cache_manager.sliding_window_hit",
+        0,
+    ),
+    (
+        "spec vs kvimpl: chunked_local_hit",
+        "kvspec.single_type_kv_cache_manager.chunked_local_hit",
+        "kvimpl.single_type_kv_cache_manager.chunked_local_hit",
+        0,
+    ),
+    (
+        "spec vs kvimpl: mamba_hit",
+        "kvspec.single_type_kv_cache_manager.mamba_hit",
+        "kvimpl.single_type_kv_cache_manager.mamba_hit",
+        0,
+    ),
+    (
         "spec vs closed-form rewrite, inside the precondition",
         "proofs.rewrites.guarded_spec_full_attention_hit",
         "proofs.rewrites.guarded_closed_form_full_attention_hit",
