@@ -15,7 +15,10 @@ helpers are duplicated on purpose, because a shared helper is a shared bug.
 
 Layers (bottom up): :mod:`kvimpl.block_pool`,
 :mod:`kvimpl.single_type_kv_cache_manager`, :mod:`kvimpl.kv_cache_coordinator`,
-:mod:`kvimpl.kv_cache_manager`.
+:mod:`kvimpl.kv_cache_manager`. Beyond vLLM's API the manager offers a
+batched step (``allocate_slots_batch``, ``free_batch``) and, when built with a
+``device``, per-group device block tables (:mod:`kvimpl.block_table`, the only
+module that imports torch, lazily).
 """
 
 from kvimpl.kv_cache_manager import KVCacheManager as KVCacheManager

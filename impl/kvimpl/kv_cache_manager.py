@@ -26,10 +26,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from typing import Any
 
 from kvimpl.block_pool import NULL_BLOCK, BlockId
+from kvimpl.block_table import BlockTable
 from kvimpl.invariants import require
 from kvimpl.kv_cache_coordinator import GroupBlocks, make_coordinator
+from kvimpl.single_type_kv_cache_manager import SingleTypeKVCacheManager
 from kvspec.config import CrossAttention, KVCacheConfig, event_sliding_window, kind_name
 from kvspec.errors import (
     CacheBeyondAllocationError,
@@ -57,8 +60,14 @@ class KVCacheManager:
     inv: a non-null block is in the tables of at most one group
     """
 
-    def __init__(self, config: KVCacheConfig) -> None:
-        """An empty manager (SinkFull groups take their sink blocks now)."""
+    def __init__(self, config: KVCacheConfig, device: str | None = None) -> None:
+        """An empty manager (SinkFull groups take their sink blocks now).
+
+        Args:
+            config: The cache configuration.
+            device: None (the default) keeps no tensors at all; "cpu" or "cuda"
+                also maintains a :class:`kvimpl.block_table.BlockTable` (needs torch).
+        """
         self.config = config
         self.enable_caching = config.enable_caching
         self.coordinator = make_coordinator(config)
@@ -71,6 +80,13 @@ class KVCacheManager:
         """Cache keys implied by the events taken so far (:func:`inv_events_replay_to_cache`)."""
         self.prefix_cache_stats = PrefixCacheStats() if config.log_stats else None
         self._no_hits: tuple[tuple[BlockId, ...], ...] = tuple(() for _ in config.groups)
+        # The batched fast path covers configs whose every group is a plain full-type manager:
+        # nothing is ever skipped, so a step changes a table only by appending blocks.
+        managers = self.coordinator.managers
+        self._full_only = all(type(m) is SingleTypeKVCacheManager and m.track_holders for m in managers)
+        self.device_tables: BlockTable | None = None
+        if device is not None:
+            self.device_tables = BlockTable.for_config(config, device)
 
     @property
     def usage(self) -> float:
@@ -144,6 +160,8 @@ class KVCacheManager:
             num_external=num_external_computed_tokens,
         )  # fmt: skip
         if need + wm > self.block_pool.get_num_free_blocks() - reserved_blocks:
+            if self.device_tables is not None:
+                self._sync_device_row(rid)
             return None
         if any(hits) or num_external_computed_tokens > 0:
             coord.allocate_new_computed_blocks(rid, hits, local, num_external_computed_tokens)
@@ -151,13 +169,83 @@ class KVCacheManager:
         self.requests[rid] = request
         if self.enable_caching and not delay_cache_blocks:
             coord.cache_blocks(request, min(total + num_new_tokens, request.num_tokens))
+        if self.device_tables is not None:
+            self._sync_device_row(rid)
         return self._ids(new)
+
+    def allocate_slots_batch(
+        self,
+        requests: Sequence[Request],
+        num_new_tokens: Sequence[int],
+        num_lookahead_tokens: int | Sequence[int] = 0,
+    ) -> list[BlockIds | None]:
+        """One scheduler step for running requests (beyond vLLM's API).
+
+        Exactly the results and side effects (block ids, free-queue order,
+        events, new-block ids, partial effects of a None) of the sequential
+        calls ``allocate_slots(requests[i], num_new_tokens[i],
+        num_lookahead_tokens=k[i])`` in order, without prefix hits or external
+        tokens. The difference: the whole batch is validated first, so a caller
+        error changes no request at all.
+
+        Args:
+            requests: The requests, in scheduling order (a repeated request is
+                allocated twice, as the sequential calls would).
+            num_new_tokens: Per request, the tokens scheduled this step.
+            num_lookahead_tokens: One lookahead count (EAGLE) for all, or one per request.
+
+        Returns:
+            Per request, the newly taken blocks per group, or None where they
+            did not fit.
+
+        Raises:
+            InvalidTokenCountError: Sequences of different lengths, or a bad
+                count (as ``allocate_slots``); ExceedsMaxModelLenError as there.
+
+        NOTE: the fast path (every group full attention, MLA or sink-full, so
+        no block is ever skipped) computes each request's block need inline and
+        skips the allocation and the caching calls when nothing crosses a block
+        boundary; other configs fall back to the per-request path. Requests
+        are still processed one after another: an allocation can evict a block
+        another request's caching would have hit, so order is observable.
+        Measured (perf_counter, GC off, hashing outside the timing, best of 5
+        alternating runs on a shared CPython 3.11 box): 256 running requests
+        with 100-token prompts, 64 decode steps each (16,384 request-steps, one
+        in 16 crossing a block boundary), 4,096 blocks. FullAttention(16),
+        caching on: 1.9 µs per request-step batched vs 4.1 µs sequential
+        (2.2x); caching off: 1.1 µs vs 4.5 µs (4.2x). Full +
+        SlidingWindow(16, 128) takes the fallback: 4.4 µs vs 4.2 µs, equal
+        within this box's noise (the fallback only skips re-validation).
+        """
+        n = len(requests)
+        ks = [num_lookahead_tokens] * n if isinstance(num_lookahead_tokens, int) else list(num_lookahead_tokens)
+        if len(num_new_tokens) != n or len(ks) != n:
+            raise InvalidTokenCountError(
+                f"allocate_slots_batch: {n} requests but {len(num_new_tokens)} num_new_tokens and "
+                f"{len(ks)} num_lookahead_tokens; pass one count per request"
+            )
+        max_len = self.config.max_model_len
+        for req, nt, k in zip(requests, num_new_tokens, ks, strict=True):
+            c = req.num_computed_tokens
+            if nt <= 0 or k < 0 or c < 0 or c + nt > max_len:
+                self._validate_allocation(req, nt, 0, None, k, 0, 0, 0)
+        if not self._full_only:
+            batch = zip(requests, num_new_tokens, ks, strict=True)
+            return [self._allocate_running(r, nt, k) for r, nt, k in batch]
+        return self._allocate_full_batch(requests, num_new_tokens, ks)
+
+    def free_batch(self, request_ids: Sequence[str]) -> None:
+        """Free several requests; the same as :meth:`free` for each, in order."""
+        for rid in request_ids:
+            self.free(rid)
 
     def free(self, request_id: str) -> None:
         """Free the request's blocks, each group's table last entry first, in
         group order. Lenient: an unknown request is a no-op (as in vLLM)."""
         self.requests.pop(request_id, None)
         self.coordinator.free(request_id)
+        if self.device_tables is not None:
+            self.device_tables.remove(request_id)
 
     def pop_blocks_for_free(self, request_id: str) -> tuple[BlockId, ...]:
         """Forget the request but keep its references: the blocks (groups
@@ -166,6 +254,8 @@ class KVCacheManager:
         self.requests.pop(request_id, None)
         blocks = tuple(self.coordinator.pop_blocks_for_free(request_id))
         self.pending.update(b for b in blocks if b != NULL_BLOCK)
+        if self.device_tables is not None:
+            self.device_tables.remove(request_id)
         return blocks
 
     def free_blocks(self, ordered_block_ids: Sequence[int]) -> None:
@@ -197,6 +287,8 @@ class KVCacheManager:
         if total_computed_tokens < 0:
             raise InvalidTokenCountError(f"remove_skipped_blocks: total_computed_tokens {total_computed_tokens} < 0")
         self.coordinator.remove_skipped_blocks(request_id, total_computed_tokens)
+        if self.device_tables is not None:
+            self._sync_device_row(request_id)
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop blocks from the prefix cache (ascending id order); references
@@ -300,6 +392,23 @@ class KVCacheManager:
             usage=pool.get_usage(),
         )
 
+    def block_table(self, group: int = 0) -> Any:
+        """The device block table of ``group`` (live rows only; see :class:`BlockTable`).
+
+        Raises:
+            RuntimeError: If the manager was built without a ``device``.
+        """
+        return self._device_tables("block_table").block_table(group)
+
+    def slot_mapping(self, request_ids: Sequence[str], positions: Sequence[int], group: int = 0) -> Any:
+        """Per (request, position) pair, its KV slot in ``group`` as a device tensor.
+
+        Raises:
+            RuntimeError: If the manager was built without a ``device``.
+            UnknownRequestError, InvalidTokenCountError: see :meth:`BlockTable.slot_mapping`.
+        """
+        return self._device_tables("slot_mapping").slot_mapping(request_ids, positions, group)
+
     def check_invariants(self) -> None:
         """Raise InvariantViolation if any invariant of the manager is broken."""
         self.block_pool.check_invariants()
@@ -309,6 +418,9 @@ class KVCacheManager:
         require(inv_group_exclusive(self), "a block is in the tables of two groups")
         require(inv_hash_content(self), "a cached block's key is not its prefix hash")
         require(inv_events_replay_to_cache(self), "the event stream does not rebuild the cache map")
+        if self.device_tables is not None:
+            self.device_tables.check_invariants()
+            require(inv_device_rows_match(self), "a device block-table row differs from the request's tables")
 
     def _validate_allocation(
         self,
@@ -369,6 +481,82 @@ class KVCacheManager:
                         f"allocate_slots: hit block {b} (group {g}, index {i}) is no longer cached for "
                         f"request {rid!r}; it was evicted after get_computed_blocks"
                     )
+
+    def _allocate_full_batch(
+        self, requests: Sequence[Request], num_new_tokens: Sequence[int], ks: Sequence[int]
+    ) -> list[BlockIds | None]:
+        """The batch on a full-type-only config, arguments already validated."""
+        max_len, pool, coord = self.config.max_model_len, self.block_pool, self.coordinator
+        groups = [(m, m.block_size, m.req_to_blocks, m.num_cached_block) for m in coord.managers]
+        caching, tables, live = self.enable_caching, self.device_tables, self.requests
+        wm_blocks, empty = self.watermark_blocks, self._no_hits
+        out: list[BlockIds | None] = []
+        for req, nt, k in zip(requests, num_new_tokens, ks, strict=True):
+            rid, c = req.request_id, req.num_computed_tokens
+            slots = min(c + nt + k, max_len)
+            needs = []
+            for _, bs, owned, _ in groups:
+                table = owned.get(rid)
+                needs.append(-(slots // -bs) - (len(table) if table is not None else 0))
+            need = sum(x for x in needs if x > 0)
+            wm = wm_blocks if req.status in _WATERMARKED else 0
+            if need + wm > len(pool.free_queue):
+                out.append(None)
+                continue
+            if need:
+                out.append(
+                    tuple(
+                        tuple(m._extend(owned.setdefault(rid, []), x))
+                        for (m, _, owned, _), x in zip(groups, needs, strict=True)
+                    )
+                )
+            else:
+                out.append(empty)
+            live[rid] = req
+            if caching:
+                upto = min(c + nt, req.num_tokens)
+                if any(cached.get(rid, 0) < upto // bs for _, bs, _, cached in groups):
+                    coord.cache_blocks(req, upto)
+            if need and tables is not None:
+                self._sync_device_row(rid)
+        return out
+
+    def _allocate_running(self, request: Request, num_new_tokens: int, num_lookahead_tokens: int) -> BlockIds | None:
+        """``allocate_slots(request, num_new_tokens, num_lookahead_tokens=...)``
+        with its arguments already validated (no hits, no external tokens)."""
+        max_len, coord, rid = self.config.max_model_len, self.coordinator, request.request_id
+        computed = request.num_computed_tokens
+        total = min(computed, max_len)
+        wm = self.watermark_blocks if request.status in _WATERMARKED else 0
+        main = total + num_new_tokens
+        slots = min(main + num_lookahead_tokens, max_len)
+        coord.remove_skipped_blocks(rid, total)
+        need = coord.get_num_blocks_to_allocate(rid, slots, self._no_hits, 0, computed, main)
+        if need + wm > self.block_pool.get_num_free_blocks():
+            if self.device_tables is not None:
+                self._sync_device_row(rid)
+            return None
+        new = coord.allocate_new_blocks(rid, slots, main, 0)
+        self.requests[rid] = request
+        if self.enable_caching:
+            coord.cache_blocks(request, min(main, request.num_tokens))
+        if self.device_tables is not None:
+            self._sync_device_row(rid)
+        return self._ids(new)
+
+    def _sync_device_row(self, request_id: str) -> None:
+        """Bring the request's device rows up to date with its tables."""
+        assert self.device_tables is not None
+        owned = [m.req_to_blocks.get(request_id) for m in self.coordinator.managers]
+        if all(t is None for t in owned):
+            self.device_tables.remove(request_id)
+        else:
+            self.device_tables.update(request_id, [t if t is not None else [] for t in owned])
+
+    def _device_tables(self, op: str) -> BlockTable:
+        if self.device_tables is None:
+            raise RuntimeError(f"{op}: this KVCacheManager keeps no device tables; construct it with device='cpu'")
+        return self.device_tables
 
     @staticmethod
     def _ids(blocks: GroupBlocks) -> BlockIds:
@@ -459,3 +647,16 @@ def inv_events_replay_to_cache(mgr: KVCacheManager) -> bool:
         digest, gid = split_key(key)
         expected[(external_block_hash(digest, pool.int_block_hashes), gid)] += len(ids)
     return {k: v for k, v in keys.items() if v} == expected
+
+
+def inv_device_rows_match(mgr: KVCacheManager) -> bool:
+    """With device tables, exactly the requests holding a table have a row, and
+    each row's host mirror equals the request's tables (the tensors equal the
+    mirrors by :meth:`BlockTable.check_invariants`)."""
+    bt = mgr.device_tables
+    if bt is None:
+        return True
+    holders = {r for m in mgr.coordinator.managers for r in m.req_to_blocks}
+    if set(bt.rows) != holders:
+        return False
+    return all(bt.mirrors[bt.rows[rid]] == [list(g) for g in mgr.get_blocks(rid)] for rid in holders)

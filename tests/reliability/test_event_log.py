@@ -135,7 +135,7 @@ def test_machine_finds_unfaithful_event_streams(adapter: type[SpecAdapter], tmp_
         run_state_machine_as_test(
             machine,
             settings=settings(
-                max_examples=300,
+                max_examples=1500,
                 stateful_step_count=60,
                 database=None,
                 deadline=None,

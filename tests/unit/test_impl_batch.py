@@ -1,0 +1,177 @@
+"""kvimpl's batched step API against the sequential calls it stands for.
+
+One manager runs ``allocate_slots_batch`` / ``free_batch``, an identical one
+runs ``allocate_slots`` / ``free`` in the same order; results, views, events
+and new-block ids must agree after every step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvimpl.kv_cache_manager import KVCacheManager
+from kvspec.config import MLA, AttentionKind, FullAttention, KVCacheConfig, Mamba, SlidingWindow
+from kvspec.errors import ExceedsMaxModelLenError, InvalidTokenCountError
+from kvspec.request import Request, RequestBlockHasher, RequestStatus
+from kvspec.view import BlockIds
+
+SHAPES: dict[str, tuple[AttentionKind, ...]] = {
+    "full": (FullAttention(4),),
+    "full+mla": (FullAttention(4), MLA(8)),
+    "full+swa": (FullAttention(4), SlidingWindow(4, 8)),
+    "full+mamba-align": (FullAttention(4), Mamba(4, "align", 1)),
+    "mla+swa": (MLA(4), SlidingWindow(4, 6)),
+}
+PREFIXES = ((1, 2, 3, 4, 5, 6, 7, 8), (9, 9, 9, 9, 8, 8, 8, 8))
+MAX_LEN = 48
+
+
+@dataclass
+class Pair:
+    """The batch side, the sequential side, and the request builder."""
+
+    batch: KVCacheManager
+    seq: KVCacheManager
+    hasher: RequestBlockHasher
+    config: KVCacheConfig
+
+    def assert_same(self, what: str) -> None:
+        self.batch.check_invariants()
+        assert self.batch.to_view() == self.seq.to_view(), f"{what}: views differ"
+        ev_b, ev_s = self.batch.take_events(), self.seq.take_events()
+        assert ev_b == ev_s, f"{what}: events {ev_b} != {ev_s}"
+        new_b, new_s = self.batch.take_new_block_ids(), self.seq.take_new_block_ids()
+        assert new_b == new_s, f"{what}: new block ids {new_b} != {new_s}"
+
+
+def make_pair(groups: tuple[AttentionKind, ...], num_blocks: int, caching: bool, eagle: bool) -> Pair:
+    config = KVCacheConfig(
+        num_blocks=num_blocks,
+        groups=groups,
+        max_model_len=MAX_LEN,
+        enable_caching=caching,
+        use_eagle=eagle,
+        enable_kv_cache_events=caching,
+    )
+    hasher = RequestBlockHasher(config.hash_function, config.hash_seed, config.resolved_hash_block_size())
+    return Pair(KVCacheManager(config), KVCacheManager(config), hasher, config)
+
+
+def admit(pair: Pair, rid: str, prompt: list[int]) -> Request | None:
+    """Admit on both sides (hits included); the running request, or None if it did not fit."""
+    req = pair.hasher.new_request(rid, prompt)
+    hits_b, n_b = pair.batch.get_computed_blocks(req)
+    hits_s, n_s = pair.seq.get_computed_blocks(req)
+    assert (hits_b, n_b) == (hits_s, n_s)
+    got_b = pair.batch.allocate_slots(req, req.num_tokens - n_b, n_b, hits_b)
+    got_s = pair.seq.allocate_slots(req, req.num_tokens - n_s, n_s, hits_s)
+    assert got_b == got_s
+    pair.assert_same(f"admit {rid}")
+    if got_b is None:
+        return None
+    running = replace(req, num_computed_tokens=req.num_tokens, status=RequestStatus.RUNNING)
+    return pair.hasher.with_output_tokens(running, [len(prompt) % 7])
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    shape=st.sampled_from(sorted(SHAPES)),
+    caching=st.booleans(),
+    eagle=st.booleans(),
+    num_blocks=st.integers(12, 48),
+    data=st.data(),
+)
+def test_batch_equals_sequential(shape: str, caching: bool, eagle: bool, num_blocks: int, data: st.DataObject) -> None:
+    pair = make_pair(SHAPES[shape], num_blocks, caching, eagle)
+    running: dict[str, Request] = {}
+    for i in range(data.draw(st.integers(2, 6), label="requests")):
+        prefix = PREFIXES[data.draw(st.integers(0, 1))][: data.draw(st.integers(0, 8))]
+        suffix = data.draw(st.lists(st.integers(10, 12), min_size=1, max_size=10))
+        req = admit(pair, f"r{i}", [*prefix, *suffix])
+        if req is not None:
+            running[req.request_id] = req
+    for step in range(data.draw(st.integers(1, 8), label="steps")):
+        pair.batch.new_step_starts()
+        pair.seq.new_step_starts()
+        if not running:
+            break
+        ids = data.draw(st.lists(st.sampled_from(sorted(running)), min_size=1, max_size=8), label="batch")
+        reqs, ns, ks = [], [], []
+        for rid in ids:
+            req = running[rid]
+            n = req.num_tokens - req.num_computed_tokens + data.draw(st.integers(0, 2 if eagle else 0))
+            if req.num_computed_tokens + n > MAX_LEN:
+                continue
+            reqs.append(req)
+            ns.append(n)
+            ks.append(data.draw(st.integers(0, 2)) if eagle else 0)
+        if not reqs:
+            break
+        per_request = data.draw(st.booleans())
+        look: int | list[int] = ks if per_request or any(k != ks[0] for k in ks) else ks[0]
+        got = pair.batch.allocate_slots_batch(reqs, ns, look)
+        want: list[BlockIds | None] = [
+            pair.seq.allocate_slots(r, n, num_lookahead_tokens=k) for r, n, k in zip(reqs, ns, ks, strict=True)
+        ]
+        assert got == want, f"step {step}: batch {got} != sequential {want}"
+        pair.assert_same(f"step {step}")
+        failed = sorted({r.request_id for r, g in zip(reqs, got, strict=True) if g is None})
+        for r in reqs:
+            if r.request_id not in failed:
+                done = replace(r, num_computed_tokens=r.num_tokens)
+                running[r.request_id] = pair.hasher.with_output_tokens(done, [step % 5])
+        finished = [rid for rid in sorted(running) if data.draw(st.integers(0, 4)) == 0] + failed
+        pair.batch.free_batch(finished)
+        for rid in finished:
+            pair.seq.free(rid)
+            running.pop(rid, None)
+        pair.assert_same(f"free after step {step}")
+
+
+def _two_running(shape: str) -> tuple[Pair, Request, Request]:
+    pair = make_pair(SHAPES[shape], 32, True, False)
+    a = admit(pair, "a", [1, 2, 3, 4, 5])
+    b = admit(pair, "b", [1, 2, 3, 4, 6, 7])
+    assert a is not None and b is not None
+    return pair, a, b
+
+
+@pytest.mark.parametrize("shape", ["full", "full+swa"])
+@pytest.mark.parametrize(
+    ("bad_n", "error"),
+    [(0, InvalidTokenCountError), (-1, InvalidTokenCountError), (MAX_LEN, ExceedsMaxModelLenError)],
+)
+def test_one_bad_request_changes_nothing(shape: str, bad_n: int, error: type[Exception]) -> None:
+    pair, a, b = _two_running(shape)
+    before = pair.batch.to_view()
+    with pytest.raises(error):
+        pair.batch.allocate_slots_batch([a, b], [1, bad_n])
+    with pytest.raises(error):
+        pair.seq.allocate_slots(b, bad_n)
+    assert pair.batch.to_view() == before
+    assert pair.seq.to_view() == before
+    pair.assert_same("after the errors")
+
+
+def test_bad_lookahead_and_lengths_change_nothing() -> None:
+    pair, a, b = _two_running("full")
+    before = pair.batch.to_view()
+    with pytest.raises(InvalidTokenCountError, match="num_lookahead_tokens is -1"):
+        pair.batch.allocate_slots_batch([a, b], [1, 1], [0, -1])
+    with pytest.raises(InvalidTokenCountError, match="one count per request"):
+        pair.batch.allocate_slots_batch([a, b], [1])
+    with pytest.raises(InvalidTokenCountError, match="one count per request"):
+        pair.batch.allocate_slots_batch([a, b], [1, 1], [0])
+    assert pair.batch.to_view() == before
+
+
+def test_empty_batch_is_a_no_op() -> None:
+    pair, _, _ = _two_running("full")
+    before = pair.batch.to_view()
+    assert pair.batch.allocate_slots_batch([], []) == []
+    pair.batch.free_batch([])
+    assert pair.batch.to_view() == before
