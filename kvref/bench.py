@@ -126,6 +126,10 @@ class Engine(Protocol):
     """Allocate calls made (a batched call counts once)."""
     allocs: int
     """Requests allocated for (a batched call counts once per request)."""
+    run_seconds: float
+    """Time inside the running phase's allocate calls (``allocate_running``)."""
+    run_allocs: int
+    """Allocations made in the running phase."""
 
     def add(self, rid: str, prompt: list[int]) -> None: ...
     def lookup(self, rid: str) -> tuple[Ids, int]: ...
@@ -140,6 +144,10 @@ class Engine(Protocol):
 class _Sequential:
     """The running phase as one ``allocate_slots`` call per request."""
 
+    alloc_seconds: float
+    run_seconds: float = 0.0
+    run_allocs: int = 0
+
     def allocate(self, rid: str, n_new: int, n_hit: int, hits: Ids | None) -> Ids | None:
         raise NotImplementedError
 
@@ -150,11 +158,14 @@ class _Sequential:
         """Allocate for the running requests in order; stop right after the
         first None (the caller preempts, then calls again with the rest)."""
         out: list[Ids | None] = []
+        before = self.alloc_seconds
         for rid, n in zip(rids, n_news, strict=True):
             ids = self.allocate(rid, n, 0, None)
             out.append(ids)
             if ids is None:
                 break
+        self.run_seconds += self.alloc_seconds - before
+        self.run_allocs += len(out)
         return out
 
     def free_many(self, rids: Sequence[str]) -> None:
@@ -174,6 +185,8 @@ class KvrefEngine(_Sequential):
     alloc_seconds: float = 0.0
     calls: int = 0
     allocs: int = 0
+    run_seconds: float = 0.0
+    run_allocs: int = 0
     reqs: dict[str, Any] = field(default_factory=dict)
 
     def add(self, rid: str, prompt: list[int]) -> None:
@@ -279,6 +292,8 @@ class BatchedImplEngine(KvrefEngine):
         dt = time.perf_counter() - t
         self.seconds += dt
         self.alloc_seconds += dt
+        self.run_seconds += dt
+        self.run_allocs += len(out)
         return out
 
     def free_many(self, rids: Sequence[str]) -> None:
@@ -303,6 +318,8 @@ class VllmEngine(_Sequential):
         self.alloc_seconds = 0.0
         self.calls = 0
         self.allocs = 0
+        self.run_seconds = 0.0
+        self.run_allocs = 0
         self.manager: Any = self.adapter.manager
         self._status = self.adapter._v.request.RequestStatus
         self.reqs: dict[str, Any] = {}
@@ -495,10 +512,16 @@ class BenchRow:
     """Time inside the allocate calls / allocations."""
     us_per_request_step: float
     """Time inside every manager call / request-steps."""
+    us_per_running_step: float = 0.0
+    """Time inside the running phase's allocate calls / its allocations: the
+    per-request cost of a scheduler step's decode (and chunked-prefill) batch,
+    admissions and frees excluded."""
     x_alloc_vs_vllm: float | None = None
     """vLLM's µs per allocation / this engine's (above 1: faster)."""
     x_step_vs_vllm: float | None = None
     """vLLM's µs per request-step / this engine's."""
+    x_running_vs_vllm: float | None = None
+    """vLLM's µs per running step / this engine's."""
 
 
 def bench(w: Workload, repeats: int = 5, only: Sequence[str] | None = None, skip: Sequence[str] = ()) -> list[BenchRow]:
@@ -509,6 +532,7 @@ def bench(w: Workload, repeats: int = 5, only: Sequence[str] | None = None, skip
     names = [n for n in builders if (only is None or n in only) and n not in skip]
     per_alloc: dict[str, list[float]] = {n: [] for n in names}
     per_step: dict[str, list[float]] = {n: [] for n in names}
+    per_run: dict[str, list[float]] = {n: [] for n in names}
     counts: dict[str, tuple[int, int]] = {}
     reference: RunResult | None = None
     for _ in range(repeats):
@@ -522,10 +546,19 @@ def bench(w: Workload, repeats: int = 5, only: Sequence[str] | None = None, skip
                 raise BenchMismatch(f"{name} allocated different blocks than {names[0]} on the same workload")
             per_alloc[name].append(engine.alloc_seconds / max(engine.allocs, 1) * 1e6)
             per_step[name].append(engine.seconds / max(result.request_steps, 1) * 1e6)
+            per_run[name].append(engine.run_seconds / max(engine.run_allocs, 1) * 1e6)
             counts[name] = (engine.calls, engine.allocs)
     steps = 0 if reference is None else reference.request_steps
     rows = [
-        BenchRow(n, counts[n][0], counts[n][1], steps, statistics.median(per_alloc[n]), statistics.median(per_step[n]))
+        BenchRow(
+            n,
+            counts[n][0],
+            counts[n][1],
+            steps,
+            statistics.median(per_alloc[n]),
+            statistics.median(per_step[n]),
+            statistics.median(per_run[n]),
+        )
         for n in names
     ]
     base = next((r for r in rows if r.engine == "vllm"), None)
@@ -533,6 +566,7 @@ def bench(w: Workload, repeats: int = 5, only: Sequence[str] | None = None, skip
         if base is not None:
             r.x_alloc_vs_vllm = base.us_per_alloc / r.us_per_alloc if r.us_per_alloc else None
             r.x_step_vs_vllm = base.us_per_request_step / r.us_per_request_step if r.us_per_request_step else None
+            r.x_running_vs_vllm = base.us_per_running_step / r.us_per_running_step if r.us_per_running_step else None
     return rows
 
 

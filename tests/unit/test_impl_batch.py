@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from kvimpl.kv_cache_manager import KVCacheManager
-from kvspec.config import MLA, AttentionKind, FullAttention, KVCacheConfig, Mamba, SlidingWindow
+from kvspec.config import MLA, AttentionKind, ChunkedLocal, FullAttention, KVCacheConfig, Mamba, SlidingWindow
 from kvspec.errors import ExceedsMaxModelLenError, InvalidTokenCountError
 from kvspec.request import Request, RequestBlockHasher, RequestStatus
 from kvspec.view import BlockIds
@@ -25,6 +25,8 @@ SHAPES: dict[str, tuple[AttentionKind, ...]] = {
     "full+swa": (FullAttention(4), SlidingWindow(4, 8)),
     "full+mamba-align": (FullAttention(4), Mamba(4, "align", 1)),
     "mla+swa": (MLA(4), SlidingWindow(4, 6)),
+    "swa": (SlidingWindow(4, 6),),
+    "chunked": (ChunkedLocal(4, 8),),
 }
 PREFIXES = ((1, 2, 3, 4, 5, 6, 7, 8), (9, 9, 9, 9, 8, 8, 8, 8))
 MAX_LEN = 48
@@ -86,6 +88,7 @@ def admit(pair: Pair, rid: str, prompt: list[int]) -> Request | None:
     data=st.data(),
 )
 def test_batch_equals_sequential(shape: str, caching: bool, eagle: bool, num_blocks: int, data: st.DataObject) -> None:
+    assume(not (eagle and shape == "chunked"))  # chunked local with EAGLE is a config error
     pair = make_pair(SHAPES[shape], num_blocks, caching, eagle)
     running: dict[str, Request] = {}
     for i in range(data.draw(st.integers(2, 6), label="requests")):
