@@ -36,6 +36,7 @@ def test_engines_agree_on_a_small_workload(mix: str) -> None:
     assert len({r.allocs for r in rows}) == 1
     assert len({r.request_steps for r in rows}) == 1
     assert all(r.request_steps > 0 for r in rows)
+    assert all(r.us_per_running_step > 0 for r in rows)
 
 
 def _batched_available() -> bool:
@@ -59,6 +60,8 @@ def test_batched_engine_matches_sequential_under_preemption(mix: str) -> None:
     assert (a.request_steps, a.steps, a.preemptions) == (b.request_steps, b.steps, b.preemptions)
     assert seq.allocs == bat.allocs
     assert bat.calls < seq.calls
+    # The running-phase counters see the same allocations on both sides.
+    assert 0 < seq.run_allocs == bat.run_allocs < seq.allocs
     bat.manager.check_invariants()
 
 
