@@ -1,34 +1,50 @@
 #!/usr/bin/env bash
-# CrossHair proofs of kvspec's pure functions (proofs/README.md):
-#   holds    the spec's own contracts and the proofs/holds harnesses: nothing refuted
-#   mutants  every proofs/mutants variant refuted exactly as proofs/mutants/expected.txt says
-#   diff     the crosshair diffbehavior demo of proofs/diffbehavior.md ends as documented
+# CrossHair proofs of kvspec's pure functions and bounded checks of its classes
+# (proofs/README.md), in two steps:
+#   proofs     KVREF_PROOFS=1 pytest tests/unit/test_proofs.py: holds (the spec's
+#              own contracts, proofs/holds harnesses and proofs/bounded checks:
+#              nothing refuted), mutants (refuted exactly as
+#              proofs/mutants/expected.txt says), diff (crosshair diffbehavior of
+#              spec/kvimpl pairs ends as expected)
+#   crosshair  the pure-function property tests (tests/unit/test_formulas.py) on
+#              the hypothesis-crosshair backend (HYPOTHESIS_PROFILE=crosshair)
 # Budgets are path counts, so results do not depend on the machine's speed;
-# about 150 CPU seconds in all (~90s wall on 2 free cores). Every step runs
-# even if an earlier one fails; extra arguments go to each step (--jobs N).
-# Not part of ci/test.sh: the lead decides.
+# each CrossHair condition also has a per-condition CPU timeout (proofs/run.py)
+# and each step a wall-clock cap (480 s + 120 s, so 10 minutes at most).
+# Both steps run even if the first fails. Usage: bash ci/proofs.sh [--jobs N]
 set -uo pipefail
 # shellcheck source=ci/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 export PYTHONPATH="$KVREF_ROOT/spec:$KVREF_ROOT/impl:$KVREF_ROOT${PYTHONPATH:+:$PYTHONPATH}"
+if [[ "${1:-}" == "--jobs" && -n "${2:-}" ]]; then
+    export KVREF_PROOFS_JOBS="$2"
+fi
 
 # Like common.sh's timed, but returns the step's exit status.
 step() {
     local name="$1" start=$SECONDS rc
     shift
-    echo "==> proofs $name: python -m proofs.run $name $*"
-    python -m proofs.run "$name" "$@"
+    echo "==> proofs $name: $*"
+    "$@"
     rc=$?
+    ((rc == 124)) && echo "==> proofs $name: wall-clock cap reached"
     echo "==> proofs $name: exit $rc in $((SECONDS - start))s"
     return "$rc"
 }
 
 total_start=$SECONDS
 failed=()
-for name in holds mutants diff; do
-    step "$name" "$@" || failed+=("$name")
-done
+step proofs env KVREF_PROOFS=1 timeout 480 pytest -q -s -p no:cacheprovider --durations=0 \
+    tests/unit/test_proofs.py || failed+=(proofs)
+# Without the provider the profile silently falls back to random testing; refuse that.
+if python -c "import hypothesis_crosshair_provider" 2>/dev/null; then
+    step crosshair env HYPOTHESIS_PROFILE=crosshair timeout 120 pytest -q -p no:cacheprovider --durations=5 \
+        tests/unit/test_formulas.py || failed+=(crosshair)
+else
+    echo "==> proofs crosshair: hypothesis-crosshair is not installed (pip install -e '.[dev]')"
+    failed+=(crosshair)
+fi
 
 if ((${#failed[@]})); then
     echo "==> proofs: FAILED (${failed[*]}) in $((SECONDS - total_start))s"

@@ -7,6 +7,7 @@ facade call in a run is one lockstep step.
 
 from __future__ import annotations
 
+import importlib
 import os
 
 from hypothesis import HealthCheck, Phase, settings
@@ -15,7 +16,7 @@ PROFILES = {
     "dev": {"max_examples": 40, "stateful_step_count": 40},
     "ci": {"max_examples": 400, "stateful_step_count": 60},
     "nightly": {"max_examples": 5000, "stateful_step_count": 100},
-    "crosshair": {"max_examples": 20, "stateful_step_count": 20},
+    "crosshair": {"max_examples": 50, "stateful_step_count": 20},  # paths per test (ci/proofs.sh)
 }
 
 
@@ -46,9 +47,9 @@ def load_profile(name: str | None = None) -> str:
 
 
 def _crosshair_backend() -> bool:
+    """Whether the optional hypothesis-crosshair provider (``[dev]`` extra) imports."""
     try:
-        import hypothesis_crosshair_provider  # type: ignore[import-not-found]  # noqa: F401, PLC0415 - optional
-
-        return True
+        importlib.import_module("hypothesis_crosshair_provider")
     except ImportError:
         return False
+    return True

@@ -4,11 +4,14 @@
     CrossHair checks the spec functions' own PEP 316 contracts (where it can
     build their inputs) and the harnesses in ``proofs/holds``; any
     counterexample, or any CrossHair crash, fails.
+    It also runs the bounded exhaustive checks of ``proofs/bounded`` (the
+    spec's real classes over small domains, plain Python).
 ``mutants``
     Every module of ``proofs/mutants`` is checked against its own (spec)
-    contract and against the ``proofs/holds`` harnesses it names, with the
-    mutant bound in place of the spec function; the refuted conditions must be
-    exactly those listed in ``proofs/mutants/expected.txt``.
+    contract and against the ``proofs/holds`` harnesses and ``proofs/bounded``
+    checks it names, with the mutant bound in place of the spec function or
+    method; the refuted conditions must be exactly those listed in
+    ``proofs/mutants/expected.txt``.
 ``diff``
     The ``crosshair diffbehavior`` demo of ``proofs/diffbehavior.md``.
 
@@ -72,7 +75,13 @@ time budget."""
 DIFF_TIMEOUT = 60.0
 """CPU seconds per ``diffbehavior`` comparison: only a safety net."""
 
-SPEC_MODULES = ("kvspec.single_type_kv_cache_manager", "kvspec.config", "kvspec.hashing")
+SPEC_MODULES = (
+    "kvspec.single_type_kv_cache_manager",
+    "kvspec.config",
+    "kvspec.hashing",
+    "kvspec.block_pool",
+    "kvspec.kv_cache_coordinator",
+)
 
 DIRECT = (
     "kvspec.single_type_kv_cache_manager.cdiv",
@@ -82,6 +91,8 @@ DIRECT = (
     "kvspec.single_type_kv_cache_manager.sliding_window_hit",
     "kvspec.single_type_kv_cache_manager.chunked_local_hit",
     "kvspec.single_type_kv_cache_manager.mamba_hit",
+    "kvspec.single_type_kv_cache_manager.blocks_to_allocate",
+    "kvspec.block_pool.requeue",
     "kvspec.hashing.make_key",
     "kvspec.hashing.external_block_hash",
     "kvspec.hashing.block_extra_keys",
@@ -94,7 +105,7 @@ cannot build), ``common_prefix_length`` and ``coarse_block_hashes`` (CrossHair
 crashes realizing sequences of a ``NewType``): harnesses in ``proofs/holds``
 restate their contracts over plain values. ``split_key`` has no ``post:``."""
 
-HOLDS = ("search", "hashing", "mask", "arith", "prefix")
+HOLDS = ("search", "chain", "hashing", "mask", "freeq", "alloc", "arith", "prefix")
 """Harness modules of ``proofs/holds``, slowest first."""
 
 _MESSAGE = re.compile(r"^(?P<path>.+?):(?P<line>\d+): (?P<level>error|info|warning): (?P<text>.*)$")
@@ -128,11 +139,21 @@ def crosshair_argv(*args: str) -> list[str]:
 
 def run_crosshair(label: str, args: Sequence[str], extra_path: Sequence[Path] = ()) -> Result:
     """Run CrossHair with the repository's import roots on ``PYTHONPATH``."""
+    return run_command(label, crosshair_argv(*args), extra_path)
+
+
+def run_bounded(label: str, args: Sequence[str]) -> Result:
+    """Run ``python -m proofs.bounded`` (same message format as CrossHair)."""
+    return run_command(label, [sys.executable, "-m", "proofs.bounded", *args])
+
+
+def run_command(label: str, argv: list[str], extra_path: Sequence[Path] = ()) -> Result:
+    """Run ``argv`` with the repository's import roots on ``PYTHONPATH``;
+    collect its ``path:line: level: text`` messages."""
     roots = [*extra_path, REPO, REPO / "spec", REPO / "impl"]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([*(str(p) for p in roots), *filter(None, [env.get("PYTHONPATH")])])
     env.setdefault("PYTHONHASHSEED", "0")
-    argv = crosshair_argv(*args)
     start = time.monotonic()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=err, text=True)
@@ -199,9 +220,12 @@ def relative(path: Path) -> str:
 
 
 def condition_key(path: Path, line: int, text: str) -> str:
-    """Stable text of one refuted condition: ``file::function: condition``."""
+    """Stable text of one refuted condition: ``file::function: condition``
+    (for ``proofs/bounded``, the condition is the name the check gives it)."""
     func, cond = describe(path, line)
-    if not cond.startswith(("post:", "pre:")):
+    if relative(path).startswith("proofs/bounded/"):
+        cond = text
+    elif not cond.startswith(("post:", "pre:")):
         m = _EXCEPTION.match(text)
         cond = f"raises {m['exc']}" if m else f"error at {cond}"
     elif text.startswith("Error while evaluating post condition"):
@@ -228,6 +252,7 @@ def holds(jobs: int, timeout: float, spec_iterations: int) -> bool:
     groups.insert(1, ("spec contracts (1/2)", [*spec_opts, *DIRECT[:half]]))
     groups.insert(2, ("spec contracts (2/2)", [*spec_opts, *DIRECT[half:]]))
     tasks = [(label, _bind(label, args)) for label, args in groups]
+    tasks.insert(1, ("bounded", lambda: run_bounded("bounded", [])))
     results = run_parallel(jobs, tasks)
     ok = True
     counts = {"confirmed": 0, "not refuted": 0, "REFUTED": 0}
@@ -240,7 +265,7 @@ def holds(jobs: int, timeout: float, spec_iterations: int) -> bool:
             if level == "error":
                 status = "REFUTED"
                 ok = False
-            elif text.startswith("Confirmed over all paths"):
+            elif text.startswith("Confirmed over all"):
                 status = "confirmed"
             elif text.startswith("Not confirmed"):
                 status = "not refuted"
@@ -248,6 +273,8 @@ def holds(jobs: int, timeout: float, spec_iterations: int) -> bool:
                 status = level
             counts[status] = counts.get(status, 0) + 1
             func, cond = describe(path, line)
+            if relative(path).startswith("proofs/bounded/"):
+                cond = f"(bounded) {text}"
             print(f"  {status:<12} {relative(path)}:{line} {func}  {cond}")
             if level == "error":
                 print(f"               {text}")
@@ -265,13 +292,33 @@ def _bind(label: str, args: list[str], extra_path: Sequence[Path] = ()) -> Calla
 
 @dataclass(frozen=True)
 class Mutant:
-    """One module of ``proofs/mutants``."""
+    """One module of ``proofs/mutants``.
+
+    ``harnesses`` names ``proofs/holds`` harnesses (``module.function``) and
+    ``proofs/bounded`` checks (``bounded:module.function``). ``target`` is the
+    dotted path of the spec object the mutant replaces (its ``TARGET``;
+    default: the spec function of the same name).
+    """
 
     name: str
     module: ModuleType
     function: str
     own_contract: bool
     harnesses: tuple[str, ...]
+    target: str | None = None
+
+    @property
+    def crosshair_harnesses(self) -> tuple[str, ...]:
+        """The ``proofs/holds`` harnesses."""
+        return tuple(h for h in self.harnesses if not h.startswith(BOUNDED))
+
+    @property
+    def bounded_checks(self) -> tuple[str, ...]:
+        """The ``proofs/bounded`` checks, without the prefix."""
+        return tuple(h.removeprefix(BOUNDED) for h in self.harnesses if h.startswith(BOUNDED))
+
+
+BOUNDED = "bounded:"
 
 
 def load_mutants() -> list[Mutant]:
@@ -287,7 +334,7 @@ def load_mutants() -> list[Mutant]:
             raise SystemExit(f"proofs/mutants/{info.name}.py must define exactly one function, found {defined}")
         own = bool(getattr(module, "OWN_CONTRACT", True))
         harnesses = tuple(getattr(module, "HARNESSES", ()))
-        out.append(Mutant(info.name, module, defined[0], own, harnesses))
+        out.append(Mutant(info.name, module, defined[0], own, harnesses, getattr(module, "TARGET", None)))
     return out
 
 
@@ -299,11 +346,27 @@ def contract_lines(fn: object) -> list[str]:
 
 def spec_function(name: str) -> object:
     """The spec function called ``name``."""
+    owner, attr = _spec_owner(name)
+    return getattr(owner, attr)
+
+
+def _spec_owner(name: str) -> tuple[object, str]:
     for modname in SPEC_MODULES:
         module = importlib.import_module(modname)
         if hasattr(module, name):
-            return getattr(module, name)
+            return module, name
     raise SystemExit(f"no spec function {name!r} in {', '.join(SPEC_MODULES)}")
+
+
+def mutant_target(mutant: Mutant) -> tuple[object, str]:
+    """``(module or class, attribute)`` of the spec object ``mutant`` replaces."""
+    if mutant.target is None:
+        return _spec_owner(mutant.function)
+    path, _, attr = mutant.target.rpartition(".")
+    modname, _, cls = path.rpartition(".")
+    if not cls[:1].isupper():
+        return importlib.import_module(path), attr
+    return getattr(importlib.import_module(modname), cls), attr
 
 
 def mutant_targets(mutant: Mutant, gen_dir: Path) -> list[str]:
@@ -316,7 +379,7 @@ def mutant_targets(mutant: Mutant, gen_dir: Path) -> list[str]:
     :data:`MUTANT_ITERATIONS`).
     """
     targets = [f"proofs.mutants.{mutant.name}.{mutant.function}"] if mutant.own_contract else []
-    for harness in mutant.harnesses:
+    for harness in mutant.crosshair_harnesses:
         module, func = harness.split(".")
         gen = f"_mut_{mutant.name}__{module}"
         path = gen_dir / f"{gen}.py"
@@ -333,6 +396,29 @@ _DIRECTIVE = re.compile(r"# crosshair: max_iterations=(\d+)")
 
 def _cap_iterations(m: re.Match[str]) -> str:
     return f"# crosshair: max_iterations={min(int(m[1]), MUTANT_ITERATIONS)}"
+
+
+def _mutant_task(mutant: Mutant, opts: list[str], gen_dir: Path) -> Callable[[], Result]:
+    """CrossHair on the mutant's own contract and harness copies, then its
+    bounded checks; one merged result."""
+    targets = mutant_targets(mutant, gen_dir)
+
+    def run() -> Result:
+        parts = [run_crosshair(mutant.name, [*opts, *targets], [gen_dir])] if targets else []
+        if mutant.bounded_checks:
+            parts.append(run_bounded(mutant.name, ["--mutant", mutant.name, *mutant.bounded_checks]))
+        merged = Result(mutant.name, [], 0, "", "", 0.0, 0.0)
+        for part in parts:
+            merged.argv += part.argv
+            merged.returncode = max(merged.returncode, part.returncode)
+            merged.stdout += part.stdout
+            merged.stderr += part.stderr
+            merged.seconds += part.seconds
+            merged.cpu_seconds += part.cpu_seconds
+            merged.messages += part.messages
+        return merged
+
+    return run
 
 
 def read_expected() -> dict[str, set[str]]:
@@ -366,7 +452,8 @@ def mutants(jobs: int, timeout: float, write: bool, only: Sequence[str] = ()) ->
     found: dict[str, set[str]] = {}
     all_mutants = [m for m in load_mutants() if not only or m.name in only]
     for mutant in all_mutants:
-        spec = contract_lines(spec_function(mutant.function))
+        owner, attr = mutant_target(mutant)
+        spec = contract_lines(getattr(owner, attr))
         mine = contract_lines(getattr(mutant.module, mutant.function))
         if spec != mine:
             print(f"!!! {mutant.name}: contract differs from the spec's {mutant.function}: {mine} != {spec}")
@@ -374,7 +461,7 @@ def mutants(jobs: int, timeout: float, write: bool, only: Sequence[str] = ()) ->
     opts = ["check", "--analysis_kind=PEP316", f"--per_condition_timeout={timeout}"]
     with tempfile.TemporaryDirectory(prefix="kvref-mutants-") as tmp:
         gen_dir = Path(tmp)
-        tasks = [(m.name, _bind(m.name, [*opts, *mutant_targets(m, gen_dir)], [gen_dir])) for m in all_mutants]
+        tasks = [(m.name, _mutant_task(m, opts, gen_dir)) for m in all_mutants]
         results = run_parallel(jobs, tasks)
         for result in results:
             if result.crashed:
@@ -432,9 +519,9 @@ DIFFS = (
         0,
     ),
     (
-        "spec vs kvimpl: align_down",
-        "kvspec.single_type_kv_cache_manager.align_down",
-        "kvimpl.single_type_kv_cache_manager.align_down",
+        "spec vs kvimpl: align_down (bounded, via proofs/diff/align_down.py)",
+        "proofs.diff.align_down.guarded_spec",
+        "proofs.diff.align_down.guarded_impl",
         0,
     ),
     (
@@ -456,9 +543,33 @@ DIFFS = (
         0,
     ),
     (
-        "spec vs kvimpl: mamba_hit",
-        "kvspec.single_type_kv_cache_manager.mamba_hit",
-        "kvimpl.single_type_kv_cache_manager.mamba_hit",
+        "spec vs kvimpl: mamba_hit (bounded, via proofs/diff/mamba_hit.py)",
+        "proofs.diff.mamba_hit.guarded_spec",
+        "proofs.diff.mamba_hit.guarded_impl",
+        0,
+    ),
+    (
+        "spec vs kvimpl: blocks_to_allocate",
+        "kvspec.single_type_kv_cache_manager.blocks_to_allocate",
+        "kvimpl.single_type_kv_cache_manager.blocks_to_allocate",
+        0,
+    ),
+    (
+        "spec vs kvimpl: BlockPool.free_blocks (free-queue order, via proofs/diff/free_blocks.py)",
+        "proofs.diff.free_blocks.spec_free_blocks",
+        "proofs.diff.free_blocks.impl_free_blocks",
+        0,
+    ),
+    (
+        "spec vs kvimpl: num_skipped_tokens (via proofs/diff/kinds.py)",
+        "proofs.diff.kinds.spec_num_skipped_tokens",
+        "proofs.diff.kinds.impl_num_skipped_tokens",
+        0,
+    ),
+    (
+        "spec vs kvimpl: reachable_block_mask (via proofs/diff/kinds.py)",
+        "proofs.diff.kinds.spec_reachable_block_mask",
+        "proofs.diff.kinds.impl_reachable_block_mask",
         0,
     ),
     (

@@ -97,15 +97,14 @@ class SingleTypeKVCacheManager:
         """Blocks an allocation would take from the free queue, counting hit
         blocks that are currently free (touching removes them from the queue).
         ``num_external`` only matters to Mamba align (see there)."""
-        required = cdiv(num_tokens, self.block_size)
-        if apply_admission_cap and self.admission_cap is not None:
-            required = min(required, self.admission_cap)
+        cap = self.admission_cap if apply_admission_cap else None
         have = len(self.req_to_blocks.get(request_id, ()))
         if request_id in self.num_cached_block:
-            return max(required - have, 0)
+            return blocks_to_allocate(cdiv(num_tokens, self.block_size), cap, have, 0, (), True)
         skipped = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
-        new = max(required - max(skipped, len(new_computed_blocks) + have), 0)
-        return new + self._num_evictable(new_computed_blocks[max(0, skipped - have) :])
+        ref = self.pool.ref_cnt
+        free = [b != NULL_BLOCK and ref[b] == 0 for b in new_computed_blocks]
+        return blocks_to_allocate(cdiv(num_tokens, self.block_size), cap, have, skipped, free, False)
 
     def add_local_computed_blocks(
         self, request_id: str, new_computed_blocks: Sequence[BlockId], num_local: int, num_external: int
@@ -370,6 +369,27 @@ class MambaManager(SingleTypeKVCacheManager):
         table += self.pool.get_new_blocks(required - len(table))
         self.allocated_block_reqs.add(request_id)
         return table[prev:]
+
+
+def blocks_to_allocate(
+    required: int, cap: int | None, have: int, skipped: int, hit_free: Sequence[bool], tracked: bool
+) -> int:
+    """Blocks an allocation takes from the free queue (the spec's
+    ``blocks_to_allocate``, written independently): ``required`` entries
+    (capped by ``cap``), ``have`` held; a new request's hits from position
+    ``skipped - have`` on that are free (``hit_free``) cost one block each.
+
+    pre: required >= 0 and have >= 0 and (cap is None or cap >= 1)
+    post: __return__ >= 0
+    """
+    if cap is not None and cap < required:
+        required = cap
+    if tracked:
+        return required - have if required > have else 0
+    held = max(len(hit_free) + have, skipped)
+    new = required - held if required > held else 0
+    start = skipped - have if skipped > have else 0
+    return new + list(hit_free[start:]).count(True)
 
 
 def num_skipped_tokens(kind: AttentionKind, num_computed_tokens: int) -> int:

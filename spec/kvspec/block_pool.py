@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import NewType
+from typing import NewType, TypeVar
 
 from kvspec.errors import DoubleFreeError, InvalidBlockIdError, PoolExhaustedError
 from kvspec.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
@@ -32,6 +32,7 @@ from kvspec.request import Request
 
 BlockId = NewType("BlockId", int)
 NULL_BLOCK = BlockId(0)
+T = TypeVar("T")
 
 
 class BlockPool:
@@ -129,13 +130,12 @@ class BlockPool:
                     f"free_blocks: block {b} has ref_cnt {self.ref_cnt[b]} but is freed {n} "
                     "time(s); it was freed more often than allocated"
                 )
-        unhashed: list[BlockId] = []
-        hashed: list[BlockId] = []
+        released: list[BlockId] = []
         for b in blocks:
             self.ref_cnt[b] -= 1
             if self.ref_cnt[b] == 0:
-                (unhashed if self.block_hash[b] is None else hashed).append(b)
-        self.free_queue = unhashed + self.free_queue + hashed
+                released.append(b)
+        self.free_queue = requeue(self.free_queue, released, [self.block_hash[b] is not None for b in released])
 
     def cache_full_blocks(
         self,
@@ -245,6 +245,21 @@ class BlockPool:
         if block_size == self.hash_block_size:
             return request.block_hashes
         return coarse_block_hashes(request.block_hashes, self.hash_block_size, block_size)
+
+
+def requeue(free_queue: Sequence[T], released: Sequence[T], hashed: Sequence[bool]) -> list[T]:
+    """The free queue after the ``released`` blocks (eviction priority order)
+    reached ref_cnt 0; ``hashed[i]`` says whether ``released[i]`` is cached.
+
+    An unhashed block can never be hit, so it goes to the front and is reused
+    first; a hashed one goes to the tail, behind every block freed before it
+    (least recently used first). Each part keeps the given order.
+
+    pre: len(released) == len(hashed)
+    post: len(__return__) == len(free_queue) + len(released)
+    """
+    front = [b for b, h in zip(released, hashed, strict=True) if not h]
+    return front + list(free_queue) + [b for b, h in zip(released, hashed, strict=True) if h]
 
 
 def _stored_event(

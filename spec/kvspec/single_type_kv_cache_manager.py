@@ -89,15 +89,12 @@ class SingleTypeKVCacheManager:
         """Blocks an allocation would take from the free queue, counting hit
         blocks that are currently free (touching removes them from the queue).
         ``num_external`` only matters to Mamba align (see there)."""
-        required = cdiv(num_tokens, self.block_size)
-        if apply_admission_cap and self.admission_cap is not None:
-            required = min(required, self.admission_cap)
+        cap = self.admission_cap if apply_admission_cap else None
         have = len(self.req_to_blocks.get(request_id, ()))
-        if request_id in self.num_cached_block:
-            return max(required - have, 0)
         skipped = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
-        new = max(required - max(skipped, len(new_computed_blocks) + have), 0)
-        return new + self._num_evictable(new_computed_blocks[max(0, skipped - have) :])
+        free = [b != NULL_BLOCK and self.pool.ref_cnt[b] == 0 for b in new_computed_blocks]
+        tracked = request_id in self.num_cached_block
+        return blocks_to_allocate(cdiv(num_tokens, self.block_size), cap, have, skipped, free, tracked)
 
     def add_local_computed_blocks(
         self, request_id: str, new_computed_blocks: Sequence[BlockId], num_local: int, num_external: int
@@ -345,6 +342,30 @@ class MambaManager(SingleTypeKVCacheManager):
         table += self.pool.get_new_blocks(required - len(table))
         self.allocated_block_reqs.add(request_id)
         return table[prev:]
+
+
+def blocks_to_allocate(
+    required: int, cap: int | None, have: int, skipped: int, hit_free: Sequence[bool], tracked: bool
+) -> int:
+    """Blocks an allocation takes from the free queue: the arithmetic of
+    upstream ``get_num_blocks_to_allocate`` (base manager).
+
+    The table must reach ``required`` entries (at most ``cap`` when one is
+    given) and holds ``have``. A request the manager already tracks only
+    grows (fast path). A new request first takes its ``len(hit_free)`` hits;
+    positions before ``skipped`` become null, and those hits are neither
+    touched nor counted. Every other hit still in the free queue
+    (``hit_free[i]``) leaves it when touched, so it costs a block too.
+
+    pre: required >= 0 and have >= 0 and (cap is None or cap >= 1)
+    post: __return__ >= 0
+    """
+    if cap is not None:
+        required = min(required, cap)
+    if tracked:
+        return max(required - have, 0)
+    new = max(required - max(skipped, len(hit_free) + have), 0)
+    return new + sum(hit_free[max(0, skipped - have) :])
 
 
 def num_skipped_tokens(kind: AttentionKind, num_computed_tokens: int) -> int:

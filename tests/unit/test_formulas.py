@@ -1,5 +1,10 @@
 """The pure formulas of the worked examples, on the spec's own functions (spec only).
 
+The example tests pin the worked examples; the property tests at the end
+(``test_prop_*``) state the same rules over drawn inputs. They run with any
+Hypothesis profile; ``HYPOTHESIS_PROFILE=crosshair`` runs them on the
+hypothesis-crosshair backend (symbolic inputs), as ``ci/proofs.sh`` does.
+
 Sources: ``/work/shared/seeds/000_0a3a6c98f49a3887.txt`` (seed 000) and
 ``/work/shared/reference/vllm-0.25.1-kv-core.md`` (§3, §6, §7, Appendix A).
 The same examples run end to end against both targets in
@@ -8,9 +13,13 @@ The same examples run end to end against both targets in
 
 from __future__ import annotations
 
-import pytest
+from typing import Any, cast
 
-from kvspec.block_pool import BlockId
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvspec.block_pool import BlockId, requeue
 from kvspec.config import (
     MLA,
     AttentionKind,
@@ -22,8 +31,10 @@ from kvspec.config import (
     SlidingWindow,
     admission_cap,
 )
+from kvspec.hashing import BlockHash, ExtraKeySource, extend_block_hashes, make_key, split_key
 from kvspec.single_type_kv_cache_manager import (
     align_down,
+    blocks_to_allocate,
     cdiv,
     chunked_local_hit,
     common_prefix_length,
@@ -210,3 +221,100 @@ def test_common_prefix_length_appendix_a7() -> None:
     # counts tables only (0); vLLM's ref_cnt rule over-reports 2.
     assert common_prefix_length(a, [a, c]) == 0
     assert common_prefix_length(a, [a]) == 3
+
+
+# --------------------------------------------------------------------------- properties (also under CrossHair)
+
+_bools = st.lists(st.booleans(), max_size=6)
+
+
+@given(st.integers(-50, 50), st.integers(1, 8))
+def test_prop_cdiv(a: int, b: int) -> None:
+    """cdiv is the least ``q`` with ``q * b >= a``."""
+    q = cdiv(a, b)
+    assert q * b >= a > (q - 1) * b
+
+
+@given(st.integers(0, 20), st.integers(1, 4), st.integers(1, 4))
+def test_prop_align_down(n: int, bs: int, per: int) -> None:
+    """align_down drops to the largest multiple of ``per`` blocks."""
+    assert align_down(n, bs, bs * per) == n - n % per
+
+
+@given(st.sampled_from(["swa", "chunked", "mamba", "full"]), st.integers(1, 16), st.integers(0, 64), st.integers(0, 8))
+def test_prop_skipped_tokens(tag: str, param: int, n: int, d: int) -> None:
+    """Never more than ``n``, monotone in ``n``; the window's tokens are never skipped."""
+    kinds: dict[str, AttentionKind] = {
+        "swa": SlidingWindow(4, param), "chunked": ChunkedLocal(4, param), "mamba": Mamba(4), "full": FullAttention(4)
+    }  # fmt: skip
+    kind = kinds[tag]
+    skipped = num_skipped_tokens(kind, n)
+    assert skipped <= n and skipped <= num_skipped_tokens(kind, n + d)
+    if isinstance(kind, SlidingWindow):
+        assert n - skipped == min(n, param - 1)
+
+
+@given(_bools, st.booleans(), st.integers(1, 3))
+def test_prop_full_attention_hit(cached: list[bool], drop: bool, per: int) -> None:
+    """Aligned, cached (with the dropped EAGLE block), and no longer aligned hit exists."""
+    hit = full_attention_hit(cached, drop, 2, 2 * per)
+    assert hit % per == 0 and all(cached[: hit + (1 if drop and hit else 0)])
+    longer = hit + per + drop
+    assert not (longer <= len(cached) and all(cached[:longer]))
+
+
+@given(_bools, st.integers(1, 8), st.booleans())
+def test_prop_sliding_window_hit(cached: list[bool], window: int, drop: bool) -> None:
+    """The run is cached and long enough, or starts at block 0."""
+    need = contiguous_blocks_for_hit(window, 2, drop)
+    first, length = sliding_window_hit(cached, need, drop, 2, 2)
+    assert 0 <= first <= length <= len(cached) and all(cached[first:length])
+    assert first == 0 or length + drop - first >= need
+
+
+@given(_bools, st.integers(1, 3))
+def test_prop_mamba_hit(cached: list[bool], per: int) -> None:
+    """The rightmost cached state at an aligned end, or none."""
+    first, end = mamba_hit(cached, 2, 2 * per)
+    later = [i for i in range(len(cached)) if cached[i] and (i + 1) % per == 0]
+    assert (first, end) == ((later[-1], later[-1] + 1) if later else (0, 0))
+
+
+@given(st.integers(0, 8), st.integers(0, 3), st.integers(-1, 8), _bools, st.data())
+def test_prop_blocks_to_allocate(required: int, have: int, skipped: int, free: list[bool], data: st.DataObject) -> None:
+    """A free hit costs one block exactly when it will be touched (not skipped)."""
+    got = blocks_to_allocate(required, None, have, skipped, free, False)
+    assert got >= 0
+    if free:
+        i = data.draw(st.integers(0, len(free) - 1))
+        flipped = [*free[:i], not free[i], *free[i + 1 :]]
+        delta = got - blocks_to_allocate(required, None, have, skipped, flipped, False)
+        assert delta == ((1 if free[i] else -1) if i >= skipped - have else 0)
+
+
+@given(st.lists(st.integers(1, 9), max_size=3), st.lists(st.tuples(st.integers(10, 19), st.booleans()), max_size=4))
+def test_prop_requeue(queue: list[int], released: list[tuple[int, bool]]) -> None:
+    """Unhashed released blocks first, then the old queue, then hashed ones."""
+    got = requeue(queue, [b for b, _ in released], [h for _, h in released])
+    assert got == [b for b, h in released if not h] + queue + [b for b, h in released if h]
+
+
+@given(st.binary(max_size=8), st.integers(0, 2**32 - 1))
+def test_prop_key_round_trip(digest: bytes, group: int) -> None:
+    """split_key inverts make_key."""
+    assert split_key(make_key(BlockHash(digest), group)) == (digest, group)
+
+
+def _identity(obj: Any) -> bytes:
+    return cast(bytes, obj)
+
+
+@given(st.lists(st.integers(0, 3), min_size=4, max_size=4), st.integers(0, 3), st.integers(0, 3))
+def test_prop_hash_chain(tokens: list[int], pos: int, value: int) -> None:
+    """Changing token ``pos`` changes exactly the hashes of its block and later
+    ones (injective stand-in hash; see proofs/holds/chain.py)."""
+    changed = [*tokens[:pos], value, *tokens[pos + 1 :]]
+    a = extend_block_hashes(_identity, BlockHash(b"s"), 2, (), tokens, ExtraKeySource())
+    b = extend_block_hashes(_identity, BlockHash(b"s"), 2, (), changed, ExtraKeySource())
+    for j in range(len(a)):
+        assert (a[j] == b[j]) == (value == tokens[pos] or j < pos // 2)
