@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import NewType
 
 from kvimpl.invariants import require
-from kvspec.errors import DoubleFreeError, InvalidBlockIdError, PoolExhaustedError
+from kvspec.errors import DoubleFreeError, InvalidBlockIdError, InvalidTokenCountError, PoolExhaustedError
 from kvspec.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from kvspec.hashing import BlockHash, BlockHashWithGroupId, block_extra_keys, external_block_hash, make_key, split_key
 from kvspec.request import Request
@@ -191,8 +191,11 @@ class BlockPool:
         hashes; each gets ref_cnt 1.
 
         Raises:
+            InvalidTokenCountError: If ``num_blocks`` is negative.
             PoolExhaustedError: If fewer blocks are free.
         """
+        if num_blocks < 0:
+            raise InvalidTokenCountError(f"get_new_blocks: num_blocks {num_blocks} < 0")
         if num_blocks > len(self.free_queue):
             raise PoolExhaustedError(f"Cannot get {num_blocks} free blocks from the pool")
         taken = self.free_queue.popleft_n(num_blocks)

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import NewType, TypeVar
 
-from kvspec.errors import DoubleFreeError, InvalidBlockIdError, PoolExhaustedError
+from kvspec.errors import DoubleFreeError, InvalidBlockIdError, InvalidTokenCountError, PoolExhaustedError
 from kvspec.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from kvspec.hashing import (
     BlockHash,
@@ -90,9 +90,14 @@ class BlockPool:
         """Take ``num_blocks`` from the head of the free queue, evicting their
         hashes; each gets ref_cnt 1.
 
+        pre: num_blocks >= 0
+
         Raises:
+            InvalidTokenCountError: If ``num_blocks`` is negative.
             PoolExhaustedError: If fewer blocks are free.
         """
+        if num_blocks < 0:
+            raise InvalidTokenCountError(f"get_new_blocks: num_blocks {num_blocks} < 0")
         if num_blocks > len(self.free_queue):
             raise PoolExhaustedError(f"Cannot get {num_blocks} free blocks from the pool")
         taken, self.free_queue = self.free_queue[:num_blocks], self.free_queue[num_blocks:]
