@@ -1,13 +1,23 @@
 #!/usr/bin/env bash
-# Run kvref check against every mutant of the upstream bug zoo (kvref/zoo.py)
-# and write docs/bug-zoo.md (kill table) and kvref-zoo.json.
+# Run kvref check against every mutant of the upstream bug zoo (kvref/zoo.py), then (if vLLM 0.25.1
+# is installed) against the faults planted into real vLLM (kvref/zoo_vllm.py), and write
+# docs/bug-zoo.md (kill table) and kvref-zoo.json.
 #
-#   ci/mutation.sh                      # every entry, 60 s budget each, seed 0
-#   ci/mutation.sh touch_before_capacity_check   # only the named entries
+#   ci/mutation.sh                      # every entry, 60 s budget each (hunt + shrink), seed 0
+#   ci/mutation.sh touch_before_capacity_check   # only the named entries (kvimpl rows; others kept)
 #   BUDGET=20 ci/mutation.sh            # shorter hunt per mutant
+#   ZOO_NOTE="..." ci/mutation.sh       # a paragraph for the report's preamble (e.g. the machine)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
 [ -x "$PY" ] || PY=python
-exec "$PY" -m kvref.zoo --budget "${BUDGET:-60}" --seed "${SEED:-0}" --profile "${PROFILE:-ci}" \
-    --json "${ZOO_JSON:-kvref-zoo.json}" --markdown "${ZOO_MD:-docs/bug-zoo.md}" "$@"
+args=(--budget "${BUDGET:-60}" --seed "${SEED:-0}" --profile "${PROFILE:-ci}"
+      --json "${ZOO_JSON:-kvref-zoo.json}" --markdown "${ZOO_MD:-docs/bug-zoo.md}")
+[ -n "${ZOO_NOTE:-}" ] && args+=(--note "$ZOO_NOTE")
+if [ "$#" -gt 0 ]; then
+    exec "$PY" -m kvref.zoo "${args[@]}" --update "$@"
+fi
+"$PY" -m kvref.zoo "${args[@]}"
+if "$PY" -c "import vllm" 2>/dev/null; then
+    "$PY" -m kvref.zoo "${args[@]}" --vllm --update
+fi

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,14 @@ class RunStats:
     invalid_calls: Counter[str] = field(default_factory=Counter)
     """Rejected invalid operations by ``op:ErrorClass``."""
     last_failure: Path | None = None
+    prefix_hits: int = 0
+    """Admissions whose prefix lookup found at least one token."""
+    first_failure_at: float | None = None
+    """``time.monotonic()`` of the first unexplained divergence (shrinking starts there)."""
+    first_failure_steps: int | None = None
+    """Steps run when the first unexplained divergence was seen."""
+    on_first_failure: Callable[[], None] | None = field(default=None, compare=False, repr=False)
+    """Called once, at the first unexplained divergence (before shrinking starts)."""
 
 
 class Lockstep:
@@ -174,6 +183,11 @@ class Lockstep:
 
     def _fail(self, message: str) -> None:
         self.stats.unexplained += 1
+        if self.stats.first_failure_at is None:
+            self.stats.first_failure_at = time.monotonic()
+            self.stats.first_failure_steps = self.stats.steps
+            if self.stats.on_first_failure is not None:
+                self.stats.on_first_failure()
         path = self.failure_dir / f"failure-{os.getpid()}.jsonl"
         Trace(self.config, self.log, {"failure": message}).write(path)
         self.stats.last_failure = path

@@ -44,6 +44,22 @@ from kvspec.hashing import HASH_FUNCTION_NAMES
 Json = Any
 VOCAB = 4
 """Tokens are drawn from a tiny vocabulary so equal blocks recur by chance too."""
+REUSE = ("", "", "repeat", "extend", "aligned")
+"""How a new request reuses an earlier one's tokens ("" = a fresh prompt; first, so it shrinks there)."""
+PAST = 6
+"""Token lists remembered for reuse."""
+STEP_EXTRAS = (
+    "",
+    "take_events",
+    "take_new_block_ids",
+    "make_prefix_cache_stats",
+    "usage",
+    "evict_blocks",
+    "reset_prefix_cache",
+)
+"""What may follow ``new_step_starts`` in the ``new_step`` rule ("" = nothing)."""
+BAD_CONFIGS = ("blocks", "block_size", "window", "watermark", "hash", "eagle_group", "sink")
+"""Broken configurations ``invalid_other`` tries (each must raise ConfigError)."""
 
 
 @dataclass
@@ -56,6 +72,9 @@ class ReqState:
     encoder_tokens: int = 0
     remote_target: int = 0
     preemptions: int = 0
+    extra: Json = None
+    """The request's ``extra`` (salt or LoRA only), reused with its tokens by later requests."""
+    reusable: bool = True
 
 
 @dataclass
@@ -116,15 +135,20 @@ def _kind(name: str, bs: int, window: int, spec_blocks: int) -> AttentionKind:
 @st.composite
 def configs(draw: st.DrawFn, shapes: Sequence[Shape] = SHAPES) -> tuple[str, KVCacheConfig]:
     """A named configuration: group mix, sizes, caching, EAGLE, watermark, events."""
-    shape = draw(st.sampled_from(list(shapes)))
+    # Shapes with three or more kinds count three times: only they make the hybrid
+    # hit search iterate (a two-kind hybrid with full attention first stops
+    # after one pass).
+    shape = draw(st.sampled_from([s for s in shapes for _ in range(3 if len(set(s.kinds)) >= 3 else 1)]))
     bs = draw(st.sampled_from([2, 4]))
     window = draw(st.integers(1, 3 * bs))
-    eagle = shape.eagle_ok and draw(st.booleans())
+    eagle = shape.eagle_ok and draw(st.sampled_from([False, True, True]))
     spec_blocks = draw(st.integers(0, 1)) if eagle else 0
     groups = tuple(_kind(k, bs, window, spec_blocks) for k in shape.kinds)
     caching = shape.caching if shape.caching is not None else draw(st.sampled_from([True, True, False]))
     cfg = KVCacheConfig(
-        num_blocks=draw(st.integers(6, 40)),
+        # Pools of 16 blocks first (a shrunk failure keeps a workable pool), then
+        # tighter and roomier ones; the tiniest pools starve every admission.
+        num_blocks=draw(st.sampled_from([16, 12, 24, 8, 32, 20, 6, 40])),
         groups=groups,
         max_model_len=draw(st.sampled_from([32, 48, 64])),
         max_num_batched_tokens=draw(st.sampled_from([None, 8, 16])),
@@ -137,7 +161,7 @@ def configs(draw: st.DrawFn, shapes: Sequence[Shape] = SHAPES) -> tuple[str, KVC
         watermark=draw(st.sampled_from([0.0, 0.0, 0.1, 0.3])),
         hash_function=draw(st.sampled_from(["sha256_cbor", "sha256_cbor", *HASH_FUNCTION_NAMES])),
         hash_seed=draw(st.sampled_from(["0", "42"])),
-        log_stats=draw(st.booleans()),
+        log_stats=draw(st.sampled_from([False, True, True])),
     )
     return shape.name, cfg
 
@@ -185,6 +209,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.remote: list[str] = []
         self.pending: list[list[int]] = []
         self.prefixes: list[list[int]] = []
+        self.past: list[tuple[list[int], Json]] = []
         self.counter = 0
 
     # -- configuration -------------------------------------------------------
@@ -197,7 +222,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.lock = Lockstep(cfg, self.SETUP.factories, self.SETUP.stats, self.SETUP.failure_dir, name)
         sched = cfg.scheduler_block_size
         for _ in range(3):
-            n = data.draw(st.integers(0, 3)) * sched + data.draw(st.integers(0, sched - 1))
+            n = data.draw(st.integers(1, 3)) * sched + data.draw(st.integers(0, sched - 1))
             self.prefixes.append(data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=n, max_size=n)))
 
     # -- helpers -------------------------------------------------------------
@@ -241,29 +266,41 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def _finish(self, rid: str, data: st.DataObject) -> None:
         st_ = self.reqs.pop(rid)
+        if st_.reusable:
+            assert self.lock is not None
+            self._remember(list(self.lock.book.requests[rid].all_token_ids), st_.extra)
         for queue in (self.waiting, self.running, self.remote):
             if rid in queue:
                 queue.remove(rid)
         if data.draw(st.booleans()):
             self._call({"op": "free", "rid": rid})
         else:
-            popped = self._call({"op": "pop_blocks_for_free", "rid": rid})
-            if popped:
-                self.pending.append(popped)
-                assert self.lock is not None
-                self.lock.pending += 1
+            self._pop(rid, data)
         del st_
+
+    def _pop(self, rid: str, data: st.DataObject) -> None:
+        """Forget the request now and free its blocks later (async scheduling).
+
+        NOTE: the next step is scheduled before the deferred free, so cascade
+        attention may ask for a running request's common prefix while the
+        popped blocks still hold their references; half the time it does so
+        here.
+        """
+        popped = self._call({"op": "pop_blocks_for_free", "rid": rid})
+        if popped:
+            self.pending.append(popped)
+            assert self.lock is not None
+            self.lock.pending += 1
+        others = [r for r in self.running if r != rid]
+        if popped and others and data.draw(st.booleans()):
+            self._call({"op": "get_num_common_prefix_blocks", "rid": data.draw(st.sampled_from(others))})
 
     def _preempt(self, rid: str, data: st.DataObject) -> None:
         st_ = self.reqs[rid]
         if data.draw(st.booleans()):
             self._call({"op": "free", "rid": rid})
         else:
-            popped = self._call({"op": "pop_blocks_for_free", "rid": rid})
-            if popped:
-                self.pending.append(popped)
-                assert self.lock is not None
-                self.lock.pending += 1
+            self._pop(rid, data)
         self.running.remove(rid)
         st_.status, st_.computed, st_.preemptions = "PREEMPTED", 0, st_.preemptions + 1
         self._set(st_)
@@ -274,13 +311,34 @@ class SchedulerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.live and len(self.reqs) < 10)
     @rule(data=st.data())
     def add_request(self, data: st.DataObject) -> None:
-        """A new request whose prompt starts with a shared prefix."""
+        """A new request: a shared prefix and a fresh suffix, or an earlier
+        request's tokens again (repeated, extended, or cut to whole blocks)."""
         assert self.lock is not None
         self.counter += 1
         rid = f"r{self.counter}"
+        reuse = data.draw(st.sampled_from(REUSE)) if self.past else ""
+        if reuse:
+            op, reusable = self._reused_prompt(data, rid, reuse), True
+        else:
+            op, reusable = self._fresh_prompt(data, rid)
+        # One request in ten skips the prefix cache; False is first, so that a
+        # shrunk history reads the cache (``integers(0, 9) == 0`` came out
+        # true for most requests: Hypothesis favours 0).
+        if data.draw(st.sampled_from((False,) * 9 + (True,))):
+            op["skip_reading_prefix_cache"] = True
+        self.lock.request_op(op)
+        enc = data.draw(st.integers(1, 12)) if any(isinstance(k, CrossAttention) for k in self.cfg.groups) else 0
+        self.reqs[rid] = ReqState(rid, encoder_tokens=enc, extra=op.get("extra"), reusable=reusable)
+        self.waiting.append(rid)
+        if reusable:
+            self._remember(op["prompt"], op.get("extra"))
+
+    def _fresh_prompt(self, data: st.DataObject, rid: str) -> tuple[Json, bool]:
+        """A prompt from the prefix universe, with extra keys drawn; returns
+        the operation and whether later requests may reuse its tokens."""
         prefix = data.draw(st.sampled_from(self.prefixes))
         suffix = data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=12))
-        prompt = (prefix + suffix)[: self.cfg.max_model_len - 2] or [0]
+        prompt = (prefix + suffix)[: self._prompt_limit()] or [0]
         op: Json = {"op": "add_request", "rid": rid, "prompt": prompt}
         extra = data.draw(st.sampled_from(["", "", "", "salt", "lora", "mm", "embeds"]))
         if extra == "salt":
@@ -296,30 +354,61 @@ class SchedulerMachine(RuleBasedStateMachine):
         elif extra == "embeds":
             rows = [bytes([t, 0, 0, 60]).hex() for t in prompt]
             op["prompt"], op["extra"] = [0] * len(prompt), {"prompt_embeds": rows}
-        if data.draw(st.integers(0, 9)) == 0:
-            op["skip_reading_prefix_cache"] = True
-        self.lock.request_op(op)
-        enc = data.draw(st.integers(1, 12)) if any(isinstance(k, CrossAttention) for k in self.cfg.groups) else 0
-        self.reqs[rid] = ReqState(rid, encoder_tokens=enc)
-        self.waiting.append(rid)
+        return op, extra not in ("mm", "embeds")
+
+    def _reused_prompt(self, data: st.DataObject, rid: str, how: str) -> Json:
+        """An earlier request's tokens (prompt, or prompt and output once it
+        finished) and extra keys: as they were, extended by a few tokens (the
+        next turn of a chat), or cut to whole scheduler blocks (a fully cached
+        prompt: its last block is recomputed, so one hash gets two blocks)."""
+        tokens, extra = data.draw(st.sampled_from(self.past))
+        limit = self._prompt_limit()
+        sched = self.cfg.scheduler_block_size
+        if how == "extend":
+            tokens = tokens + data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=2 * sched))
+        elif how == "aligned":
+            tokens = tokens[: min(len(tokens), limit) // sched * sched] or tokens
+        op: Json = {"op": "add_request", "rid": rid, "prompt": tokens[:limit] or [0]}
+        if extra is not None:
+            op["extra"] = extra
+        return op
+
+    def _prompt_limit(self) -> int:
+        """Prompt tokens at most: two below the model length, and no more than
+        the pool holds for every group at once (a longer prompt could never be
+        admitted and would block the queue)."""
+        cfg = self.cfg
+        per_group = cfg.num_blocks // len(cfg.groups) * min(k.block_size for k in cfg.groups)
+        return max(1, min(cfg.max_model_len - 2, per_group))
+
+    def _remember(self, tokens: list[int], extra: Json) -> None:
+        """Keep the last few token lists for later requests to reuse."""
+        self.past.append((list(tokens), extra))
+        del self.past[:-PAST]
 
     @precondition(lambda self: self.live and bool(self.waiting))
     @rule(data=st.data())
     def admit(self, data: st.DataObject) -> None:
-        """Schedule the first waiting request: prefix lookup, then allocate."""
-        rid = self.waiting[0]
+        """Schedule a waiting request (usually the first; a later one when the
+        scheduler skips a request that does not fit): prefix lookup, then allocate."""
+        rid = self.waiting[data.draw(st.integers(0, len(self.waiting) - 1))]
         st_ = self.reqs[rid]
         op: Json = {"op": "allocate_slots", "rid": rid}
         hit = 0
         if st_.computed == 0:
             found = self._call({"op": "get_computed_blocks", "rid": rid})
             hit = found["num_tokens"]
+            if hit:
+                assert self.lock is not None
+                self.lock.stats.prefix_hits += 1
             if any(found["blocks"]):
                 op["new_computed_blocks"] = found["blocks"]
             op["num_new_computed_tokens"] = hit
         total = self._num_tokens(rid)
         external = 0
-        if st_.computed == 0 and data.draw(st.integers(0, 4)) == 0 and total - hit > 1:
+        # Connector tokens on one admission in five, one in two after a prefix hit
+        # (a hit and external tokens together exercise the touch-then-allocate order).
+        if st_.computed == 0 and data.draw(st.integers(0, 1 if hit else 4)) == 0 and total - hit > 1:
             external = data.draw(st.integers(1, total - hit - 1))
         delay = external > 0 and data.draw(st.booleans())
         new = 0 if delay else self._chunk(data, st_, st_.computed + hit + external)
@@ -383,8 +472,13 @@ class SchedulerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.live and bool(self.reqs))
     @rule(data=st.data())
     def finish(self, data: st.DataObject) -> None:
-        """A request finishes or is aborted (``free`` or deferred free)."""
+        """A request finishes or is aborted (``free`` or deferred free), or a
+        running one is preempted for a more urgent request (priority
+        scheduling): it waits again and is re-admitted through a prefix lookup."""
         rid = data.draw(st.sampled_from(sorted(self.reqs)))
+        if rid in self.running and data.draw(st.sampled_from(("finish", "finish", "preempt"))) == "preempt":
+            self._preempt(rid, data)
+            return
         if rid in self.running and data.draw(st.booleans()):
             self._call({"op": "remove_skipped_blocks", "rid": rid, "total_computed_tokens": self.reqs[rid].computed})
         self._finish(rid, data)
@@ -399,18 +493,26 @@ class SchedulerMachine(RuleBasedStateMachine):
         self._call({"op": "free_blocks", "block_ids": list(reversed(blocks))})
 
     @precondition(lambda self: self.lock is not None)
-    @rule()
-    def new_step(self) -> None:
-        """A scheduler step begins (always enabled; a no-op once a known
-        divergence has stopped the comparison)."""
-        if self.live:
-            self._call({"op": "new_step_starts"})
+    @rule(data=st.data(), which=st.sampled_from(STEP_EXTRAS))
+    def new_step(self, data: st.DataObject, which: str) -> None:
+        """A scheduler step begins; the scheduler may then drain events or
+        fresh block ids or read statistics or usage, a KV connector may report
+        blocks whose contents were lost, or the prefix cache may be reset
+        (which fails while blocks are in use). Always enabled; a no-op once a
+        known divergence has stopped the comparison.
 
-    @precondition(lambda self: self.live)
-    @rule(which=st.sampled_from(["take_events", "take_new_block_ids", "make_prefix_cache_stats", "usage"]))
-    def drain(self, which: str) -> None:
-        """Events, fresh block ids, statistics, usage."""
-        self._call({"op": which})
+        NOTE: these were four rules. As one (always enabled) rule they leave
+        more of a run to the scheduling rules, and cache loss (eviction,
+        reset) no longer wipes out most prefix hits before they happen.
+        """
+        if not self.live:
+            return
+        self._call({"op": "new_step_starts"})
+        if which == "evict_blocks":
+            ids = data.draw(st.lists(st.integers(0, self.cfg.num_blocks - 1), max_size=3))
+            self._call({"op": "evict_blocks", "block_ids": ids})
+        elif which:
+            self._call({"op": which})
 
     @precondition(lambda self: self.live and bool(self.running))
     @rule(data=st.data())
@@ -424,25 +526,21 @@ class SchedulerMachine(RuleBasedStateMachine):
         """Read a request's block ids."""
         self._call({"op": "get_block_ids", "rid": data.draw(st.sampled_from(sorted(self.reqs)))})
 
-    @precondition(lambda self: self.live)
-    @rule(data=st.data())
-    def evict(self, data: st.DataObject) -> None:
-        """A KV connector reports blocks whose contents were lost."""
-        ids = data.draw(st.lists(st.integers(0, self.cfg.num_blocks - 1), max_size=3))
-        self._call({"op": "evict_blocks", "block_ids": ids})
-
-    @precondition(lambda self: self.live)
-    @rule()
-    def reset(self) -> None:
-        """Reset the prefix cache (fails while blocks are in use)."""
-        self._call({"op": "reset_prefix_cache"})
-
     # -- invalid operations: every side must reject them and change nothing ---
 
     @precondition(lambda self: self.live and bool(self.reqs))
-    @rule(data=st.data(), kind=st.sampled_from(["negative", "zero", "too_long", "groups", "running_hit"]))
+    @rule(
+        data=st.data(),
+        kind=st.sampled_from(["negative", "zero", "too_long", "groups", "running_hit", "stale_hit", "foreign_hit"]),
+    )
     def invalid_allocate(self, data: st.DataObject, kind: str) -> None:
         """allocate_slots with a broken argument."""
+        if kind == "stale_hit":
+            self._stale_hit()
+            return
+        if kind == "foreign_hit":
+            self._foreign_group_hit(data)
+            return
         rid = data.draw(st.sampled_from(sorted(self.reqs)))
         op: Json = {"op": "allocate_slots", "rid": rid, "num_new_tokens": 1}
         if kind == "negative":
@@ -462,10 +560,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             op["new_computed_blocks"] = found["blocks"]
         self._call(op, expect_unchanged=True)
 
-    @precondition(lambda self: self.live and bool(self.waiting))
-    @rule()
-    def stale_hit(self) -> None:
+    def _stale_hit(self) -> None:
         """Hits evicted between lookup and allocation must be rejected."""
+        if not self.waiting:
+            return
         rid = self.waiting[0]
         if self.reqs[rid].computed:
             return
@@ -478,10 +576,10 @@ class SchedulerMachine(RuleBasedStateMachine):
               "num_new_computed_tokens": found["num_tokens"], "new_computed_blocks": found["blocks"]}  # fmt: skip
         self._call(op, expect_unchanged=True)
 
-    @precondition(lambda self: self.live and bool(self.waiting) and len(self.cfg.groups) > 1)
-    @rule(data=st.data())
-    def foreign_group_hit(self, data: st.DataObject) -> None:
+    def _foreign_group_hit(self, data: st.DataObject) -> None:
         """A hit list carrying a block of another group must be rejected."""
+        if not self.waiting or len(self.cfg.groups) < 2:
+            return
         rid = self.waiting[0]
         if self.reqs[rid].computed:
             return
@@ -509,9 +607,7 @@ class SchedulerMachine(RuleBasedStateMachine):
               "num_new_computed_tokens": found["num_tokens"], "new_computed_blocks": hits}  # fmt: skip
         self._call(op, expect_unchanged=True)
 
-    @precondition(lambda self: self.live)
-    @rule(kind=st.sampled_from(["blocks", "block_size", "window", "watermark", "hash", "eagle_group", "sink"]))
-    def invalid_config(self, kind: str) -> None:
+    def _invalid_config(self, kind: str) -> None:
         """A broken configuration is rejected with ConfigError before any manager exists."""
         cfg, first = self.cfg, self.cfg.groups[0]
         bad: dict[str, Any]
@@ -533,9 +629,14 @@ class SchedulerMachine(RuleBasedStateMachine):
         raise AssertionError(f"config with {bad} was accepted")
 
     @precondition(lambda self: self.live)
-    @rule(data=st.data(), kind=st.sampled_from(["double_free", "bad_evict", "unknown_prefix", "cache_beyond"]))
+    @rule(
+        data=st.data(), kind=st.sampled_from(["double_free", "bad_evict", "unknown_prefix", "cache_beyond", "config"])
+    )
     def invalid_other(self, data: st.DataObject, kind: str) -> None:
-        """Other caller errors."""
+        """Other caller errors, and broken configurations."""
+        if kind == "config":
+            self._invalid_config(data.draw(st.sampled_from(BAD_CONFIGS)))
+            return
         if kind == "double_free":
             held = sorted({b for r in self.reqs for b in self._held(r)})
             if not held:

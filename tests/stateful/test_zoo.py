@@ -9,7 +9,8 @@ import pytest
 
 from kvref.adapters import load_factory
 from kvref.cli import main
-from kvref.zoo import ZOO
+from kvref.lockstep import Lockstep, LockstepFailure, RunStats
+from kvref.zoo import ZOO, run_entry
 from kvspec.config import CrossAttention, FullAttention, KVCacheConfig, Mamba, SlidingWindow
 
 CONFIGS = (
@@ -33,10 +34,38 @@ def test_entry_constructs(name: str) -> None:
         adapter.to_view()
 
 
-@pytest.mark.parametrize("name", ["constant_none_hash", "unhashed_freed_to_tail", "cross_attn_batch_budget"])
+@pytest.mark.parametrize("name", ["constant_none_hash", "unhashed_freed_to_tail", "cache_salt_dropped"])
 def test_kit_kills(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """kvref check fails on the mutant and leaves a shrunk trace."""
     monkeypatch.setenv("KVREF_FAILURE_DIR", str(tmp_path))
     argv = ["check", "--target", f"kvref.zoo:{name}", "--against", "spec", "--profile", "dev", "--seed", "0"]
     assert main(argv) == 1
     assert list(tmp_path.glob("failure-*.jsonl"))
+
+
+def test_runner_row() -> None:
+    """The runner reports hunt and shrink time separately and counts both against the budget."""
+    row = run_entry(ZOO["constant_none_hash"], budget=60, seed=0, profile="ci")
+    assert row["killed"] and row["trace_length"] and row["steps"]
+    assert row["hunt_seconds"] + row["shrink_seconds"] == pytest.approx(row["seconds"], abs=0.2)
+    assert row["within_budget"] == (row["seconds"] <= 60)
+
+
+def test_hits_touched_per_group_is_killable(tmp_path: Path) -> None:
+    """The hand-built history that kills ``hits_touched_per_group`` (the ci hunt does not reach it):
+    a and y fill the pool and are freed, a first; b extends a and loads 3 tokens through the connector,
+    so group 0's allocation pops group 1's still-free hit block unless every hit is touched first."""
+    cfg = KVCacheConfig(num_blocks=17, groups=(FullAttention(2), SlidingWindow(2, 16)), max_model_len=32)
+    lock = Lockstep(cfg, [load_factory("spec"), load_factory("kvref.zoo:hits_touched_per_group")], RunStats(), tmp_path)
+    a = [1, 2, 3, 0, 1, 2, 3, 0]
+    for rid, prompt in (("a", a), ("y", [0] * 8)):
+        lock.request_op({"op": "add_request", "rid": rid, "prompt": prompt})
+        lock.call({"op": "allocate_slots", "rid": rid, "num_new_tokens": 8})
+    lock.call({"op": "free", "rid": "a"})
+    lock.call({"op": "free", "rid": "y"})
+    lock.request_op({"op": "add_request", "rid": "b", "prompt": [*a, 3, 3, 3, 3]})
+    hit = lock.call({"op": "get_computed_blocks", "rid": "b"})
+    op = {"op": "allocate_slots", "rid": "b", "num_new_tokens": 1, "num_new_computed_tokens": hit["num_tokens"],
+          "new_computed_blocks": hit["blocks"], "num_external_computed_tokens": 3}  # fmt: skip
+    with pytest.raises(LockstepFailure, match="views differ after allocate_slots"):
+        lock.call(op)
