@@ -483,6 +483,22 @@ class SchedulerMachine(RuleBasedStateMachine):
             self._call({"op": "remove_skipped_blocks", "rid": rid, "total_computed_tokens": self.reqs[rid].computed})
         self._finish(rid, data)
 
+    @precondition(lambda self: self.live and len(self.running) >= 2)
+    @rule()
+    def drain(self) -> None:
+        """Every running request finishes in the same step, oldest first (the
+        end of a burst): their blocks go back to the free queue in that order,
+        so a later request that continues the oldest one (the next turn of a
+        chat) finds its hits at the head of the queue, first in line for
+        eviction by any fresh allocation."""
+        assert self.lock is not None
+        for rid in list(self.running):
+            st_ = self.reqs.pop(rid)
+            if st_.reusable:
+                self._remember(list(self.lock.book.requests[rid].all_token_ids), st_.extra)
+            self.running.remove(rid)
+            self._call({"op": "free", "rid": rid})
+
     @precondition(lambda self: self.live and bool(self.pending))
     @rule(data=st.data())
     def deferred_free(self, data: st.DataObject) -> None:

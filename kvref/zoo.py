@@ -408,9 +408,9 @@ def unscaled_hash_block_size(config: KVCacheConfig) -> ImplAdapter:
     "connector tokens, so one group's fresh blocks can evict another group's still-free hit",
     "view diff when one group's connector-token allocation pops another group's still-free hit block. It needs a "
     "pool with no never-used block left, the hit request's blocks at the head of the free queue (freed before "
-    "other requests), and a request that extends it with connector tokens; a hand-built 9-step trace (a and y "
-    "fill the pool, both are freed, b = a plus 4 tokens with 3 external; tests/stateful/test_zoo.py) kills it, but "
-    "the ci hunt at seed 0 does not reach that state within 60 s (99.5k steps)",
+    "other requests), and a request that extends it with connector tokens: the machine's drain rule (every running "
+    "request finishes in one step, oldest first) sets this up; a hand-built 9-step trace in tests/stateful/"
+    "test_zoo.py kills it too",
 )
 def hits_touched_per_group(config: KVCacheConfig) -> ImplAdapter:
     """Touch and external allocation interleaved per group."""
