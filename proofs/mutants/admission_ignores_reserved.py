@@ -3,8 +3,8 @@ check, so an admitted request can eat the blocks the caller set aside."""
 
 from __future__ import annotations
 
-from kvspec.kv_cache_manager import _WATERMARKED, KVCacheManager, tables_cover_slots
 from kvspec.invariants import require
+from kvspec.kv_cache_manager import _WATERMARKED, KVCacheManager, tables_cover_slots
 from kvspec.request import Request
 from kvspec.view import BlockIds
 
