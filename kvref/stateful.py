@@ -132,13 +132,30 @@ def _kind(name: str, bs: int, window: int, spec_blocks: int) -> AttentionKind:
     return Mamba(bs, "align" if name == "mamba-align" else "all", spec_blocks)
 
 
+FULL_TYPE_NAMES = frozenset({"full", "full@2x", "mla", "sink"})
+"""Kind names :func:`_kind` maps to full-attention-type kinds."""
+
+
+def shape_weight(shape: Shape) -> int:
+    """How many times :func:`configs` counts ``shape`` when it draws one.
+
+    Shapes with three or more kinds count three times: only they make the
+    hybrid hit search iterate (a two-kind hybrid with full attention first
+    stops after one pass). Shapes with two distinct kinds outside full
+    attention count six times: only there does the search come back to a
+    non-full group after another one shortened the hit, the path where an
+    EAGLE group must not drop its look-ahead block a second time.
+    """
+    kinds = set(shape.kinds)
+    if len(kinds - FULL_TYPE_NAMES) >= 2:
+        return 6
+    return 3 if len(kinds) >= 3 else 1
+
+
 @st.composite
 def configs(draw: st.DrawFn, shapes: Sequence[Shape] = SHAPES) -> tuple[str, KVCacheConfig]:
     """A named configuration: group mix, sizes, caching, EAGLE, watermark, events."""
-    # Shapes with three or more kinds count three times: only they make the hybrid
-    # hit search iterate (a two-kind hybrid with full attention first stops
-    # after one pass).
-    shape = draw(st.sampled_from([s for s in shapes for _ in range(3 if len(set(s.kinds)) >= 3 else 1)]))
+    shape = draw(st.sampled_from([s for s in shapes for _ in range(shape_weight(s))]))
     bs = draw(st.sampled_from([2, 4]))
     window = draw(st.integers(1, 3 * bs))
     eagle = shape.eagle_ok and draw(st.sampled_from([False, True, True]))

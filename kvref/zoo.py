@@ -340,9 +340,10 @@ def unhashed_freed_to_tail(config: KVCacheConfig) -> ImplAdapter:
     "vllm#33270 (closed PR; the bug it describes)",
     "the hybrid fixed-point hit search drops the EAGLE look-ahead block on every pass, not once per candidate "
     "length, so hits shrink by a block per iteration",
-    "get_computed_blocks output; needs a hybrid hit search that iterates (three kinds, e.g. full+mla+swa) with "
-    "EAGLE and a group that shortens the hit; a hunt restricted to the four three-kind shapes found it after 39k "
-    "steps (a re-admission after preemption)",
+    "get_computed_blocks output; needs a hybrid hit search that comes back to an EAGLE sliding-window group after "
+    "another non-full group shortened the hit (only full+swa+swa2 has two): the machine draws shapes with two "
+    "non-full kinds six times as often since this entry (seed 0 kills it at step 21k, seed 2 at 66k, seed 1 not "
+    "within 60 s); the directed trace eagle-repass kills it in one replay",
 )
 def eagle_drop_every_pass(config: KVCacheConfig) -> ImplAdapter:
     """EAGLE groups drop their extra block on every fixed-point iteration."""
