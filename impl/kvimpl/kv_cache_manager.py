@@ -37,6 +37,7 @@ from kvimpl.invariants import require
 from kvimpl.kv_cache_coordinator import GroupBlocks, make_coordinator
 from kvimpl.single_type_kv_cache_manager import SingleTypeKVCacheManager
 from kvspec.config import (
+    FULL_TYPE_KINDS,
     ChunkedLocal,
     CrossAttention,
     KVCacheConfig,
@@ -550,6 +551,13 @@ class KVCacheManager:
         for b in (b for ids in hits for b in ids):
             if not 0 <= b < self.config.num_blocks:
                 raise InvalidBlockIdError(f"allocate_slots: hit block id {b} is outside the pool")
+        if not self.enable_caching:
+            raise StaleHitError(f"allocate_slots: prefix caching is off, so request {rid!r} can have no hit")
+        for g, kind in enumerate(self.config.groups):
+            if isinstance(kind, FULL_TYPE_KINDS) and NULL_BLOCK in hits[g]:
+                raise StaleHitError(
+                    f"allocate_slots: the null block in group {g}'s hit: a full-attention hit never contains it"
+                )
         hbs = self.coordinator.hash_block_size
         fine, bh = request.block_hashes, self.block_pool.block_hash
         for g, (kind, ids) in enumerate(zip(self.config.groups, hits, strict=True)):

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from kvspec.config import (
+    FULL_TYPE_KINDS,
     MLA,
     AttentionKind,
     ChunkedLocal,
@@ -646,6 +647,14 @@ class VllmAdapter:
             return
         for group in hits:
             self._check_block_ids(group)
+        # vLLM asserts on hits with caching off and accepts a null block in a
+        # full-attention hit (leaving a table no hit search could produce): both are
+        # caller errors in the protocol (kvspec's _validate_hits).
+        if not self.config.enable_caching:
+            raise StaleHitError(f"request {rid!r}: prefix caching is off, so it can have no hit")
+        for g, kind in enumerate(self.config.groups):
+            if isinstance(kind, FULL_TYPE_KINDS) and 0 in hits[g]:
+                raise StaleHitError(f"request {rid!r}: the null block in group {g}'s full-attention hit")
         blocks = self._pool.blocks
         make_key = self._v.ku.make_block_hash_with_group_id
         for g, group in enumerate(hits):

@@ -45,10 +45,14 @@ class UnexpectedPrefixHitError(KVCacheError):
 
 
 class StaleHitError(KVCacheError):
-    """A hit block is no longer cached under the hash the request expects.
+    """A hit block is no longer cached under the hash the request expects,
+    or is one ``get_computed_blocks`` can never return.
 
     Hits are not pinned by ``get_computed_blocks``; anything that evicts them
-    before ``allocate_slots`` makes the hit invalid.
+    before ``allocate_slots`` makes the hit invalid. No hit is valid with
+    prefix caching off, and the null block is never part of a full-attention
+    hit (only leading, skipped positions of sliding-window, chunked-local and
+    Mamba hits are null).
     """
 
 

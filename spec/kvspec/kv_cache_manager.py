@@ -14,7 +14,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from kvspec.block_pool import NULL_BLOCK, BlockId
-from kvspec.config import CrossAttention, KVCacheConfig, Mamba, event_sliding_window, kind_name
+from kvspec.config import (
+    FULL_TYPE_KINDS,
+    CrossAttention,
+    KVCacheConfig,
+    Mamba,
+    event_sliding_window,
+    kind_name,
+)
 from kvspec.errors import (
     CacheBeyondAllocationError,
     DoubleFreeError,
@@ -345,6 +352,13 @@ class KVCacheManager:
         for b in (b for ids in hits for b in ids):
             if not 0 <= b < self.config.num_blocks:
                 raise InvalidBlockIdError(f"allocate_slots: hit block id {b} is outside the pool")
+        if not self.config.enable_caching:
+            raise StaleHitError(f"allocate_slots: prefix caching is off, so request {rid!r} can have no hit")
+        for g, kind in enumerate(self.config.groups):
+            if isinstance(kind, FULL_TYPE_KINDS) and NULL_BLOCK in hits[g]:
+                raise StaleHitError(
+                    f"allocate_slots: the null block in group {g}'s hit: a full-attention hit never contains it"
+                )
         hbs = self.coordinator.hash_block_size
         for g, (kind, ids) in enumerate(zip(self.config.groups, hits, strict=True)):
             divisible = kind.block_size % hbs == 0
