@@ -32,11 +32,14 @@ replay() {  # replay GLOB TARGET
 }
 timed "replay golden (spec)" replay 'traces/golden/*.jsonl' spec
 timed "replay divergences (spec)" replay 'traces/divergences/*.jsonl' spec
+timed "replay directed (spec)" replay 'traces/directed/*.jsonl' spec
 timed "replay golden (impl)" replay 'traces/golden/*.jsonl' impl
+timed "replay directed (impl)" replay 'traces/directed/*.jsonl' impl
 timed "replay divergences (impl)" replay 'traces/divergences/*.jsonl' impl
 if python -c "from kvref.adapters.vllm_adapter import vllm_available as a; raise SystemExit(0 if a() else 1)"; then
     timed "replay golden (vllm)" replay 'traces/golden/*.jsonl' vllm
     timed "replay divergences (vllm)" replay 'traces/divergences/*.jsonl' vllm
+    timed "replay directed (vllm)" replay 'traces/directed/*.jsonl' vllm
 else
     echo "==> replay against vllm: skipped (vLLM 0.25.1 is not installed)"
 fi

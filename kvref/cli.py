@@ -1,4 +1,4 @@
-"""The ``kvref`` command: ``check``, ``replay`` and ``traces record``."""
+"""The ``kvref`` command: ``check``, ``bench``, ``mutants``, ``replay``, ``traces record`` and ``traces directed``."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from kvref.adapters import AdapterFactory, KVCacheAdapter, load_factory
+from kvref.directed import build_parser as build_directed_parser
+from kvref.directed import write_all as write_directed
 from kvref.lockstep import RunStats
 from kvref.mutants import build_parser as build_mutants_parser
 from kvref.mutants import run as run_mutants
@@ -68,6 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep.add_argument("--target", default="spec")
     traces = sub.add_parser("traces", help="trace corpus tools")
     tsub = traces.add_subparsers(dest="traces_command", required=True)
+    build_directed_parser(
+        tsub.add_parser("directed", help="record the directed scenarios (kvref/directed.py) on the spec")
+    )
     rec = tsub.add_parser("record", help="record traces from lockstep runs")
     rec.add_argument("--out", type=Path, required=True)
     rec.add_argument("--count", type=int, default=50)
@@ -95,6 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_bench(args)
     if args.command == "mutants":
         return run_mutants(args)
+    if args.traces_command == "directed":
+        return write_directed(args.out, args.check)
     return cmd_record(args)
 
 

@@ -38,6 +38,18 @@ from kvspec.view import BlockIds
 
 Json = Any
 REQUEST_OPS = ("add_request", "append_tokens", "set_request")
+ALLOCATE_KEYS = (
+    "num_new_computed_tokens",
+    "new_computed_blocks",
+    "num_lookahead_tokens",
+    "num_external_computed_tokens",
+    "delay_cache_blocks",
+    "num_encoder_tokens",
+    "full_sequence_must_fit",
+    "reserved_blocks",
+    "has_scheduled_reqs",
+)
+"""Optional keyword arguments of ``allocate_slots``, in the protocol's order."""
 KIND_CLASSES: dict[str, type] = {
     c.__name__: c for c in (FullAttention, MLA, SinkFullAttention, SlidingWindow, ChunkedLocal, Mamba, CrossAttention)
 }
@@ -90,20 +102,12 @@ def _execute(a: KVCacheAdapter, book: RequestBook, op: Json) -> Json:
         return {"blocks": ids_to_json(blocks), "num_tokens": n}
     if name == "allocate_slots":
         assert req is not None
-        hits = op.get("new_computed_blocks")
-        out = a.allocate_slots(
-            req,
-            op["num_new_tokens"],
-            num_new_computed_tokens=op.get("num_new_computed_tokens", 0),
-            new_computed_blocks=None if hits is None else tuple(tuple(g) for g in hits),
-            num_lookahead_tokens=op.get("num_lookahead_tokens", 0),
-            num_external_computed_tokens=op.get("num_external_computed_tokens", 0),
-            delay_cache_blocks=op.get("delay_cache_blocks", False),
-            num_encoder_tokens=op.get("num_encoder_tokens", 0),
-            full_sequence_must_fit=op.get("full_sequence_must_fit", False),
-            reserved_blocks=op.get("reserved_blocks", 0),
-            has_scheduled_reqs=op.get("has_scheduled_reqs", True),
-        )
+        # A key the operation leaves out is not passed: the adapter's default
+        # applies, and the defaults are part of the protocol (KVCacheAdapter).
+        kwargs = {k: op[k] for k in ALLOCATE_KEYS if k in op}
+        if kwargs.get("new_computed_blocks") is not None:
+            kwargs["new_computed_blocks"] = tuple(tuple(g) for g in kwargs["new_computed_blocks"])
+        out = a.allocate_slots(req, op["num_new_tokens"], **kwargs)
         return None if out is None else ids_to_json(out)
     if name == "cache_blocks":
         assert req is not None

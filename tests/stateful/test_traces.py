@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvref.adapters import load_factory
+from kvref.directed import write_all
 from kvref.ops import REQUEST_OPS
 from kvref.traces import Trace, load, replay
 
@@ -68,3 +69,22 @@ def test_divergence_trace_replays_on_spec(path: Path) -> None:
     assert -1 <= trace.meta["divergence_step"] < len(trace.steps)
     result = replay(trace, load_factory("spec"), str(path))
     assert result.ok, result.message
+
+
+DIRECTED = sorted((ROOT / "traces" / "directed").glob("*.jsonl"))
+
+
+def test_directed_traces_are_current(capsys: pytest.CaptureFixture[str]) -> None:
+    """The committed directed traces are what ``kvref traces directed`` records now."""
+    assert len(DIRECTED) >= 100
+    assert write_all(ROOT / "traces" / "directed", check=True) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("target", ["spec", "impl"])
+def test_directed_traces_replay(target: str) -> None:
+    failures = []
+    for path in DIRECTED:
+        result = replay(load(path), load_factory(target), str(path))
+        if not result.ok:
+            failures.append(f"{path.name}: step {result.failed_step}: {result.message}")
+    assert not failures, failures
