@@ -251,7 +251,8 @@ def stage(work: Path, modules: Sequence[str], fresh: bool) -> bool:
         if copied.exists() and not copied.with_name(f"{m}.py.meta").exists():
             copied.unlink()
             (work / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
-    test = _fingerprint([tests])
+    # The kill test reads the trace corpora from the repository: they are part of it.
+    test = _fingerprint([tests, ROOT / "traces" / "golden", ROOT / "traces" / "directed"])
     tests_changed = test_stamp.exists() and test_stamp.read_text() != test
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for source, target in ((src, work / "src" / "kvimpl"), (tests, work / "tests" / "mutation")):
@@ -276,7 +277,7 @@ def stage(work: Path, modules: Sequence[str], fresh: bool) -> bool:
 def _fingerprint(paths: Sequence[Path]) -> str:
     digest = hashlib.sha256()
     for base in paths:
-        files = [base] if base.is_file() else sorted(p for p in base.rglob("*.py") if "__pycache__" not in p.parts)
+        files = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.suffix in (".py", ".jsonl"))
         for path in files:
             digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()

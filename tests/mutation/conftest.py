@@ -6,5 +6,9 @@ import pytest
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Golden replays first, then batched and device replays, then lockstep runs; each in shape order (stable)."""
-    items.sort(key=lambda item: 0 if item.name.startswith("test_golden_replay") else 1)
+    """Directed replays and API edges first, then golden replays, then the other replays, then lockstep runs.
+
+    The sort is stable: within a stage, shape order.
+    """
+    first = ("test_directed_replay", "test_api_edges", "test_golden_replay")
+    items.sort(key=lambda item: next((i for i, name in enumerate(first) if item.name.startswith(name)), len(first)))
