@@ -10,6 +10,7 @@ import pytest
 from kvref.adapters import load_factory
 from kvref.cli import main
 from kvref.lockstep import Lockstep, LockstepFailure, RunStats
+from kvref.traces import load, replay
 from kvref.zoo import ZOO, run_entry
 from kvspec.config import CrossAttention, FullAttention, KVCacheConfig, Mamba, SlidingWindow
 
@@ -77,3 +78,26 @@ def test_hits_touched_per_group_is_killable(tmp_path: Path) -> None:
           "new_computed_blocks": hit["blocks"], "num_external_computed_tokens": 3}  # fmt: skip
     with pytest.raises(LockstepFailure, match="views differ after allocate_slots"):
         lock.call(op)
+
+
+DIRECTED_KILLS = (
+    "touch_before_capacity_check",
+    "double_free_in_call",
+    "wrong_num_cached_blocks",
+    "cross_attn_batch_budget",
+    "unhashed_freed_to_tail",
+    "eagle_drop_every_pass",
+    "unscaled_hash_block_size",
+    "removed_event_per_copy",
+    "full_hit_keeps_last_block",
+    "eagle_window_drops_last",
+)
+"""Zoo entries the directed traces (traces/directed) catch without any search."""
+
+
+@pytest.mark.parametrize("name", DIRECTED_KILLS)
+def test_directed_traces_kill(name: str) -> None:
+    """Replaying the directed traces against the mutant fails on at least one of them."""
+    paths = sorted((Path(__file__).resolve().parents[2] / "traces" / "directed").glob("*.jsonl"))
+    factory = load_factory(f"kvref.zoo:{name}")
+    assert any(not replay(load(p), factory, str(p)).ok for p in paths), f"no directed trace catches {name}"
