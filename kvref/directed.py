@@ -220,7 +220,8 @@ def _watermark_waiting_again(s: Script) -> None:
     s.add("a", range(16))
     s.call({"op": "allocate_slots", "rid": "a", "num_new_tokens": 16, "num_lookahead_tokens": 16})
     s.add("b", range(100, 148))
-    s.admit("b")
+    s.request({"op": "set_request", "rid": "b", "status": "RUNNING"})  # a running request's chunk
+    s.call({"op": "allocate_slots", "rid": "b", "num_new_tokens": 48})
     s.call({"op": "allocate_slots", "rid": "a", "num_new_tokens": 16})
     s.call({"op": "allocate_slots", "rid": "a", "num_new_tokens": 16, "has_scheduled_reqs": False})
 
@@ -314,10 +315,27 @@ def _cache_and_skip_edges(s: Script) -> None:
         s.call({"op": "cache_blocks", "rid": "a", "num_computed_tokens": k})
     s.call({"op": "remove_skipped_blocks", "rid": "a", "total_computed_tokens": 0})
     s.call({"op": "remove_skipped_blocks", "rid": "a", "total_computed_tokens": -1})
+    s.add("b", range(40))
+    s.call({"op": "allocate_slots", "rid": "b", "num_new_tokens": 16, "delay_cache_blocks": True})
+    s.call({"op": "cache_blocks", "rid": "b", "num_computed_tokens": 40})  # past b's one-block table
+    s.call({"op": "cache_blocks", "rid": "b", "num_computed_tokens": 16})
     s.call({"op": "free_blocks", "block_ids": [n]})
     s.call({"op": "free_blocks", "block_ids": [n - 1]})
     s.call({"op": "evict_blocks", "block_ids": [n]})
     s.free("a")
+
+
+def _negative_counts(s: Script) -> None:
+    s.add("a", range(20))
+    base = {"op": "allocate_slots", "rid": "a", "num_new_tokens": 4}
+    for key in ("num_new_tokens", "num_new_computed_tokens", "num_lookahead_tokens", "num_external_computed_tokens",
+                "num_encoder_tokens", "reserved_blocks"):  # fmt: skip
+        s.call({**base, key: -1})
+    s.request({"op": "set_request", "rid": "a", "num_computed_tokens": -1})
+    s.call(base)
+    s.request({"op": "set_request", "rid": "a", "num_computed_tokens": 0})
+    s.call({**base, "num_new_tokens": 0})
+    s.call({**base, "num_new_tokens": 0, "num_external_computed_tokens": 4, "delay_cache_blocks": True})
 
 
 def _defaults(s: Script) -> None:
@@ -532,6 +550,19 @@ def scenarios() -> list[Scenario]:
             "free_blocks / evict_blocks with id num_blocks",
             _cfg(full16, num_blocks=8),
             _cache_and_skip_edges,
+        ),
+        Scenario(
+            "negative-counts",
+            "every count of allocate_slots at -1 in turn, and a negative num_computed_tokens, is an "
+            "InvalidTokenCountError; zero new tokens only with connector tokens",
+            _cfg(FullAttention(4), SlidingWindow(4, 8), num_blocks=12),
+            _negative_counts,
+        ),
+        Scenario(
+            "refused-after-window-slide-mamba",
+            "as refused-after-window-slide, with a Mamba group without prefix caching",
+            _cfg(Mamba(4, "none", 0), SlidingWindow(4, 4), num_blocks=7, enable_caching=False),
+            _refused_after_window_slide,
         ),
         Scenario(
             "defaults",

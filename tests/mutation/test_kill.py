@@ -300,6 +300,8 @@ def test_api_edges() -> None:
         with pytest.raises(InvalidTokenCountError):
             impl.allocate_slots_batch(*args)
         assert impl.to_view().digest() == before, f"a refused batch {args} changed the state"
+    got = impl.allocate_slots_batch([b], [1])  # the look-ahead default: 0
+    assert got == [spec.allocate_slots(b, 1)], f"batch with the default look-ahead: {got}"
     got = impl.allocate_slots_batch([a, b, a], [1, 1, 1], 2)
     want = [spec.allocate_slots(r, 1, num_lookahead_tokens=2) for r in (a, b, a)]
     assert got == want, f"batch with an int look-ahead and a repeated request: {got} != {want}"
