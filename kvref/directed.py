@@ -307,6 +307,69 @@ def _hits_without_caching(s: Script) -> None:
     s.admit("a")
 
 
+def _rehit(s: Script) -> None:
+    """A prompt computed, decoded a little and freed; the same tokens hit again."""
+    s.add("a", range(30))
+    s.admit("a")
+    s.decode("a", 2, first_token=40)
+    s.free("a")
+    s.add("b", [*range(30), 40, 41])
+    s.admit("b")
+
+
+def _rehit_after_evicting(group: int, index: int) -> Callable[[Script], None]:
+    """As :func:`_rehit`, with one cached block of ``a`` (group, table index) evicted before the lookup."""
+
+    def script(s: Script) -> None:
+        s.add("a", range(25))
+        s.admit("a")
+        table = s.call({"op": "get_block_ids", "rid": "a"})[group]
+        s.free("a")
+        s.call({"op": "evict_blocks", "block_ids": [table[index]]})
+        s.add("b", [*range(25), 7])
+        s.admit("b")
+
+    return script
+
+
+def _running_gates(s: Script) -> None:
+    # reserved_blocks and full_sequence_must_fit on a running request whose
+    # table is already longer than the step needs (an earlier look-ahead).
+    s.add("a", range(8))
+    s.admit("a", lookahead=8)
+    s.request({"op": "append_tokens", "rid": "a", "tokens": [1]})
+    s.call({"op": "allocate_slots", "rid": "a", "num_new_tokens": 1, "reserved_blocks": 3})
+    s.call({"op": "allocate_slots", "rid": "a", "num_new_tokens": 1, "reserved_blocks": 1})
+
+
+def _running_full_sequence(s: Script) -> None:
+    s.add("a", range(40))
+    s.admit("a", new=8)
+    s.call({"op": "allocate_slots", "rid": "a", "num_new_tokens": 8, "full_sequence_must_fit": True})
+    s.call({"op": "allocate_slots", "rid": "a", "num_new_tokens": 8})
+
+
+def _one_token_prompts(s: Script) -> None:
+    s.add("a", [5])
+    s.admit("a")
+    s.decode("a", 2, first_token=6)
+    s.free("a")
+    s.add("b", [5])
+    s.admit("b")
+    s.add("c", [5, 6])
+    s.admit("c")
+
+
+def _cache_without_blocks(s: Script) -> None:
+    s.add("a", range(10))
+    s.admit("a")
+    s.add("b", range(10))
+    s.call({"op": "cache_blocks", "rid": "b", "num_computed_tokens": 0})
+    s.call({"op": "get_num_common_prefix_blocks", "rid": "a"})
+    s.admit("b")
+    s.call({"op": "get_num_common_prefix_blocks", "rid": "a"})
+
+
 def _cache_and_skip_edges(s: Script) -> None:
     n = s.config.num_blocks
     s.add("a", range(40))
@@ -550,6 +613,55 @@ def scenarios() -> list[Scenario]:
             "free_blocks / evict_blocks with id num_blocks",
             _cfg(full16, num_blocks=8),
             _cache_and_skip_edges,
+        ),
+        Scenario(
+            "rehit-window-ratio-3",
+            "a sliding-window group whose block size is a third of the scheduler block size: hit ends must align",
+            _cfg(FullAttention(12), SlidingWindow(4, 13), num_blocks=32),
+            _rehit,
+        ),
+        Scenario(
+            "rehit-window-ratio-3-eagle",
+            "as rehit-window-ratio-3 with EAGLE and window 5: which window blocks are worth caching",
+            _cfg(FullAttention(12), SlidingWindow(4, 5), num_blocks=32, use_eagle=True),
+            _rehit,
+        ),
+        Scenario(
+            "rehit-after-evicting-window-block",
+            "a hole in the cached window blocks (one evicted): the hit must end where a whole window is cached",
+            _cfg(FullAttention(8), SlidingWindow(4, 8), num_blocks=32),
+            _rehit_after_evicting(1, 5),
+        ),
+        Scenario(
+            "rehit-after-evicting-small-full-block",
+            "two full-attention groups, the second with half the block size, one of its blocks evicted: the hit "
+            "stays aligned to the scheduler block size",
+            _cfg(FullAttention(8), FullAttention(4), num_blocks=32),
+            _rehit_after_evicting(1, 1),
+        ),
+        Scenario(
+            "running-gates",
+            "reserved_blocks on a running request whose table is longer than the step needs",
+            _cfg(FullAttention(4), num_blocks=6, use_eagle=True),
+            _running_gates,
+        ),
+        Scenario(
+            "running-full-sequence",
+            "full_sequence_must_fit on a running sliding-window request: the per-request admission cap applies",
+            _cfg(SlidingWindow(4, 4), num_blocks=6, max_num_batched_tokens=8),
+            _running_full_sequence,
+        ),
+        Scenario(
+            "one-token-prompts",
+            "block size 1 and one-token prompts: a hit never covers the whole prompt",
+            _cfg(FullAttention(1), num_blocks=12),
+            _one_token_prompts,
+        ),
+        Scenario(
+            "cache-without-blocks",
+            "cache_blocks(0) for a request that holds no block leaves the common prefix alone",
+            _cfg(FullAttention(4), num_blocks=12),
+            _cache_without_blocks,
         ),
         Scenario(
             "negative-counts",
