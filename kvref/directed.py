@@ -307,14 +307,19 @@ def _hits_without_caching(s: Script) -> None:
     s.admit("a")
 
 
-def _rehit(s: Script) -> None:
-    """A prompt computed, decoded a little and freed; the same tokens hit again."""
-    s.add("a", range(30))
-    s.admit("a")
-    s.decode("a", 2, first_token=40)
-    s.free("a")
-    s.add("b", [*range(30), 40, 41])
-    s.admit("b")
+def _rehit(length: int, steps: int) -> Callable[[Script], None]:
+    """A prompt of ``length`` tokens computed, decoded ``steps`` times and freed;
+    its tokens and first two samples hit again."""
+
+    def script(s: Script) -> None:
+        s.add("a", range(length))
+        s.admit("a")
+        s.decode("a", steps, first_token=40)
+        s.free("a")
+        s.add("b", [*range(length), 40, 41])
+        s.admit("b")
+
+    return script
 
 
 def _rehit_after_evicting(group: int, index: int) -> Callable[[Script], None]:
@@ -438,15 +443,6 @@ def _eagle_repass(s: Script) -> None:
     s.step("r2", new=1)
     s.add("r3", [0] * 9)
     s.admit("r3")
-
-
-def _unitary_swa_eagle(s: Script) -> None:
-    s.add("a", range(9))
-    s.admit("a")
-    s.decode("a", 3, first_token=40)
-    s.free("a")
-    s.add("b", [*range(9), 40, 41])
-    s.admit("b")
 
 
 def _hit_lengths(s: Script) -> None:
@@ -618,13 +614,13 @@ def scenarios() -> list[Scenario]:
             "rehit-window-ratio-3",
             "a sliding-window group whose block size is a third of the scheduler block size: hit ends must align",
             _cfg(FullAttention(12), SlidingWindow(4, 13), num_blocks=32),
-            _rehit,
+            _rehit(30, 2),
         ),
         Scenario(
             "rehit-window-ratio-3-eagle",
             "as rehit-window-ratio-3 with EAGLE and window 5: which window blocks are worth caching",
             _cfg(FullAttention(12), SlidingWindow(4, 5), num_blocks=32, use_eagle=True),
-            _rehit,
+            _rehit(30, 2),
         ),
         Scenario(
             "rehit-after-evicting-window-block",
@@ -712,7 +708,7 @@ def scenarios() -> list[Scenario]:
             "unitary-swa-eagle-window-1",
             "one sliding-window group of window 1 with EAGLE: its blocks must be cached (the look-ahead needs them)",
             _cfg(SlidingWindow(2, 1), use_eagle=True),
-            _unitary_swa_eagle,
+            _rehit(9, 3),
         ),
     ]
     for name, groups, eagle in (
