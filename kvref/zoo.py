@@ -605,12 +605,17 @@ def extra_keys_concatenated(config: KVCacheConfig) -> ImplAdapter:
 )
 def lora_missing_from_hash(config: KVCacheConfig) -> ImplAdapter:
     """Block hashes computed as if no request had a LoRA adapter."""
+    return _keys_without(config, "lora_missing_from_hash", lora=None)
+
+
+def _keys_without(config: KVCacheConfig, name: str, **cleared: Any) -> ImplAdapter:
+    """kvimpl hashing blocks with the ``cleared`` fields of every request's extra-key source reset."""
     base = get_hash_fn_by_name(config.hash_function)
 
     def keys(src: ExtraKeySource, start: int, end: int, cursor: int) -> tuple[tuple[Any, ...] | None, int]:
-        return block_extra_keys(replace(src, lora=None), start, end, cursor)
+        return block_extra_keys(replace(src, **cleared), start, end, cursor)
 
-    return _RehashingAdapter(config, "lora_missing_from_hash", base, none_hash(base, config.hash_seed), keys)
+    return _RehashingAdapter(config, name, base, none_hash(base, config.hash_seed), keys)
 
 
 @_entry(
@@ -621,12 +626,7 @@ def lora_missing_from_hash(config: KVCacheConfig) -> ImplAdapter:
 )
 def cache_salt_dropped(config: KVCacheConfig) -> ImplAdapter:
     """Block hashes computed without the cache salt."""
-    base = get_hash_fn_by_name(config.hash_function)
-
-    def keys(src: ExtraKeySource, start: int, end: int, cursor: int) -> tuple[tuple[Any, ...] | None, int]:
-        return block_extra_keys(replace(src, cache_salt=None), start, end, cursor)
-
-    return _RehashingAdapter(config, "cache_salt_dropped", base, none_hash(base, config.hash_seed), keys)
+    return _keys_without(config, "cache_salt_dropped", cache_salt=None)
 
 
 @_entry(
