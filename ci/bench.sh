@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmark smoke check (issue 4, item 6): one short `kvref bench` run (one
+# Benchmark smoke check: one short `kvref bench` run (one
 # mix, a small workload, one repeat) that fails if any engine allocates
 # different block ids than the others. Not called from CI by default; the
 # timings it prints are informational only.

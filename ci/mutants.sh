@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Generic mutants of kvimpl (mutmut 3.8.1) against the lockstep kill test
-# (tests/mutation); writes docs/mutants.md and kvref-mutants.json.
+# (tests/tools/mutation); writes docs/reports/mutants.md and docs/reports/mutants.json.
 #
 #   ci/mutants.sh                                  # the four core modules, 1 worker, cached results reused
 #   ci/mutants.sh --fresh                          # drop mutmut's cache first (a full run)
@@ -10,4 +10,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
 [ -x "$PY" ] || PY=python
-exec "$PY" -m kvref.mutants "$@"
+exec "$PY" -m kvtools mutants "$@"

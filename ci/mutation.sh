@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Run kvref check against every mutant of the upstream bug zoo (kvref/zoo.py), then (if vLLM 0.25.1
-# is installed) against the faults planted into real vLLM (kvref/zoo_vllm.py), and write
-# docs/bug-zoo.md (kill table) and kvref-zoo.json.
+# Run kvref check against every mutant of the upstream bug zoo (tools/kvtools/zoo.py), then (if vLLM
+# is installed) against the faults planted into real vLLM (tools/kvtools/zoo_vllm.py), and write
+# docs/reports/bug-zoo.md (kill table) and docs/reports/zoo.json.
 #
 #   ci/mutation.sh                      # every entry, 60 s budget each (hunt + shrink), seed 0
 #   ci/mutation.sh touch_before_capacity_check   # only the named entries (kvimpl rows; others kept)
@@ -12,12 +12,12 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
 [ -x "$PY" ] || PY=python
 args=(--budget "${BUDGET:-60}" --seed "${SEED:-0}" --profile "${PROFILE:-ci}"
-      --json "${ZOO_JSON:-kvref-zoo.json}" --markdown "${ZOO_MD:-docs/bug-zoo.md}")
+      --json "${ZOO_JSON:-docs/reports/zoo.json}" --markdown "${ZOO_MD:-docs/reports/bug-zoo.md}")
 [ -n "${ZOO_NOTE:-}" ] && args+=(--note "$ZOO_NOTE")
 if [ "$#" -gt 0 ]; then
-    exec "$PY" -m kvref.zoo "${args[@]}" --update "$@"
+    exec "$PY" -m kvtools zoo "${args[@]}" --update "$@"
 fi
-"$PY" -m kvref.zoo "${args[@]}"
+"$PY" -m kvtools zoo "${args[@]}"
 if "$PY" -c "import vllm" 2>/dev/null; then
-    "$PY" -m kvref.zoo "${args[@]}" --vllm --update
+    "$PY" -m kvtools zoo "${args[@]}" --vllm --update
 fi

@@ -1,22 +1,22 @@
 #!/usr/bin/env bash
 # CrossHair proofs of kvspec's pure functions and bounded checks of its classes
 # (proofs/README.md), in two steps:
-#   proofs     KVREF_PROOFS=1 pytest tests/unit/test_proofs.py: holds (the spec's
-#              own contracts, proofs/holds harnesses and proofs/bounded checks:
+#   proofs     KVREF_PROOFS=1 pytest tests/proofs/test_proofs.py: holds (the spec's
+#              own contracts, proofs/kvproofs/holds harnesses and proofs/kvproofs/bounded checks:
 #              nothing refuted), mutants (refuted exactly as
-#              proofs/mutants/expected.txt says), diff (crosshair diffbehavior of
+#              proofs/kvproofs/mutants/expected.txt says), diff (crosshair diffbehavior of
 #              spec/kvimpl pairs ends as expected)
-#   crosshair  the pure-function property tests (tests/unit/test_formulas.py) on
+#   crosshair  the pure-function property tests (tests/spec/test_formulas.py) on
 #              the hypothesis-crosshair backend (HYPOTHESIS_PROFILE=crosshair)
 # Budgets are path counts, so results do not depend on the machine's speed;
-# each CrossHair condition also has a per-condition CPU timeout (proofs/run.py)
+# each CrossHair condition also has a per-condition CPU timeout (proofs/kvproofs/run.py)
 # and each step a wall-clock cap (480 s + 120 s, so 10 minutes at most).
 # Both steps run even if the first fails. Usage: bash ci/proofs.sh [--jobs N]
 set -uo pipefail
 # shellcheck source=ci/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-export PYTHONPATH="$KVREF_ROOT/spec:$KVREF_ROOT/impl:$KVREF_ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$KVREF_ROOT/spec:$KVREF_ROOT/impl:$KVREF_ROOT/kit:$KVREF_ROOT/proofs${PYTHONPATH:+:$PYTHONPATH}"
 if [[ "${1:-}" == "--jobs" && -n "${2:-}" ]]; then
     export KVREF_PROOFS_JOBS="$2"
 fi
@@ -36,11 +36,11 @@ step() {
 total_start=$SECONDS
 failed=()
 step proofs env KVREF_PROOFS=1 timeout 480 pytest -q -s -p no:cacheprovider --durations=0 \
-    tests/unit/test_proofs.py || failed+=(proofs)
+    tests/proofs/test_proofs.py || failed+=(proofs)
 # Without the provider the profile silently falls back to random testing; refuse that.
 if python -c "import hypothesis_crosshair_provider" 2>/dev/null; then
     step crosshair env HYPOTHESIS_PROFILE=crosshair timeout 120 pytest -q -p no:cacheprovider --durations=5 \
-        tests/unit/test_formulas.py || failed+=(crosshair)
+        tests/spec/test_formulas.py || failed+=(crosshair)
 else
     echo "==> proofs crosshair: hypothesis-crosshair is not installed (pip install -e '.[dev]')"
     failed+=(crosshair)

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from kvref.adapters import load_factory
-from kvref.adapters.spec_adapter import SpecAdapter
+from kvref.adapters.spec import SpecAdapter
 from kvref.traces import load, transcript
 from kvspec.block_pool import BlockId
 from kvspec.config import KVCacheConfig
@@ -31,11 +31,11 @@ GOLDEN = [
         "full",
         "full+mamba-align",
         "full+mamba-all",
-        "full@2x+mamba-align",
+        "full@2x+mamba-align@2x+swa",
         "full@2x+swa",
         "mla",
         "sink",
-        "cross",
+        "full+cross",
     )
 ]
 HASH_SEEDS = ("0", "12345")
@@ -57,7 +57,7 @@ def transcripts_in_process(target: str) -> str:
 
 def transcripts_in_subprocess(target: str, hash_seed: str, extra_path: str = "") -> str:
     """The same, computed by a fresh interpreter with ``PYTHONHASHSEED=hash_seed``."""
-    paths = [str(ROOT), str(ROOT / "spec"), str(ROOT / "impl"), extra_path, os.environ.get("PYTHONPATH", "")]
+    paths = [str(ROOT / "kit"), str(ROOT / "spec"), str(ROOT / "impl"), extra_path, os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     proc = subprocess.run(
         [sys.executable, "-c", SUBPROCESS_SCRIPT, target, *map(str, GOLDEN)],

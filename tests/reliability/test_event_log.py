@@ -16,7 +16,7 @@ from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvref.adapters import AdapterFactory
-from kvref.adapters.spec_adapter import SpecAdapter
+from kvref.adapters.spec import SpecAdapter
 from kvref.lockstep import EventLog, Lockstep, LockstepFailure, RunStats
 from kvref.stateful import MachineSetup, make_lockstep_machine
 from kvspec.config import FullAttention, KVCacheConfig

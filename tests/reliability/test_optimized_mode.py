@@ -30,7 +30,7 @@ except InvariantViolation as exc:
 
 def test_invariant_checks_survive_python_O() -> None:
     """A corrupted pool is reported under -O."""
-    paths = [str(ROOT), str(ROOT / "spec"), os.environ.get("PYTHONPATH", "")]
+    paths = [str(ROOT / "kit"), str(ROOT / "spec"), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     proc = subprocess.run(
         [sys.executable, "-O", "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=120, check=False

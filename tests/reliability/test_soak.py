@@ -7,8 +7,9 @@ import random
 import pytest
 
 from kvref.adapters import load_factory
-from kvref.adapters.spec_adapter import SpecAdapter
-from kvref.soak import SoakFailure, add_request, admit, leaked_blocks, main, new_lane, run_soak, soak_configs
+from kvref.adapters.spec import SpecAdapter
+from kvref.cli import main
+from kvref.soak import SoakFailure, add_request, admit, leaked_blocks, new_lane, run_soak, soak_configs
 from kvspec.block_pool import BlockId
 
 
@@ -58,7 +59,7 @@ def test_final_check_reports_held_blocks() -> None:
 
 
 def test_cli_prints_figures(capsys: pytest.CaptureFixture[str]) -> None:
-    """``python -m kvref.soak`` prints ops/s, leaked blocks and RSS."""
-    assert main(["--ops", "3000", "--rss-tolerance", "1.0"]) == 0
+    """``kvref soak`` prints ops/s, leaked blocks and RSS."""
+    assert main(["soak", "--ops", "3000", "--rss-tolerance", "1.0"]) == 0
     out = capsys.readouterr().out
     assert "ops/s" in out and "leaked blocks: 0" in out and "KiB at the end" in out

@@ -1,0 +1,144 @@
+"""Adapters: anything that behaves like vLLM 0.25.1's ``KVCacheManager``.
+
+An adapter is built from a :class:`kvspec.config.KVCacheConfig` by a factory
+and exposes the facade operations plus :meth:`to_view`. The conformance kit
+drives several adapters with the same operations and compares every output
+and view.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol, runtime_checkable
+
+from kvspec.config import KVCacheConfig
+from kvspec.events import KVCacheEvent
+from kvspec.request import Request
+from kvspec.stats import PrefixCacheStats
+from kvspec.view import BlockIds, KVView
+
+
+@runtime_checkable
+class KVCacheAdapter(Protocol):
+    """The facade of vLLM 0.25.1's ``KVCacheManager`` over plain values.
+
+    Block lists are block ids per group; requests are :class:`kvspec.request.Request`
+    values that the caller advances. Caller errors raise the classes of
+    :mod:`kvspec.errors` and leave the state unchanged.
+    """
+
+    name: str
+
+    def get_computed_blocks(self, request: Request) -> tuple[BlockIds, int]:
+        """Longest prefix-cache hit (no state change)."""
+        ...
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: BlockIds | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+    ) -> BlockIds | None:
+        """Blocks newly allocated per group, or None if they do not fit."""
+        ...
+
+    def free(self, request_id: str) -> None:
+        """Free every block of the request, each group's table reversed."""
+        ...
+
+    def pop_blocks_for_free(self, request_id: str) -> tuple[int, ...]:
+        """Drop the request's bookkeeping; return its blocks, groups concatenated."""
+        ...
+
+    def free_blocks(self, block_ids: Sequence[int]) -> None:
+        """Deferred free of popped blocks (upstream: ``block_pool.free_blocks``)."""
+        ...
+
+    def remove_skipped_blocks(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        """Free blocks no longer needed by attention (outside the window)."""
+        ...
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Drop the given blocks from the prefix cache, ascending id order."""
+        ...
+
+    def reset_prefix_cache(self) -> bool:
+        """Clear the prefix cache if only the null block is in use."""
+        ...
+
+    def get_num_common_prefix_blocks(self, request_id: str) -> tuple[int, ...]:
+        """Common-prefix block count per group."""
+        ...
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """Drain the event queue (BlockStored annotated with kind and window)."""
+        ...
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Hash the request's full blocks up to ``num_computed_tokens``."""
+        ...
+
+    def take_new_block_ids(self) -> list[int]:
+        """Drain the ids of fresh full-attention blocks."""
+        ...
+
+    def new_step_starts(self) -> None:
+        """A scheduler step begins."""
+        ...
+
+    def get_block_ids(self, request_id: str) -> BlockIds:
+        """The request's tables (empty per group if unknown)."""
+        ...
+
+    @property
+    def usage(self) -> float:
+        """Fraction of non-null blocks in use."""
+        ...
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """Take the prefix-cache statistics (None unless ``log_stats``)."""
+        ...
+
+    def to_view(self) -> KVView:
+        """The normalized observable state."""
+        ...
+
+
+AdapterFactory = Callable[[KVCacheConfig], KVCacheAdapter]
+
+
+def load_factory(target: str) -> AdapterFactory:
+    """Resolve ``spec``, ``impl``, ``vllm`` or ``module:factory`` to a factory.
+
+    Raises:
+        ValueError: For a malformed target or one that cannot be imported.
+    """
+    builtin = {
+        "spec": "kvref.adapters.spec:make_spec_adapter",
+        "vllm": "kvref.adapters.vllm_adapter:make_vllm_adapter",
+        "impl": "kvref.adapters.impl:make_impl_adapter",
+    }
+    path = builtin.get(target, target)
+    if ":" not in path:
+        raise ValueError(f"target {target!r} is not spec, impl, vllm or module:factory")
+    module_name, attr = path.split(":", 1)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import {module_name!r} for target {target!r}: {exc}") from exc
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ValueError(f"{module_name!r} has no callable {attr!r}")
+    result: AdapterFactory = factory
+    return result

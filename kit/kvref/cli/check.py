@@ -1,0 +1,120 @@
+"""``kvref check``: run the lockstep state machines against a reference."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from kvref.adapters import AdapterFactory, load_factory
+from kvref.check import MIN_STEPS, run_lockstep
+from kvref.lockstep import RunStats
+from kvref.settings import load_profile
+from kvref.shapes import SHAPES
+from kvref.stateful import MachineSetup, default_failure_dir
+from kvspec.config import FullAttention, KVCacheConfig
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``check`` on the subcommand parser ``sub``."""
+    check = sub.add_parser("check", help="run the lockstep state machines")
+    check.add_argument("--target", default=None, help="impl, spec, vllm or module:factory")
+    check.add_argument("--against", default=None, help="spec or vllm (default: vllm if installed)")
+    check.add_argument("--profile", default="dev", choices=sorted(MIN_STEPS))
+    check.add_argument("--seed", type=int, default=0)
+    check.add_argument("--budget", type=float, default=None, help="stop after this many seconds")
+    check.add_argument("--min-steps", type=int, default=None, help="override the profile's step goal")
+    check.set_defaults(run=run)
+
+
+def _vllm_installed() -> bool:
+    from kvref.adapters.vllm_adapter import vllm_available  # noqa: PLC0415 - imports vLLM lazily
+
+    return vllm_available()
+
+
+def _impl_present() -> bool:
+    try:
+        load_factory("impl")
+    except ValueError:
+        return False
+    return True
+
+
+def choose_targets(target: str | None, against: str | None) -> tuple[str, str | None, str]:
+    """Resolve defaults: kvimpl if present, else kvspec against real vLLM if
+    installed, else a kvspec self-check. Returns (target, against, why)."""
+    if target is None:
+        if _impl_present():
+            target, why = "impl", "kvimpl is present"
+        else:
+            target, why = "spec", "kvimpl is not built yet"
+    else:
+        why = "chosen on the command line"
+    if against is None:
+        if _vllm_installed() and target != "vllm":
+            against, why = "vllm", why + "; real vLLM is installed"
+        elif target != "spec":
+            against, why = "spec", why + "; vLLM is not installed, comparing with kvspec"
+        else:
+            why += "; vLLM is not installed: kvspec self-check (invariants, error contract)"
+    return target, against, why
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run lockstep batches until the step goal or the time budget is reached."""
+    console = Console(stderr=True)
+    target, against, why = choose_targets(args.target, args.against)
+    names = [n for n in (against, target) if n is not None]
+    factories: list[AdapterFactory] = [load_factory(n) for n in names]
+    for name, factory in zip(names, factories, strict=True):
+        try:
+            factory(KVCacheConfig(num_blocks=4, groups=(FullAttention(4),), max_model_len=16))
+        except Exception as exc:
+            console.print(f"[red]cannot construct adapter {name!r}[/]: {exc}")
+            return 2
+    console.print(f"kvref check: target [bold]{target}[/] against [bold]{against or '(none)'}[/] ({why})")
+    load_profile(args.profile)
+    goal = args.min_steps or MIN_STEPS[args.profile]
+    setup = MachineSetup(factories, RunStats(), default_failure_dir())
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"))
+    with Progress(*columns, TimeElapsedColumn(), console=console) as progress:
+        task = progress.add_task("lockstep", total=goal)
+        failure = run_lockstep(
+            setup, args.seed, goal, args.budget, lambda steps: progress.update(task, completed=min(steps, goal))
+        )
+    if failure is not None:
+        console.print(f"[red]unexplained divergence[/]: {failure}")
+    _report(setup.stats, target, against, console, failure is not None)
+    return 1 if failure is not None else 0
+
+
+def _report(stats: RunStats, target: str, against: str | None, console: Console, failed: bool) -> None:
+    elapsed = max(time.monotonic() - stats.started, 1e-9)
+    table = Table(title=f"kvref check: {target} vs {against or '(self)'}")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    table.add_row("steps run", str(stats.steps))
+    table.add_row("machine runs", str(stats.runs))
+    covered = sorted(stats.configs)
+    table.add_row("configurations covered", f"{len(covered)}/{len(SHAPES)}: {', '.join(covered)}")
+    table.add_row("invariant checks", str(stats.invariant_checks))
+    table.add_row("event-log checks", str(stats.event_log_checks))
+    kinds = ", ".join(sorted(stats.invalid_calls)) or "0"
+    table.add_row(
+        "invalid calls rejected", f"{sum(stats.invalid_calls.values())} ({len(stats.invalid_calls)} kinds: {kinds})"
+    )
+    table.add_row("invalid configs rejected", str(stats.invalid_configs))
+    known = ", ".join(f"{k} x{v}" for k, v in sorted(stats.known.items())) or "0"
+    table.add_row("divergences known", known)
+    table.add_row("divergences unexplained", "1" if failed else "0")
+    table.add_row("steps per second", f"{stats.steps / elapsed:.0f}")
+    Console().print(table)
+    if failed and stats.last_failure is not None:
+        n_ops = len(stats.last_failure.read_text().splitlines()) - 1
+        console.print(f"shrunk trace ({n_ops} operations): {stats.last_failure}")
+        console.print(f"replay it: kvref replay {stats.last_failure} --target {target}")

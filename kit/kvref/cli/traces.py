@@ -1,0 +1,68 @@
+"""``kvref traces record``: write traces of lockstep runs."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from hypothesis import settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from kvref.adapters import load_factory
+from kvref.check import SEED_STRIDE
+from kvref.hypothesis_compat import seed_machine
+from kvref.lockstep import RunStats
+from kvref.settings import load_profile
+from kvref.shapes import SHAPES
+from kvref.stateful import MachineSetup, default_failure_dir, make_lockstep_machine
+
+RECORD_BATCH_EXAMPLES = 20
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``traces record`` on the subcommand parser ``sub``."""
+    traces = sub.add_parser("traces", help="record traces")
+    tsub = traces.add_subparsers(dest="traces_command", required=True)
+    rec = tsub.add_parser("record", help="record traces from lockstep runs of the spec")
+    rec.add_argument("--out", type=Path, required=True)
+    rec.add_argument("--count", type=int, default=50)
+    rec.add_argument("--seed", type=int, default=0)
+    rec.add_argument("--also", default=None, help="keep only runs on which this adapter (e.g. vllm) agrees too")
+    rec.add_argument(
+        "--shape",
+        action="append",
+        choices=[s.name for s in SHAPES],
+        default=None,
+        help="record only this configuration shape (repeatable; default: every shape)",
+    )
+    rec.add_argument(
+        "--min-allocations",
+        type=int,
+        default=0,
+        help="keep only runs with at least this many successful allocate_slots calls",
+    )
+    rec.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Record ``--count`` traces from lockstep runs of the spec (optionally
+    kept only when ``--also`` agrees at every step), drawing configurations
+    from the ``--shape`` names only when any are given and keeping only runs
+    with ``--min-allocations`` successful ``allocate_slots`` calls."""
+    load_profile("dev")
+    factories = [load_factory("spec")] + ([load_factory(args.also)] if args.also else [])
+    shapes = SHAPES if not args.shape else tuple(s for s in SHAPES if s.name in args.shape)
+    setup = MachineSetup(factories, RunStats(), default_failure_dir(), shapes=shapes, record_dir=args.out)
+    setup.min_allocations, setup.record_limit = args.min_allocations, args.count
+    machine = make_lockstep_machine(setup)
+    batch = 0
+    while setup.recorded < args.count:
+        seed_machine(machine, args.seed * SEED_STRIDE + batch)
+        # Hypothesis starts every run with its simplest example; a batch of a
+        # few examples only would record that same trivial run again and again.
+        examples = max(args.count - setup.recorded, RECORD_BATCH_EXAMPLES)
+        run_state_machine_as_test(machine, settings=settings(settings.default, max_examples=examples, database=None))
+        batch += 1
+    print(f"recorded {setup.recorded} traces in {args.out}")
+    return 0

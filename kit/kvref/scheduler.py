@@ -1,0 +1,242 @@
+"""The scheduler model: the bookkeeping vLLM's scheduler does around the manager.
+
+One model for everything in kvref that plays a scheduler: the lockstep state
+machine (:mod:`kvref.stateful`), the soak (:mod:`kvref.soak`), hand-written
+scenario scripts and the benchmark loop (:mod:`kvref.bench`). It owns the
+request states (computed tokens, status, preemptions), the waiting, running
+and remote-loading queues and the popped block lists that wait for their
+deferred free, and turns scheduling moves into facade operations and request
+updates. It never chooses: which request, how many tokens, free or pop, how
+many lookahead slots are arguments, so a Hypothesis machine, a seeded random
+soak, a script and a benchmark each decide in their own way and share the
+rules below.
+
+Rules (as vLLM's scheduler applies them):
+
+* A chunk never goes past the request's tokens; with a Mamba group in
+  ``align`` mode a partial chunk ends on a scheduler-block boundary
+  (:func:`schedule_chunk`).
+* Admission: prefix lookup, then ``allocate_slots`` with the hit; on success
+  the request runs with ``hit + external + new`` computed tokens, or, with
+  delayed caching, waits for its connector load.
+* A running step adds its new tokens to the computed count.
+* Preemption frees (or pops) the request's blocks; it goes back to the head
+  of the waiting queue with nothing computed and one more preemption.
+* A finished request is forgotten after its blocks were freed or popped.
+* A ``set_request`` update carries exactly the fields that changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kvref.ops import RequestBook
+from kvspec.config import KVCacheConfig, Mamba
+
+Json = Any
+
+
+def schedule_chunk(config: KVCacheConfig, num_tokens: int, start: int, n: int) -> int:
+    """Tokens actually scheduled when ``n`` are wanted from ``start``.
+
+    At least one and at most the remaining tokens; with a Mamba group in
+    ``align`` mode a chunk that does not finish the request ends on a
+    scheduler-block boundary (the next one when ``n`` does not reach one).
+
+    pre: 0 <= start < num_tokens and n >= 1
+    post: 1 <= __return__ <= num_tokens - start
+    """
+    remaining = num_tokens - start
+    bs = config.scheduler_block_size
+    if n < remaining and any(isinstance(k, Mamba) and k.mode == "align" for k in config.groups):
+        end = (start + n) // bs * bs
+        if end <= start:
+            end = min(start + remaining, (start // bs + 1) * bs)
+        n = end - start
+    return max(1, min(n, remaining))
+
+
+@dataclass
+class ReqState:
+    """The scheduler's view of one request."""
+
+    rid: str
+    status: str = "WAITING"
+    computed: int = 0
+    preemptions: int = 0
+    encoder_tokens: int = 0
+    """Encoder input tokens (cross attention); sent on the first allocation."""
+    remote_target: int = 0
+    """Computed tokens once a delayed (connector) load finishes."""
+    extra: Json = None
+    """The request's ``extra`` operation field, kept for requests that reuse its tokens."""
+    reusable: bool = True
+    """Whether later requests may reuse this request's tokens."""
+
+    def admitted(self, computed: int) -> None:
+        """The request was allocated and runs with ``computed`` tokens."""
+        self.status, self.computed = "RUNNING", computed
+
+    def preempted(self) -> None:
+        """The request lost its blocks and waits again from scratch."""
+        self.status, self.computed, self.preemptions = "PREEMPTED", 0, self.preemptions + 1
+
+
+class Scheduler:
+    """Queues and request states over one manager (or one lockstep of several).
+
+    ``call`` runs a facade operation and returns its output (as
+    :func:`kvref.ops.execute` does); ``record`` applies a request operation
+    to ``book`` (and may log it).
+    """
+
+    def __init__(
+        self,
+        config: KVCacheConfig,
+        book: RequestBook,
+        call: Callable[[Json], Json],
+        record: Callable[[Json], None],
+    ) -> None:
+        """An empty scheduler."""
+        self.config = config
+        self.book = book
+        self.call = call
+        self.record = record
+        self.reqs: dict[str, ReqState] = {}
+        self.waiting: list[str] = []
+        self.running: list[str] = []
+        self.remote: list[str] = []
+        self.pending: list[list[int]] = []
+        """Popped block lists awaiting their deferred free, oldest first."""
+
+    # -- requests ----------------------------------------------------------
+
+    def add(self, op: Json, encoder_tokens: int = 0, reusable: bool = True) -> ReqState:
+        """Record an ``add_request`` operation; the request waits."""
+        self.record(op)
+        st = ReqState(op["rid"], encoder_tokens=encoder_tokens, extra=op.get("extra"), reusable=reusable)
+        self.reqs[st.rid] = st
+        self.waiting.append(st.rid)
+        return st
+
+    def num_tokens(self, rid: str) -> int:
+        """Prompt plus output tokens of ``rid`` so far."""
+        return int(self.book.requests[rid].num_tokens)
+
+    def tokens(self, rid: str) -> list[int]:
+        """Every token of ``rid`` so far."""
+        return list(self.book.requests[rid].all_token_ids)
+
+    def sample(self, rid: str, token: int) -> None:
+        """The model produced ``token`` for ``rid``."""
+        self.record({"op": "append_tokens", "rid": rid, "tokens": [token]})
+
+    def sync(self, st: ReqState) -> None:
+        """Tell the request values what changed in ``st`` (nothing if nothing did)."""
+        req = self.book.requests[st.rid]
+        op: Json = {"op": "set_request", "rid": st.rid}
+        if req.num_computed_tokens != st.computed:
+            op["num_computed_tokens"] = st.computed
+        if req.status.value != st.status:
+            op["status"] = st.status
+        if req.num_preemptions != st.preemptions:
+            op["num_preemptions"] = st.preemptions
+        if len(op) > 2:
+            self.record(op)
+
+    # -- chunks -------------------------------------------------------------
+
+    def chunk_bound(self, rid: str, start: int) -> int:
+        """The largest chunk a caller should ask for from ``start``: the
+        remaining tokens, at most the step token budget (at least 1)."""
+        return max(1, min(self.num_tokens(rid) - start, self.config.batched_tokens()))
+
+    def chunk(self, rid: str, start: int, n: int) -> int:
+        """The chunk scheduled when ``n`` tokens are wanted (:func:`schedule_chunk`)."""
+        return schedule_chunk(self.config, self.num_tokens(rid), start, n)
+
+    # -- scheduling moves ---------------------------------------------------
+
+    def lookup(self, rid: str) -> Json:
+        """The prefix lookup of a waiting request (``get_computed_blocks``)."""
+        return self.call({"op": "get_computed_blocks", "rid": rid})
+
+    def admit(self, op: Json, hit: int, external: int = 0, delay: bool = False) -> bool:
+        """Run an admission's ``allocate_slots`` ``op``; on success the request
+        leaves the waiting queue and runs (or, with ``delay``, waits for its
+        connector load of ``hit + external`` tokens)."""
+        if self.call(op) is None:
+            return False
+        rid = op["rid"]
+        st = self.reqs[rid]
+        if rid in self.waiting:
+            self.waiting.remove(rid)
+        if delay:
+            st.status, st.remote_target = "WAITING_FOR_REMOTE_KVS", hit + external
+            self.remote.append(rid)
+        else:
+            st.admitted(st.computed + hit + external + op["num_new_tokens"])
+            self.running.append(rid)
+        self.sync(st)
+        return True
+
+    def advance(self, rid: str, new: int, lookahead: int = 0) -> bool:
+        """A running request's step of ``new`` tokens; False if it did not fit."""
+        op = {"op": "allocate_slots", "rid": rid, "num_new_tokens": new, "num_lookahead_tokens": lookahead}
+        if self.call(op) is None:
+            return False
+        st = self.reqs[rid]
+        st.computed += new
+        self.sync(st)
+        return True
+
+    def remote_loaded(self, rid: str) -> None:
+        """The connector finished loading: cache what it loaded; the request
+        waits at the head of the queue with those tokens computed."""
+        st = self.reqs[rid]
+        self.call({"op": "cache_blocks", "rid": rid, "num_computed_tokens": st.remote_target})
+        self.remote.remove(rid)
+        st.status, st.computed = "WAITING", st.remote_target
+        self.sync(st)
+        self.waiting.insert(0, rid)
+
+    def release(self, rid: str, pop: bool) -> list[int] | None:
+        """Free ``rid``'s blocks now, or pop them for a deferred free (returns
+        the popped list, kept in :attr:`pending` when it is not empty)."""
+        if not pop:
+            self.call({"op": "free", "rid": rid})
+            return None
+        popped: list[int] = self.call({"op": "pop_blocks_for_free", "rid": rid})
+        if popped:
+            self.pending.append(popped)
+        return popped
+
+    def preempt(self, rid: str, pop: bool) -> list[int] | None:
+        """Take a running request's blocks; it waits again from scratch."""
+        popped = self.release(rid, pop)
+        self.running.remove(rid)
+        st = self.reqs[rid]
+        st.preempted()
+        self.sync(st)
+        self.waiting.insert(0, rid)
+        return popped
+
+    def forget(self, rid: str) -> ReqState:
+        """Drop ``rid`` from every queue and return its last state."""
+        st = self.reqs.pop(rid)
+        for queue in (self.waiting, self.running, self.remote):
+            if rid in queue:
+                queue.remove(rid)
+        return st
+
+    def finish(self, rid: str, pop: bool) -> list[int] | None:
+        """The request finished or was aborted: forget it, free or pop its blocks."""
+        self.forget(rid)
+        return self.release(rid, pop)
+
+    def deferred_free(self, index: int) -> None:
+        """Free the popped list ``pending[index]``, reversed (as vLLM does)."""
+        blocks = self.pending.pop(index)
+        self.call({"op": "free_blocks", "block_ids": list(reversed(blocks))})

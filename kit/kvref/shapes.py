@@ -1,0 +1,172 @@
+"""The one catalog of configuration shapes.
+
+A *shape* names a mix of KV-cache groups; :func:`build_kinds` turns it into
+attention kinds for a base block size ``bs``, a sliding window and a number of
+Mamba speculative blocks. The lockstep machine draws shapes from
+:data:`SHAPES`, the soak runs one lane per :data:`SOAK_LANES` entry and the
+bench times the :data:`BENCH_MIXES`; all of them build their kinds here, so a
+name means the same groups everywhere.
+
+Kind tokens (``+`` separates groups in a shape name):
+
+=================== ==============================================================
+``full``            ``FullAttention(bs)``
+``full@2x``         ``FullAttention(2 * bs)``
+``mla``             ``MLA(bs)``
+``sink``            ``SinkFullAttention(bs, sink_len=2 * bs)``
+``swa``             ``SlidingWindow(bs, window)``
+``swa-wide``        ``SlidingWindow(bs, window + bs)`` (one block wider)
+``swa@2x``          ``SlidingWindow(2 * bs, window)``
+``chunked``         ``ChunkedLocal(bs, chunk=2 * bs)``
+``cross``           ``CrossAttention(bs)`` (needs caching off)
+``mamba-all``       ``Mamba(bs, "all", spec_blocks)``
+``mamba-align``     ``Mamba(bs, "align", spec_blocks)``
+``mamba-align@2x``  ``Mamba(2 * bs, "align", spec_blocks)``
+=================== ==============================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvspec.config import (
+    MLA,
+    AttentionKind,
+    ChunkedLocal,
+    CrossAttention,
+    FullAttention,
+    Mamba,
+    SinkFullAttention,
+    SlidingWindow,
+)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A named group mix.
+
+    Attributes:
+        name: The kind tokens joined by ``+``.
+        kinds: One kind token per group, in group order.
+        caching: Forced prefix caching (None: drawn).
+        eagle_ok: Whether EAGLE may be drawn (chunked local refuses it).
+    """
+
+    name: str
+    kinds: tuple[str, ...]
+    caching: bool | None = None
+    eagle_ok: bool = True
+
+
+def _shape(*kinds: str, caching: bool | None = None, eagle_ok: bool = True) -> Shape:
+    return Shape("+".join(kinds), kinds, caching, eagle_ok)
+
+
+SHAPES = (
+    _shape("full"),
+    _shape("mla"),
+    _shape("swa"),
+    _shape("chunked", eagle_ok=False),
+    _shape("mamba-all"),
+    _shape("mamba-align"),
+    _shape("sink"),
+    _shape("full", "cross", caching=False),
+    _shape("full", "swa"),
+    _shape("full", "swa", "swa"),
+    _shape("full", "swa", "swa-wide"),
+    _shape("full", "mamba-align"),
+    _shape("full", "mamba-all"),
+    _shape("full", "chunked", eagle_ok=False),
+    _shape("mla", "swa"),
+    _shape("full", "swa@2x"),
+    _shape("full", "mla", "swa"),
+    _shape("full@2x", "swa"),
+    _shape("full@2x", "mamba-align@2x", "swa"),
+)
+"""The shapes the lockstep machine draws from (the order is part of the seeded
+draws: append new shapes at the end)."""
+
+FULL_TYPE_TOKENS = frozenset({"full", "full@2x", "mla", "sink"})
+"""Kind tokens that build full-attention-type kinds."""
+
+_BUILDERS: dict[str, Callable[[int, int, int], AttentionKind]] = {
+    "full": lambda bs, w, s: FullAttention(bs),
+    "full@2x": lambda bs, w, s: FullAttention(bs * 2),
+    "mla": lambda bs, w, s: MLA(bs),
+    "sink": lambda bs, w, s: SinkFullAttention(bs, bs * 2),
+    "swa": lambda bs, w, s: SlidingWindow(bs, w),
+    "swa-wide": lambda bs, w, s: SlidingWindow(bs, w + bs),
+    "swa@2x": lambda bs, w, s: SlidingWindow(bs * 2, w),
+    "chunked": lambda bs, w, s: ChunkedLocal(bs, bs * 2),
+    "cross": lambda bs, w, s: CrossAttention(bs),
+    "mamba-all": lambda bs, w, s: Mamba(bs, "all", s),
+    "mamba-align": lambda bs, w, s: Mamba(bs, "align", s),
+    "mamba-align@2x": lambda bs, w, s: Mamba(bs * 2, "align", s),
+}
+
+
+def build_kind(token: str, bs: int, window: int = 1, spec_blocks: int = 0) -> AttentionKind:
+    """The attention kind of one kind token (see the module docstring).
+
+    Raises:
+        KeyError: For an unknown token.
+    """
+    return _BUILDERS[token](bs, window, spec_blocks)
+
+
+def build_kinds(shape: Shape, bs: int, window: int = 1, spec_blocks: int = 0) -> tuple[AttentionKind, ...]:
+    """The groups of ``shape`` for base block size ``bs``."""
+    return tuple(build_kind(k, bs, window, spec_blocks) for k in shape.kinds)
+
+
+def shape_named(name: str) -> Shape:
+    """The catalog shape called ``name``, or a shape parsed from kind tokens.
+
+    Raises:
+        ValueError: If a token of ``name`` is not a kind token.
+    """
+    for shape in SHAPES:
+        if shape.name == name:
+            return shape
+    kinds = tuple(name.split("+"))
+    unknown = [k for k in kinds if k not in _BUILDERS]
+    if unknown:
+        raise ValueError(f"shape {name!r}: unknown kind token(s) {unknown}; known: {', '.join(_BUILDERS)}")
+    return Shape(name, kinds, False if "cross" in kinds else None, "chunked" not in kinds)
+
+
+def shape_weight(shape: Shape) -> int:
+    """How many times the machine's configuration strategy counts ``shape``.
+
+    Shapes with three or more kinds count three times: only they make the
+    hybrid hit search iterate (a two-kind hybrid with full attention first
+    stops after one pass). Shapes with two distinct kinds outside full
+    attention count six times: only there does the search come back to a
+    non-full group after another one shortened the hit, the path where an
+    EAGLE group must not drop its look-ahead block a second time.
+    """
+    kinds = set(shape.kinds)
+    if len(kinds - FULL_TYPE_TOKENS) >= 2:
+        return 6
+    return 3 if len(kinds) >= 3 else 1
+
+
+BENCH_MIXES = ("full", "full+swa", "full+mamba-all")
+"""The group mixes ``kvref bench`` times (block size 16)."""
+
+SOAK_LANES: tuple[tuple[str, str, int, int, dict[str, object]], ...] = (
+    ("full", "full", 4, 1, {"enable_kv_cache_events": True, "max_num_batched_tokens": 16}),
+    ("swa", "swa", 4, 8, {"hash_function": "xxhash", "enable_kv_cache_events": True}),
+    ("full+swa", "full+swa", 4, 6, {"num_blocks": 96, "enable_kv_cache_events": True,
+                                    "int_block_hashes": False, "watermark": 0.1}),
+    ("full+mamba-align", "full+mamba-align", 4, 1, {"num_blocks": 80, "hash_function": "xxhash_cbor"}),
+    ("full+mamba-all", "full+mamba-all", 2, 1, {"num_blocks": 96, "log_stats": True}),
+    ("mla+swa@2x", "mla+swa@2x", 2, 5, {"num_blocks": 96, "hash_function": "sha256"}),
+    ("full+chunked", "full+chunked", 4, 1, {"num_blocks": 80, "enable_kv_cache_events": True}),
+    ("sink", "sink", 4, 1, {"num_blocks": 48}),
+    ("full-eagle", "full", 4, 1, {"num_blocks": 48, "use_eagle": True, "enable_kv_cache_events": True}),
+    ("full-nocache", "full", 4, 1, {"num_blocks": 40, "enable_caching": False}),
+)  # fmt: skip
+"""The soak's lanes: (lane name, shape, block size, window, config fields);
+64 blocks and ``max_model_len`` 64 unless given."""

@@ -1,0 +1,596 @@
+"""A scheduler-driving Hypothesis state machine over :class:`Lockstep`.
+
+The machine plays vLLM's scheduler: it admits waiting requests (prefix
+lookup, then ``allocate_slots`` with the hit and a chunk of the prompt),
+advances running ones (chunked prefill, then decode with sampled tokens and
+lookahead slots), preempts on allocation failure, finishes requests with
+``free`` or with ``pop_blocks_for_free`` and a later deferred free, loads
+connector tokens (``delay_cache_blocks`` + ``cache_blocks``), and calls every
+other facade operation, invalid calls included. Every call goes to every
+adapter and everything is compared (see :mod:`kvref.lockstep`).
+
+Use :func:`make_lockstep_machine` to build a machine class for your targets;
+``TestX = make_lockstep_machine(...).TestCase`` runs it under pytest.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+
+from kvref.adapters import AdapterFactory
+from kvref.lockstep import Lockstep, RunStats
+from kvref.scheduler import ReqState, Scheduler
+from kvref.shapes import SHAPES, Shape, build_kinds, shape_weight
+from kvref.traces import Trace
+from kvspec.config import CrossAttention, FullAttention, KVCacheConfig, SinkFullAttention, SlidingWindow
+from kvspec.errors import ConfigError
+from kvspec.hashing import HASH_FUNCTION_NAMES
+
+Json = Any
+VOCAB = 4
+"""Tokens are drawn from a tiny vocabulary so equal blocks recur by chance too."""
+REUSE = ("", "", "repeat", "extend", "aligned")
+"""How a new request reuses an earlier one's tokens ("" = a fresh prompt; first, so it shrinks there)."""
+PAST = 6
+"""Token lists remembered for reuse."""
+STEP_EXTRAS = (
+    "",
+    "take_events",
+    "take_new_block_ids",
+    "make_prefix_cache_stats",
+    "usage",
+    "evict_blocks",
+    "reset_prefix_cache",
+)
+"""What may follow ``new_step_starts`` in the ``new_step`` rule ("" = nothing)."""
+BAD_CONFIGS = ("blocks", "block_size", "window", "watermark", "hash", "eagle_group", "sink")
+"""Broken configurations ``invalid_other`` tries (each must raise ConfigError)."""
+
+
+@st.composite
+def configs(draw: st.DrawFn, shapes: Sequence[Shape] = SHAPES) -> tuple[str, KVCacheConfig]:
+    """A named configuration: group mix, sizes, caching, EAGLE, watermark, events."""
+    shape = draw(st.sampled_from([s for s in shapes for _ in range(shape_weight(s))]))
+    bs = draw(st.sampled_from([2, 4]))
+    window = draw(st.integers(1, 3 * bs))
+    eagle = shape.eagle_ok and draw(st.sampled_from([False, True, True]))
+    spec_blocks = draw(st.integers(0, 1)) if eagle else 0
+    groups = build_kinds(shape, bs, window, spec_blocks)
+    caching = shape.caching if shape.caching is not None else draw(st.sampled_from([True, True, False]))
+    cfg = KVCacheConfig(
+        # Pools of 16 blocks first (a shrunk failure keeps a workable pool), then
+        # tighter and roomier ones; the tiniest pools starve every admission.
+        num_blocks=draw(st.sampled_from([16, 12, 24, 8, 32, 20, 6, 40])),
+        groups=groups,
+        max_model_len=draw(st.sampled_from([32, 48, 64])),
+        max_num_batched_tokens=draw(st.sampled_from([None, 8, 16])),
+        enable_caching=caching,
+        use_eagle=eagle,
+        eagle_groups=tuple(draw(st.sets(st.integers(0, len(groups) - 1)))) if eagle and draw(st.booleans()) else (),
+        # Two runs in three keep an event log (checked after every take_events);
+        # False stays first so that shrinking drops the events.
+        enable_kv_cache_events=draw(st.sampled_from([False, True, True])),
+        watermark=draw(st.sampled_from([0.0, 0.0, 0.1, 0.3])),
+        hash_function=draw(st.sampled_from(["sha256_cbor", "sha256_cbor", *HASH_FUNCTION_NAMES])),
+        hash_seed=draw(st.sampled_from(["0", "42"])),
+        log_stats=draw(st.sampled_from([False, True, True])),
+    )
+    return shape.name, cfg
+
+
+@dataclass
+class MachineSetup:
+    """What a generated machine class runs against."""
+
+    factories: list[AdapterFactory]
+    stats: RunStats = field(default_factory=RunStats)
+    failure_dir: Path = Path("kvref-failures")
+    shapes: Sequence[Shape] = SHAPES
+    record_dir: Path | None = None
+    """If set, every run that ends without divergence is written there as a trace."""
+    recorded: int = 0
+    record_limit: int | None = None
+    """Stop writing traces once this many were recorded."""
+    min_allocations: int = 0
+    """Record only runs with at least this many successful ``allocate_slots`` calls."""
+    recorded_texts: set[str] = field(default_factory=set)
+    """Traces already written (a run identical to an earlier one is not written again)."""
+
+
+def make_lockstep_machine(setup: MachineSetup) -> type[RuleBasedStateMachine]:
+    """A state machine class driving ``setup.factories`` (reference first)."""
+
+    class LockstepMachine(SchedulerMachine):
+        SETUP = setup
+
+    return LockstepMachine
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    """Plays a scheduler against the adapters of ``SETUP``."""
+
+    SETUP: MachineSetup
+
+    def __init__(self) -> None:
+        """No configuration yet (drawn in :meth:`setup`)."""
+        super().__init__()
+        self.lock: Lockstep | None = None
+        self.sched: Scheduler | None = None
+        self.prefixes: list[list[int]] = []
+        self.past: list[tuple[list[int], Json]] = []
+        self.counter = 0
+
+    # -- configuration -------------------------------------------------------
+
+    @initialize(data=st.data())
+    def setup(self, data: st.DataObject) -> None:
+        """Draw a configuration; build every adapter and a prefix universe."""
+        name, cfg = data.draw(configs(self.SETUP.shapes), label="config")
+        self.cfg, self.shape = cfg, name
+        self.lock = Lockstep(cfg, self.SETUP.factories, self.SETUP.stats, self.SETUP.failure_dir, name)
+        self.sched = Scheduler(cfg, self.lock.book, self.lock.call, self.lock.request_op)
+        sched = cfg.scheduler_block_size
+        for _ in range(3):
+            n = data.draw(st.integers(1, 3)) * sched + data.draw(st.integers(0, sched - 1))
+            self.prefixes.append(data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=n, max_size=n)))
+
+    # -- helpers -------------------------------------------------------------
+
+    @property
+    def live(self) -> bool:
+        return self.lock is not None and not self.lock.halted
+
+    @property
+    def _sched(self) -> Scheduler:
+        assert self.sched is not None
+        return self.sched
+
+    @property
+    def reqs(self) -> dict[str, ReqState]:
+        """Live requests (the scheduler model's states)."""
+        return self._sched.reqs
+
+    @property
+    def waiting(self) -> list[str]:
+        return self._sched.waiting
+
+    @property
+    def running(self) -> list[str]:
+        return self._sched.running
+
+    @property
+    def remote(self) -> list[str]:
+        return self._sched.remote
+
+    @property
+    def pending(self) -> list[list[int]]:
+        return self._sched.pending
+
+    def _call(self, op: Json, expect_unchanged: bool = False) -> Json:
+        assert self.lock is not None
+        return self.lock.call(op, expect_unchanged)
+
+    def _num_tokens(self, rid: str) -> int:
+        return self._sched.num_tokens(rid)
+
+    def _chunk(self, data: st.DataObject, st_: ReqState, start: int) -> int:
+        """Tokens to schedule from ``start``: a drawn chunk of what remains
+        (see :func:`kvref.scheduler.schedule_chunk`)."""
+        n = data.draw(st.integers(1, self._sched.chunk_bound(st_.rid, start)))
+        return self._sched.chunk(st_.rid, start, n)
+
+    def _sample_token(self, data: st.DataObject, rid: str) -> None:
+        assert self.lock is not None
+        self._sched.sample(rid, data.draw(st.integers(0, VOCAB - 1)))
+
+    def _finish(self, rid: str, data: st.DataObject) -> None:
+        st_ = self._sched.forget(rid)
+        if st_.reusable:
+            self._remember(self._sched.tokens(rid), st_.extra)
+        self._release(rid, not data.draw(st.booleans()), data)
+
+    def _release(self, rid: str, pop: bool, data: st.DataObject) -> None:
+        """Free ``rid``'s blocks now, or pop them and free them later (async
+        scheduling).
+
+        NOTE: the next step is scheduled before the deferred free, so cascade
+        attention may ask for a running request's common prefix while the
+        popped blocks still hold their references; half the time it does so
+        here.
+        """
+        popped = self._sched.release(rid, pop)
+        if pop:
+            self._after_pop(rid, popped, data)
+
+    def _after_pop(self, rid: str, popped: list[int] | None, data: st.DataObject) -> None:
+        assert self.lock is not None
+        self.lock.pending = len(self.pending)
+        others = [r for r in self.running if r != rid]
+        if popped and others and data.draw(st.booleans()):
+            self._call({"op": "get_num_common_prefix_blocks", "rid": data.draw(st.sampled_from(others))})
+
+    def _preempt(self, rid: str, data: st.DataObject) -> None:
+        pop = not data.draw(st.booleans())
+        popped = self._sched.preempt(rid, pop)
+        if pop:
+            self._after_pop(rid, popped, data)
+
+    # -- scheduler rules -----------------------------------------------------
+
+    @precondition(lambda self: self.live and len(self.reqs) < 10)
+    @rule(data=st.data())
+    def add_request(self, data: st.DataObject) -> None:
+        """A new request: a shared prefix and a fresh suffix, or an earlier
+        request's tokens again (repeated, extended, or cut to whole blocks)."""
+        assert self.lock is not None
+        self.counter += 1
+        rid = f"r{self.counter}"
+        reuse = data.draw(st.sampled_from(REUSE)) if self.past else ""
+        if reuse:
+            op, reusable = self._reused_prompt(data, rid, reuse), True
+        else:
+            op, reusable = self._fresh_prompt(data, rid)
+        # One request in ten skips the prefix cache; False is first, so that a
+        # shrunk history reads the cache (``integers(0, 9) == 0`` came out
+        # true for most requests: Hypothesis favours 0).
+        if data.draw(st.sampled_from((False,) * 9 + (True,))):
+            op["skip_reading_prefix_cache"] = True
+        enc = data.draw(st.integers(1, 12)) if any(isinstance(k, CrossAttention) for k in self.cfg.groups) else 0
+        self._sched.add(op, enc, reusable)
+        if reusable:
+            self._remember(op["prompt"], op.get("extra"))
+
+    def _fresh_prompt(self, data: st.DataObject, rid: str) -> tuple[Json, bool]:
+        """A prompt from the prefix universe, with extra keys drawn; returns
+        the operation and whether later requests may reuse its tokens."""
+        prefix = data.draw(st.sampled_from(self.prefixes))
+        suffix = data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=12))
+        prompt = (prefix + suffix)[: self._prompt_limit()] or [0]
+        op: Json = {"op": "add_request", "rid": rid, "prompt": prompt}
+        extra = data.draw(st.sampled_from(["", "", "", "salt", "lora", "mm", "embeds"]))
+        if extra == "salt":
+            op["extra"] = {"cache_salt": "s"}
+        elif extra == "lora":
+            op["extra"] = {"lora": {"name": "l", "adapter_id": 1}}
+        elif extra == "mm":
+            off = data.draw(st.integers(0, len(prompt) - 1))
+            length = data.draw(st.integers(1, len(prompt) - off))
+            op["extra"] = {
+                "mm_features": [{"identifier": data.draw(st.sampled_from("ab")), "offset": off, "length": length}]
+            }
+        elif extra == "embeds":
+            rows = [bytes([t, 0, 0, 60]).hex() for t in prompt]
+            op["prompt"], op["extra"] = [0] * len(prompt), {"prompt_embeds": rows}
+        return op, extra not in ("mm", "embeds")
+
+    def _reused_prompt(self, data: st.DataObject, rid: str, how: str) -> Json:
+        """An earlier request's tokens (prompt, or prompt and output once it
+        finished) and extra keys: as they were, extended by a few tokens (the
+        next turn of a chat), or cut to whole scheduler blocks (a fully cached
+        prompt: its last block is recomputed, so one hash gets two blocks)."""
+        tokens, extra = data.draw(st.sampled_from(self.past))
+        limit = self._prompt_limit()
+        sched = self.cfg.scheduler_block_size
+        if how == "extend":
+            tokens = tokens + data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=2 * sched))
+        elif how == "aligned":
+            tokens = tokens[: min(len(tokens), limit) // sched * sched] or tokens
+        op: Json = {"op": "add_request", "rid": rid, "prompt": tokens[:limit] or [0]}
+        if extra is not None:
+            op["extra"] = extra
+        return op
+
+    def _prompt_limit(self) -> int:
+        """Prompt tokens at most: two below the model length, and no more than
+        the pool holds for every group at once (a longer prompt could never be
+        admitted and would block the queue)."""
+        cfg = self.cfg
+        per_group = cfg.num_blocks // len(cfg.groups) * min(k.block_size for k in cfg.groups)
+        return max(1, min(cfg.max_model_len - 2, per_group))
+
+    def _remember(self, tokens: list[int], extra: Json) -> None:
+        """Keep the last few token lists for later requests to reuse."""
+        self.past.append((list(tokens), extra))
+        del self.past[:-PAST]
+
+    @precondition(lambda self: self.live and bool(self.waiting))
+    @rule(data=st.data())
+    def admit(self, data: st.DataObject) -> None:
+        """Schedule a waiting request (usually the first; a later one when the
+        scheduler skips a request that does not fit): prefix lookup, then allocate."""
+        rid = self.waiting[data.draw(st.integers(0, len(self.waiting) - 1))]
+        st_ = self.reqs[rid]
+        op: Json = {"op": "allocate_slots", "rid": rid}
+        hit = 0
+        if st_.computed == 0:
+            found = self._call({"op": "get_computed_blocks", "rid": rid})
+            hit = found["num_tokens"]
+            if hit:
+                assert self.lock is not None
+                self.lock.stats.prefix_hits += 1
+            if any(found["blocks"]):
+                op["new_computed_blocks"] = found["blocks"]
+            op["num_new_computed_tokens"] = hit
+        total = self._num_tokens(rid)
+        external = 0
+        # Connector tokens on one admission in five, one in two after a prefix hit
+        # (a hit and external tokens together exercise the touch-then-allocate order).
+        if st_.computed == 0 and data.draw(st.integers(0, 1 if hit else 4)) == 0 and total - hit > 1:
+            external = data.draw(st.integers(1, total - hit - 1))
+        delay = external > 0 and data.draw(st.booleans())
+        new = 0 if delay else self._chunk(data, st_, st_.computed + hit + external)
+        op.update(
+            num_new_tokens=new, num_external_computed_tokens=external, delay_cache_blocks=delay,
+            num_lookahead_tokens=data.draw(st.integers(0, 2)) if self.cfg.use_eagle else 0,
+            num_encoder_tokens=st_.encoder_tokens if st_.computed == 0 else 0,
+            full_sequence_must_fit=data.draw(st.booleans()),
+            reserved_blocks=data.draw(st.sampled_from([0, 0, 0, 1, 2])),
+            has_scheduled_reqs=bool(self.running),
+        )  # fmt: skip
+        if self._sched.admit(op, hit, external, delay) and not delay and st_.computed == total:
+            self._sample_token(data, rid)
+
+    @precondition(lambda self: self.live and bool(self.remote))
+    @rule(data=st.data())
+    def finish_remote_load(self, data: st.DataObject) -> None:
+        """The connector finished loading: cache the loaded blocks, then the
+        request waits to be scheduled with its tokens already computed."""
+        self._sched.remote_loaded(data.draw(st.sampled_from(self.remote)))
+
+    @precondition(lambda self: self.live and bool(self.running))
+    @rule(data=st.data())
+    def schedule_running(self, data: st.DataObject) -> None:
+        """Advance a running request (prefill chunk or one decode token);
+        on failure preempt the newest running request."""
+        rid = data.draw(st.sampled_from(self.running))
+        st_ = self.reqs[rid]
+        total = self._num_tokens(rid)
+        if st_.computed >= total:
+            self._finish(rid, data)
+            return
+        new = self._chunk(data, st_, st_.computed)
+        look = data.draw(st.integers(0, 2)) if self.cfg.use_eagle else 0
+        if not self._sched.advance(rid, new, look):
+            self._preempt(self.running[-1], data)
+            return
+        if st_.computed == total and total < self.cfg.max_model_len:
+            self._sample_token(data, rid)
+
+    @precondition(lambda self: self.live and bool(self.reqs))
+    @rule(data=st.data())
+    def finish(self, data: st.DataObject) -> None:
+        """A request finishes or is aborted (``free`` or deferred free), or a
+        running one is preempted for a more urgent request (priority
+        scheduling): it waits again and is re-admitted through a prefix lookup."""
+        rid = data.draw(st.sampled_from(sorted(self.reqs)))
+        if rid in self.running and data.draw(st.sampled_from(("finish", "finish", "preempt"))) == "preempt":
+            self._preempt(rid, data)
+            return
+        if rid in self.running and data.draw(st.booleans()):
+            self._call({"op": "remove_skipped_blocks", "rid": rid, "total_computed_tokens": self.reqs[rid].computed})
+        self._finish(rid, data)
+
+    @precondition(lambda self: self.live and len(self.running) >= 2)
+    @rule()
+    def drain(self) -> None:
+        """Every running request finishes in the same step, oldest first (the
+        end of a burst): their blocks go back to the free queue in that order,
+        so a later request that continues the oldest one (the next turn of a
+        chat) finds its hits at the head of the queue, first in line for
+        eviction by any fresh allocation."""
+        for rid in list(self.running):
+            st_ = self._sched.forget(rid)
+            if st_.reusable:
+                self._remember(self._sched.tokens(rid), st_.extra)
+            self._sched.release(rid, pop=False)
+
+    @precondition(lambda self: self.live and bool(self.pending))
+    @rule(data=st.data())
+    def deferred_free(self, data: st.DataObject) -> None:
+        """The scheduler frees popped blocks later, reversed."""
+        assert self.lock is not None
+        self._sched.deferred_free(data.draw(st.integers(0, len(self.pending) - 1)))
+        self.lock.pending = len(self.pending)
+
+    @precondition(lambda self: self.lock is not None)
+    @rule(data=st.data(), which=st.sampled_from(STEP_EXTRAS))
+    def new_step(self, data: st.DataObject, which: str) -> None:
+        """A scheduler step begins; the scheduler may then drain events or
+        fresh block ids or read statistics or usage, a KV connector may report
+        blocks whose contents were lost, or the prefix cache may be reset
+        (which fails while blocks are in use). Always enabled; a no-op once a
+        known divergence has stopped the comparison.
+
+        NOTE: these were four rules. As one (always enabled) rule they leave
+        more of a run to the scheduling rules, and cache loss (eviction,
+        reset) no longer wipes out most prefix hits before they happen.
+        """
+        if not self.live:
+            return
+        self._call({"op": "new_step_starts"})
+        if which == "evict_blocks":
+            ids = data.draw(st.lists(st.integers(0, self.cfg.num_blocks - 1), max_size=3))
+            self._call({"op": "evict_blocks", "block_ids": ids})
+        elif which:
+            self._call({"op": which})
+
+    @precondition(lambda self: self.live and bool(self.running))
+    @rule(data=st.data())
+    def common_prefix(self, data: st.DataObject) -> None:
+        """Cascade attention asks for the common prefix of a running request."""
+        self._call({"op": "get_num_common_prefix_blocks", "rid": data.draw(st.sampled_from(self.running))})
+
+    @precondition(lambda self: self.live and bool(self.reqs))
+    @rule(data=st.data())
+    def read_tables(self, data: st.DataObject) -> None:
+        """Read a request's block ids."""
+        self._call({"op": "get_block_ids", "rid": data.draw(st.sampled_from(sorted(self.reqs)))})
+
+    # -- invalid operations: every side must reject them and change nothing ---
+
+    @precondition(lambda self: self.live and bool(self.reqs))
+    @rule(
+        data=st.data(),
+        kind=st.sampled_from(["negative", "zero", "too_long", "groups", "running_hit", "stale_hit", "foreign_hit"]),
+    )
+    def invalid_allocate(self, data: st.DataObject, kind: str) -> None:
+        """allocate_slots with a broken argument."""
+        if kind == "stale_hit":
+            self._stale_hit()
+            return
+        if kind == "foreign_hit":
+            self._foreign_group_hit(data)
+            return
+        rid = data.draw(st.sampled_from(sorted(self.reqs)))
+        op: Json = {"op": "allocate_slots", "rid": rid, "num_new_tokens": 1}
+        if kind == "negative":
+            op[data.draw(st.sampled_from(["num_new_tokens", "num_lookahead_tokens", "reserved_blocks"]))] = -1
+        elif kind == "zero":
+            op["num_new_tokens"] = 0
+        elif kind == "too_long":
+            op["num_new_tokens"] = self.cfg.max_model_len + 1
+        elif kind == "groups":
+            op["new_computed_blocks"] = [[] for _ in range(len(self.cfg.groups) + 1)]
+        else:
+            if rid not in self.running:
+                return
+            found = self._call({"op": "get_computed_blocks", "rid": rid})
+            if not any(found["blocks"]):
+                return
+            op["new_computed_blocks"] = found["blocks"]
+        self._call(op, expect_unchanged=True)
+
+    def _stale_hit(self) -> None:
+        """Hits evicted between lookup and allocation must be rejected."""
+        if not self.waiting:
+            return
+        rid = self.waiting[0]
+        if self.reqs[rid].computed:
+            return
+        found = self._call({"op": "get_computed_blocks", "rid": rid})
+        real = sorted({b for g in found["blocks"] for b in g if b != 0})
+        if not real:
+            return
+        self._call({"op": "evict_blocks", "block_ids": real[:1]})
+        op = {"op": "allocate_slots", "rid": rid, "num_new_tokens": 1,
+              "num_new_computed_tokens": found["num_tokens"], "new_computed_blocks": found["blocks"]}  # fmt: skip
+        self._call(op, expect_unchanged=True)
+
+    def _foreign_group_hit(self, data: st.DataObject) -> None:
+        """A hit list carrying a block of another group must be rejected."""
+        if not self.waiting or len(self.cfg.groups) < 2:
+            return
+        rid = self.waiting[0]
+        if self.reqs[rid].computed:
+            return
+        found = self._call({"op": "get_computed_blocks", "rid": rid})
+        slots = [(g, i) for g, ids in enumerate(found["blocks"]) for i, b in enumerate(ids) if b != 0]
+        if not slots:
+            return
+        g, i = data.draw(st.sampled_from(slots))
+        assert self.lock is not None
+        foreign = sorted(
+            {
+                b
+                for r in self.reqs
+                for h, ids in enumerate(self.lock.adapters[0].get_block_ids(r))
+                if h != g
+                for b in ids
+            }
+            - {0}
+        )
+        if not foreign:
+            return
+        hits = [list(ids) for ids in found["blocks"]]
+        hits[g][i] = data.draw(st.sampled_from(foreign))
+        op = {"op": "allocate_slots", "rid": rid, "num_new_tokens": 1,
+              "num_new_computed_tokens": found["num_tokens"], "new_computed_blocks": hits}  # fmt: skip
+        self._call(op, expect_unchanged=True)
+
+    def _invalid_config(self, kind: str) -> None:
+        """A broken configuration is rejected with ConfigError before any manager exists."""
+        cfg, first = self.cfg, self.cfg.groups[0]
+        bad: dict[str, Any]
+        bad = {
+            "blocks": {"num_blocks": 0},
+            "block_size": {"groups": (FullAttention(0),)},
+            "window": {"groups": (SlidingWindow(first.block_size, 0),)},
+            "watermark": {"watermark": 1.0},
+            "hash": {"hash_function": "md5"},
+            "eagle_group": {"use_eagle": True, "eagle_groups": (len(cfg.groups),)},
+            "sink": {"groups": (SinkFullAttention(first.block_size, first.block_size + 1),)},
+        }[kind]  # type: ignore[assignment]  # values are kwargs of differing types
+        try:
+            replace(cfg, **bad)
+        except ConfigError:
+            assert self.lock is not None
+            self.lock.stats.invalid_configs += 1
+            return
+        raise AssertionError(f"config with {bad} was accepted")
+
+    @precondition(lambda self: self.live)
+    @rule(
+        data=st.data(), kind=st.sampled_from(["double_free", "bad_evict", "unknown_prefix", "cache_beyond", "config"])
+    )
+    def invalid_other(self, data: st.DataObject, kind: str) -> None:
+        """Other caller errors, and broken configurations."""
+        if kind == "config":
+            self._invalid_config(data.draw(st.sampled_from(BAD_CONFIGS)))
+            return
+        if kind == "double_free":
+            held = sorted({b for r in self.reqs for b in self._held(r)})
+            if not held:
+                return
+            op: Json = {"op": "free_blocks", "block_ids": [data.draw(st.sampled_from(held))]}
+        elif kind == "bad_evict":
+            op = {"op": "evict_blocks", "block_ids": [data.draw(st.sampled_from([-1, self.cfg.num_blocks]))]}
+        elif kind == "unknown_prefix":
+            op = {"op": "get_num_common_prefix_blocks", "rid": "nobody"}
+        else:
+            if not self.reqs or not self.cfg.enable_caching:
+                return
+            rid = data.draw(st.sampled_from(sorted(self.reqs)))
+            op = {"op": "cache_blocks", "rid": rid, "num_computed_tokens": self._num_tokens(rid) + 1}
+        self._call(op, expect_unchanged=True)
+
+    def _held(self, rid: str) -> list[int]:
+        assert self.lock is not None
+        tables = self.lock.adapters[0].get_block_ids(rid)
+        pending = {b for p in self.pending for b in p}
+        return [b for g in tables for b in g if b != 0 and b not in pending]
+
+    def teardown(self) -> None:
+        """Record the run as a trace if asked to; adapters are garbage collected."""
+        setup, lock = self.SETUP, self.lock
+        if setup.record_dir is not None and lock is not None and not lock.halted and lock.stats.steps:
+            self._record(setup, setup.record_dir, lock)
+        self.lock = None
+
+    def _record(self, setup: MachineSetup, record_dir: Path, lock: Lockstep) -> None:
+        """Write the run unless the limit is reached or it is too short, too
+        poor in allocations or a duplicate."""
+        if lock.stats.unexplained or (setup.record_limit is not None and setup.recorded >= setup.record_limit):
+            return  # a failing run (or its shrinks) is never a golden trace
+        facade_steps = sum(1 for op in lock.log if "expect" in op)
+        allocations = sum(1 for op in lock.log if op["op"] == "allocate_slots" and isinstance(op.get("expect"), list))
+        if facade_steps < 3 or allocations < setup.min_allocations:
+            return
+        trace = Trace(self.cfg, lock.log, {"shape": self.shape})
+        text = trace.dumps()
+        if text in setup.recorded_texts:
+            return
+        setup.recorded_texts.add(text)
+        setup.recorded += 1
+        trace.write(record_dir / f"{self.shape}-{setup.recorded:04d}.jsonl")
+
+
+def default_failure_dir() -> Path:
+    """Where failing traces go (``KVREF_FAILURE_DIR`` or ./kvref-failures)."""
+    return Path(os.environ.get("KVREF_FAILURE_DIR", "kvref-failures"))

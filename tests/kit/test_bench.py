@@ -1,0 +1,121 @@
+"""kvref bench: every engine must allocate identical blocks on the same workload.
+
+No timing is asserted (timings are benchmark output, not test results).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvref.bench import (
+    BatchedImplEngine,
+    KvrefEngine,
+    Workload,
+    available_engines,
+    bench,
+    plot_sweep,
+    run,
+    sweep,
+    sweep_workloads,
+)
+from kvref.cli import main
+from kvspec.config import SlidingWindow
+
+TINY = Workload(num_requests=12, max_running=4, num_blocks=256, prompt_len=(16, 96), decode_len=(2, 6))
+
+
+@pytest.mark.parametrize("mix", ["full", "full+swa", "full+mamba-all"])
+def test_engines_agree_on_a_small_workload(mix: str) -> None:
+    """All installed engines (impl-batched included when kvimpl has the batch
+    API) produce the same allocation results (bench raises otherwise)."""
+    w = Workload(num_requests=12, max_running=4, num_blocks=256, prompt_len=(16, 96), decode_len=(2, 6), mix=mix)
+    rows = bench(w, repeats=1)
+    assert {r.engine for r in rows} == set(available_engines(w.config()))
+    assert len({r.allocs for r in rows}) == 1
+    assert len({r.request_steps for r in rows}) == 1
+    assert all(r.request_steps > 0 for r in rows)
+    assert all(r.us_per_running_step > 0 for r in rows)
+
+
+def _batched_available() -> bool:
+    return "impl-batched" in available_engines(TINY.config())
+
+
+@pytest.mark.parametrize("mix", ["full", "full+swa", "full+mamba-all"])
+def test_batched_engine_matches_sequential_under_preemption(mix: str) -> None:
+    """With a pool so small that requests are preempted mid-batch, the batched
+    running phase makes the same decisions as the sequential one, in fewer calls."""
+    if not _batched_available():
+        pytest.skip("kvimpl has no allocate_slots_batch")
+    blocks = {"full": 20, "full+swa": 20, "full+mamba-all": 36}[mix]
+    w = Workload(num_requests=24, max_running=8, num_blocks=blocks, prompt_len=(32, 64), decode_len=(4, 12), mix=mix)
+    builders = available_engines(w.config())
+    seq, bat = builders["impl"](), builders["impl-batched"]()
+    assert isinstance(bat, BatchedImplEngine)
+    a, b = run(seq, w), run(bat, w)
+    assert a.preemptions > 0
+    assert a.results == b.results
+    assert (a.request_steps, a.steps, a.preemptions) == (b.request_steps, b.steps, b.preemptions)
+    assert seq.allocs == bat.allocs
+    assert bat.calls < seq.calls
+    # The running-phase counters see the same allocations on both sides.
+    assert 0 < seq.run_allocs == bat.run_allocs < seq.allocs
+    bat.manager.check_invariants()
+
+
+def test_workload_preempts_and_frees_everything() -> None:
+    """The workload is not trivial: a small pool preempts, and every block is freed at the end."""
+    w = Workload(num_requests=20, max_running=8, num_blocks=20, prompt_len=(32, 64), decode_len=(4, 8))
+    engine = available_engines(w.config())["spec"]()
+    assert isinstance(engine, KvrefEngine)
+    res = run(engine, w)
+    assert res.preemptions > 0
+    assert any(r is None for r in res.results)
+    assert res.request_steps == sum(r is not None for r in res.results)
+    view = engine.manager.to_view()
+    assert view.ref_cnt == ()
+    assert view.tables == ()
+    assert view.cached
+
+
+def test_swa_window_follows_the_prompts() -> None:
+    """The full+swa window is the anchor's 1024 for long prompts, smaller for short ones, or as given."""
+    assert Workload(mix="full+swa", prompt_len=(512, 2048)).groups()[1] == SlidingWindow(16, 1024)
+    assert Workload(mix="full+swa", prompt_len=(128, 512)).groups()[1] == SlidingWindow(16, 256)
+    assert Workload(mix="full+swa", window=64).groups()[1] == SlidingWindow(16, 64)
+    assert Workload(prompt_len=(512, 4096), decode_len=(1, 256)).config().max_model_len >= 4096 + 256
+
+
+def test_sweep_workloads() -> None:
+    """Batch points get a pool that fits the batch; pool points keep the workload."""
+    for b, w in sweep_workloads("batch", Workload()):
+        assert w.max_running == b
+        assert w.num_blocks >= b * (512 + 64) // 16
+    assert [w.num_blocks for _, w in sweep_workloads("pool", Workload())] == [8192, 32768, 131072, 524288]
+    with pytest.raises(ValueError, match="unknown sweep"):
+        sweep_workloads("nope", Workload())
+
+
+def test_tiny_sweep_and_plot(tmp_path: Path) -> None:
+    """A two-point sweep runs every engine; the plot is written when matplotlib is installed."""
+    base = Workload(prompt_len=(16, 64), decode_len=(2, 4))
+    points = sweep("pool", base, repeats=1, points=[256, 512], only=["spec", "impl", "impl-batched"])
+    assert [p.x for p in points] == [256, 512]
+    assert all(p.rows for p in points)
+    path = tmp_path / "sweep.png"
+    if plot_sweep("pool", points, path, "test"):
+        assert path.read_bytes()[:4] == b"\x89PNG"
+    else:
+        assert not path.exists()
+
+
+def test_cli_bench(capsys: pytest.CaptureFixture[str]) -> None:
+    """The command prints a table and the identity line."""
+    argv = ["bench", "--requests", "6", "--max-running", "3", "--blocks", "128", "--prompt-len", "16:48"]
+    assert main([*argv, "--decode-len", "2:3", "--prefixes", "2", "--repeats", "1", "--engines", "spec,impl"]) == 0
+    out = capsys.readouterr().out
+    assert "spec" in out
+    assert "impl" in out
+    assert "identical block ids" in out

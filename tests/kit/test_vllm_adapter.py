@@ -1,0 +1,684 @@
+"""The vLLM adapter drives the real vLLM 0.25.1 KVCacheManager correctly.
+
+Skipped as a whole when vLLM 0.25.1 is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import struct
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvref.adapters import KVCacheAdapter
+from kvref.adapters import vllm_adapter as va
+from kvref.adapters.vllm_adapter import VllmAdapter, make_vllm_adapter, vllm_available
+from kvspec.config import (
+    MLA,
+    AttentionKind,
+    ChunkedLocal,
+    CrossAttention,
+    FullAttention,
+    KVCacheConfig,
+    Mamba,
+    SinkFullAttention,
+    SlidingWindow,
+)
+from kvspec.errors import (
+    CacheBeyondAllocationError,
+    DoubleFreeError,
+    ExceedsMaxModelLenError,
+    GroupCountError,
+    InvalidBlockIdError,
+    InvalidRequestError,
+    InvalidTokenCountError,
+    KVCacheError,
+    StaleHitError,
+    UnexpectedPrefixHitError,
+    UnknownRequestError,
+)
+from kvspec.events import AllBlocksCleared, BlockRemoved, BlockStored
+from kvspec.hashing import ExtraKeySource, LoRA, MultiModalFeature, make_key
+from kvspec.request import Request, RequestBlockHasher, RequestStatus
+from kvspec.stats import PrefixCacheStats
+
+if not vllm_available():
+    pytest.skip(
+        "vLLM 0.25.1 is not installed (install it with `bash ci/setup.sh --with-vllm`)",
+        allow_module_level=True,
+    )
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# ----------------------------------------------------------------- helpers
+
+
+def config(groups: tuple[AttentionKind, ...], **kw: Any) -> KVCacheConfig:
+    kw.setdefault("num_blocks", 16)
+    kw.setdefault("max_model_len", 128)
+    return KVCacheConfig(groups=groups, **kw)
+
+
+def hasher(cfg: KVCacheConfig) -> RequestBlockHasher:
+    return RequestBlockHasher(cfg.hash_function, cfg.hash_seed, cfg.resolved_hash_block_size())
+
+
+def manager_classes(adapter: VllmAdapter) -> list[str]:
+    return [type(m).__name__ for m in adapter.manager.coordinator.single_type_managers]
+
+
+def computed(req: Request, n: int) -> Request:
+    """``req`` after ``n`` tokens were computed and it runs."""
+    return replace(req, num_computed_tokens=n, status=RequestStatus.RUNNING)
+
+
+# ----------------------------------------------------------------- availability
+
+
+def test_importing_the_adapter_does_not_import_vllm() -> None:
+    code = (
+        "import sys, kvref.adapters.vllm_adapter as m\n"
+        "assert 'vllm' not in sys.modules and 'torch' not in sys.modules\n"
+        "assert issubclass(m.VllmUnavailable, RuntimeError)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'spec'}{os.pathsep}{ROOT / 'kit'}")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_wrong_version_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    vllm = importlib.import_module("vllm")
+    monkeypatch.setattr(va, "_LOADED", None)
+    monkeypatch.setattr(vllm, "__version__", "0.16.0")
+    assert not vllm_available()
+    with pytest.raises(va.VllmUnavailable, match=r"bash ci/setup\.sh --with-vllm"):
+        make_vllm_adapter(config((FullAttention(4),)))
+
+
+def test_failed_import_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(va, "_LOADED", None)
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(va.VllmUnavailable, match=r"vLLM 0\.25\.1 is not installed"):
+        make_vllm_adapter(config((FullAttention(4),)))
+
+
+# ----------------------------------------------------------------- construction
+
+SINGLE_KINDS: list[tuple[AttentionKind, str, bool]] = [
+    (FullAttention(4), "FullAttentionManager", True),
+    (MLA(8), "FullAttentionManager", True),
+    (SlidingWindow(4, 8), "SlidingWindowManager", True),
+    (ChunkedLocal(4, 8), "ChunkedLocalAttentionManager", True),
+    (Mamba(4, "all"), "MambaManager", True),
+    (Mamba(4, "align", 1), "MambaManager", True),
+    (Mamba(4, "none"), "MambaManager", True),
+    (CrossAttention(4), "CrossAttentionManager", False),
+]
+
+
+@pytest.mark.parametrize(("kind", "manager", "caching"), SINGLE_KINDS)
+def test_construct_every_kind_alone(kind: AttentionKind, manager: str, caching: bool) -> None:
+    adapter = make_vllm_adapter(config((kind,), enable_caching=caching))
+    assert isinstance(adapter, KVCacheAdapter)
+    assert adapter.name == "vllm"
+    assert adapter.construction_workaround is None
+    assert manager_classes(adapter) == [manager]
+    view = adapter.to_view()
+    assert view.free_queue == tuple(range(1, 16))
+    assert (view.ref_cnt, view.cached, view.tables) == ((), (), ())
+    assert view.usage == 0.0
+
+
+HYBRIDS: list[tuple[tuple[AttentionKind, ...], list[str], bool]] = [
+    (
+        (FullAttention(4), SlidingWindow(4, 8)),
+        ["FullAttentionManager", "SlidingWindowManager"],
+        True,
+    ),
+    ((FullAttention(4), Mamba(4, "align")), ["FullAttentionManager", "MambaManager"], True),
+    (
+        (FullAttention(4), ChunkedLocal(4, 8)),
+        ["FullAttentionManager", "ChunkedLocalAttentionManager"],
+        True,
+    ),
+    ((MLA(4), SlidingWindow(4, 8)), ["FullAttentionManager", "SlidingWindowManager"], True),
+    (
+        (FullAttention(16), SlidingWindow(4, 8)),
+        ["FullAttentionManager", "SlidingWindowManager"],
+        True,
+    ),
+    (
+        (FullAttention(4), CrossAttention(4)),
+        ["FullAttentionManager", "CrossAttentionManager"],
+        False,
+    ),
+]
+
+
+@pytest.mark.parametrize(("groups", "managers", "caching"), HYBRIDS)
+def test_construct_hybrids(groups: tuple[AttentionKind, ...], managers: list[str], caching: bool) -> None:
+    adapter = make_vllm_adapter(config(groups, enable_caching=caching))
+    assert manager_classes(adapter) == managers
+    assert adapter.construction_workaround is None
+    assert adapter.to_view().free_queue == tuple(range(1, 16))
+
+
+def test_equal_kinds_map_to_equal_specs() -> None:
+    adapter = make_vllm_adapter(
+        config((FullAttention(4), SlidingWindow(4, 8), FullAttention(4), MLA(4), SlidingWindow(4, 16)))
+    )
+    specs = [g.kv_cache_spec for g in adapter.manager.kv_cache_config.kv_cache_groups]
+    assert specs[0] == specs[2]
+    assert specs[0] != specs[3]
+    assert specs[1] != specs[4]
+    spec_kinds = [k for k, _ in adapter.manager.kv_cache_event_metadata]
+    assert spec_kinds[:4] == ["full_attention", "sliding_window", "full_attention", "mla_attention"]
+
+
+def test_mamba_spec_fields() -> None:
+    adapter = make_vllm_adapter(config((Mamba(4, "align", 2),)))
+    spec = adapter.manager.kv_cache_config.kv_cache_groups[0].kv_cache_spec
+    assert (spec.mamba_cache_mode, spec.num_speculative_blocks) == ("align", 2)
+
+
+def test_eagle_groups_are_flagged() -> None:
+    cfg = config((FullAttention(4), SlidingWindow(4, 8)), use_eagle=True, eagle_groups=(1,))
+    adapter = make_vllm_adapter(cfg)
+    flags = [g.is_eagle_group for g in adapter.manager.kv_cache_config.kv_cache_groups]
+    assert flags == [False, True]
+
+
+def test_sinkfull_construction_shim() -> None:
+    stm = importlib.import_module("vllm.v1.core.single_type_kv_cache_manager")
+    original = stm.SinkFullAttentionManager.__dict__["__init__"]
+    cfg = config((SinkFullAttention(4, 8),), num_blocks=10)
+    adapter = make_vllm_adapter(cfg)
+    assert adapter.construction_workaround == "sinkfull-ctor"
+    assert stm.SinkFullAttentionManager.__dict__["__init__"] is original  # patch restored
+    manager = adapter.manager.coordinator.single_type_managers[0]
+    assert type(manager).__name__ == "SinkFullAttentionManager"
+    assert manager.scheduler_block_size == 4
+    assert [b.block_id for b in manager.sink_blocks] == [1, 2]
+    view = adapter.to_view()
+    assert view.free_queue == (3, 4, 5, 6, 7, 8, 9)  # sink blocks 1..2 are gone
+    assert view.ref_cnt == ()
+    assert view.usage == pytest.approx(2 / 9)
+
+    # Everything afterwards is plain vLLM: allocate, free, reset fails (sink).
+    req = hasher(cfg).new_request("a", list(range(9)))
+    assert adapter.allocate_slots(req, 9) == ((3, 4, 5),)
+    adapter.free("a")
+    assert adapter.to_view().free_queue == (5, 6, 7, 8, 9, 4, 3)
+    assert adapter.reset_prefix_cache() is False
+
+
+def test_sinkfull_in_a_hybrid() -> None:
+    adapter = make_vllm_adapter(config((FullAttention(4), SinkFullAttention(4, 4)), num_blocks=10))
+    assert adapter.construction_workaround == "sinkfull-ctor"
+    assert adapter.to_view().free_queue == tuple(range(2, 10))
+
+
+# ----------------------------------------------------------------- appendix A traces
+
+
+def test_appendix_a1_free_order_and_hit() -> None:
+    cfg = config((FullAttention(4),), num_blocks=8)
+    adapter = make_vllm_adapter(cfg)
+    h = hasher(cfg)
+    a = h.new_request("a", list(range(14)))
+    assert adapter.get_computed_blocks(a) == (((),), 0)
+    assert adapter.allocate_slots(a, 14) == ((1, 2, 3, 4),)
+    view = adapter.to_view()
+    assert view.tables == (("a", ((1, 2, 3, 4),)),)
+    assert sorted(ids for _, ids in view.cached) == [(1,), (2,), (3,)]
+    adapter.free("a")
+    assert adapter.to_view().free_queue == (4, 5, 6, 7, 3, 2, 1)
+
+    b = h.new_request("b", list(range(14)))
+    hits, n = adapter.get_computed_blocks(b)
+    assert (hits, n) == (((1, 2, 3),), 12)
+    assert adapter.allocate_slots(b, 2, n, hits) == ((4,),)
+    assert adapter.get_block_ids("b") == ((1, 2, 3, 4),)
+
+
+def test_cached_keys_are_digest_plus_group_id() -> None:
+    cfg = config((FullAttention(4), SlidingWindow(4, 8)))
+    adapter = make_vllm_adapter(cfg)
+    req = hasher(cfg).new_request("a", list(range(10)))
+    assert adapter.allocate_slots(req, 10) is not None
+    view = adapter.to_view()
+    assert view.cached
+    assert all(len(key) == 36 for key, _ in view.cached)
+    expected = {make_key(req.block_hashes[i], 0) for i in range(2)}
+    assert expected <= {key for key, _ in view.cached}
+    assert [key for key, _ in view.cached] == sorted(key for key, _ in view.cached)
+
+
+def test_a6_full_sequence_gate() -> None:
+    prompt = list(range(100))
+    fa_cfg = config((FullAttention(4),), num_blocks=8, max_num_batched_tokens=8)
+    fa = make_vllm_adapter(fa_cfg)
+    req = hasher(fa_cfg).new_request("a", prompt)
+    assert fa.allocate_slots(req, 8, full_sequence_must_fit=True) is None
+
+    swa_cfg = config((SlidingWindow(4, 8),), num_blocks=8, max_num_batched_tokens=8)
+    swa = make_vllm_adapter(swa_cfg)
+    req = hasher(swa_cfg).new_request("a", prompt)
+    assert swa.allocate_slots(req, 8, full_sequence_must_fit=True) == ((1, 2),)
+
+
+def test_a6_watermark_and_reserved_blocks() -> None:
+    cfg = config((FullAttention(4),), num_blocks=10, watermark=0.3)
+    h = hasher(cfg)
+    assert make_vllm_adapter(cfg).allocate_slots(h.new_request("a", [1] * 24), 24) is not None
+    long_req = h.new_request("b", [1] * 28)
+    assert make_vllm_adapter(cfg).allocate_slots(long_req, 28) is None
+    assert make_vllm_adapter(cfg).allocate_slots(long_req, 28, has_scheduled_reqs=False) is not None
+    running = replace(long_req, status=RequestStatus.RUNNING)
+    assert make_vllm_adapter(cfg).allocate_slots(running, 28) is not None
+
+    plain = config((FullAttention(4),), num_blocks=10)
+    assert make_vllm_adapter(plain).allocate_slots(long_req, 28, reserved_blocks=3) is None
+    assert make_vllm_adapter(plain).allocate_slots(long_req, 28, reserved_blocks=2) is not None
+
+
+def test_a6_mamba_same_step_hit_is_deferred() -> None:
+    cfg = config((Mamba(4, "all"),))
+    adapter = make_vllm_adapter(cfg)
+    h = hasher(cfg)
+    assert adapter.allocate_slots(h.new_request("a", list(range(10))), 10) == ((1, 2, 3),)
+    b = h.new_request("b", list(range(10)))
+    hits, n = adapter.get_computed_blocks(b)
+    assert (hits, n) == (((0, 2),), 8)
+    assert adapter.allocate_slots(b, 2, n, hits) is None
+    adapter.new_step_starts()
+    assert adapter.allocate_slots(b, 2, n, hits) == ((4,),)
+    assert adapter.get_block_ids("b") == ((0, 2, 4),)
+    assert dict(adapter.to_view().ref_cnt)[2] == 2
+
+
+def test_a7_common_prefix() -> None:
+    cfg = config((FullAttention(4),))
+    adapter = make_vllm_adapter(cfg)
+    h = hasher(cfg)
+    adapter.allocate_slots(h.new_request("a", list(range(10))), 10)
+    b = h.new_request("b", [*range(9), 99])
+    hits, n = adapter.get_computed_blocks(b)
+    assert adapter.allocate_slots(b, 10 - n, n, hits) == ((4,),)
+    assert adapter.get_block_ids("b") == ((1, 2, 4),)
+    assert adapter.get_num_common_prefix_blocks("a") == (2,)
+    adapter.allocate_slots(h.new_request("c", [50] * 10), 10)
+    assert adapter.get_num_common_prefix_blocks("a") == (0,)
+
+
+# ----------------------------------------------------------------- request mirroring
+
+
+def test_hashes_match_kvspec_with_extra_keys_and_outputs() -> None:
+    embeds = tuple(struct.pack("<4e", i, i + 0.5, 1.0, 2.0) for i in range(13))
+    extras = [
+        ExtraKeySource(),
+        ExtraKeySource(lora=LoRA("adapter", 3)),
+        ExtraKeySource(cache_salt="salt"),
+        ExtraKeySource(mm_features=(MultiModalFeature("img", 2, 5), MultiModalFeature("v", 9, 3))),
+        ExtraKeySource(prompt_embeds=embeds),
+    ]
+    for fn in ("sha256_cbor", "sha256", "xxhash", "xxhash_cbor"):
+        cfg = config((FullAttention(4),), num_blocks=64, hash_function=fn, hash_seed="7")
+        adapter = make_vllm_adapter(cfg)
+        h = hasher(cfg)
+        for j, extra in enumerate(extras):
+            prompt = [0] * 13 if extra.prompt_embeds else [100 * j + t for t in range(13)]
+            req = h.new_request(f"r{j}", prompt, extra)
+            req = h.with_output_tokens(req, [5])
+            assert adapter.allocate_slots(req, 14) is not None
+            req = computed(h.with_output_tokens(req, [6, 7, 8, 9, 10]), 14)
+            assert adapter.allocate_slots(req, 5) is not None
+            keys = {key for key, _ in adapter.to_view().cached}
+            assert {make_key(x, 0) for x in req.block_hashes} <= keys, (fn, j)
+
+
+def test_adapters_with_different_seeds_coexist() -> None:
+    cfgs = [config((FullAttention(4),), hash_seed=s) for s in ("0", "1")]
+    adapters = [make_vllm_adapter(c) for c in cfgs]
+    for step in range(3):
+        for cfg, adapter in zip(cfgs, adapters, strict=True):
+            req = hasher(cfg).new_request(f"r{step}", [step] * 9)
+            assert adapter.allocate_slots(req, 9) is not None
+            keys = {key for key, _ in adapter.to_view().cached}
+            assert {make_key(x, 0) for x in req.block_hashes} <= keys
+    keys0 = {k for k, _ in adapters[0].to_view().cached}
+    keys1 = {k for k, _ in adapters[1].to_view().cached}
+    assert not keys0 & keys1
+
+
+def test_allocate_passes_the_exact_hit_object() -> None:
+    cfg = config((FullAttention(4),))
+    adapter = make_vllm_adapter(cfg)
+    h = hasher(cfg)
+    adapter.allocate_slots(h.new_request("a", list(range(10))), 10)
+    b = h.new_request("b", list(range(10)))
+    hits, n = adapter.get_computed_blocks(b)
+    returned = adapter._last_hits["b"][1]
+    seen: list[Any] = []
+    real = adapter.manager.allocate_slots
+
+    def spy(*args: Any, **kw: Any) -> Any:
+        seen.append(kw["new_computed_blocks"])
+        return real(*args, **kw)
+
+    adapter.manager.allocate_slots = spy
+    assert adapter.allocate_slots(b, 10 - n, n, hits) == ((4,),)
+    assert seen[0] is returned
+    adapter.allocate_slots(h.new_request("c", [7] * 5), 5, 0, ((),))
+    assert seen[1] is None
+
+
+def test_outputs_are_snapshots() -> None:
+    cfg = config((FullAttention(4),))
+    adapter = make_vllm_adapter(cfg)
+    h = hasher(cfg)
+    req = h.new_request("a", list(range(4)))
+    first = adapter.allocate_slots(req, 4)
+    before = adapter.get_block_ids("a")
+    req = computed(h.with_output_tokens(req, [1, 2, 3, 4]), 4)
+    adapter.allocate_slots(req, 4)
+    assert first == before == ((1,),)
+    assert adapter.get_block_ids("a") == ((1, 2),)
+    assert adapter.get_block_ids("unknown") == ((),)
+
+
+def test_deferred_free() -> None:
+    cfg = config((FullAttention(4),), num_blocks=8)
+    adapter = make_vllm_adapter(cfg)
+    adapter.allocate_slots(hasher(cfg).new_request("a", list(range(14))), 14)
+    popped = adapter.pop_blocks_for_free("a")
+    assert popped == (1, 2, 3, 4)
+    assert adapter.to_view().tables == ()
+    assert adapter.reset_prefix_cache() is False
+    adapter.free_blocks(tuple(reversed(popped)))
+    assert adapter.to_view().free_queue == (4, 5, 6, 7, 3, 2, 1)
+    with pytest.raises(DoubleFreeError):
+        adapter.free_blocks([1])
+    assert adapter.pop_blocks_for_free("a") == ()
+    adapter.free("never-seen")
+
+
+def test_events_stats_and_reset() -> None:
+    cfg = config(
+        (FullAttention(4), SlidingWindow(4, 8)),
+        num_blocks=32,
+        enable_kv_cache_events=True,
+        log_stats=True,
+    )
+    adapter = make_vllm_adapter(cfg)
+    h = hasher(cfg)
+    req = h.new_request("a", list(range(10)), ExtraKeySource(lora=LoRA("x", 2)))
+    assert adapter.get_computed_blocks(req) == (((), ()), 0)
+    adapter.allocate_slots(req, 10)
+    events = adapter.take_events()
+    stored = [e for e in events if isinstance(e, BlockStored)]
+    assert [(e.group_idx, e.kv_cache_spec_kind, e.kv_cache_spec_sliding_window) for e in stored] == [
+        (0, "full_attention", None),
+        (1, "sliding_window", 8),
+    ]
+    first = stored[0]
+    assert isinstance(first.token_ids, tuple)
+    assert first.token_ids == tuple(range(8))
+    assert isinstance(first.block_hashes, tuple)
+    assert all(isinstance(x, int) for x in first.block_hashes)
+    assert (first.lora_id, first.lora_name, first.medium) == (2, "x", "GPU")
+    assert first.extra_keys == (("x",), ("x",))
+    assert adapter.take_events() == []
+
+    adapter.evict_blocks([2, 1, 2])
+    events = adapter.take_events()
+    removed = [e for e in events if isinstance(e, BlockRemoved)]
+    assert len(removed) == len(events)
+    assert [(e.block_hashes, e.group_idx) for e in removed] == [
+        ((first.block_hashes[0],), 0),
+        ((first.block_hashes[1],), 0),
+    ]
+
+    stats = adapter.make_prefix_cache_stats()
+    assert stats == PrefixCacheStats(requests=1, queries=10, hits=0)
+    adapter.free("a")
+    assert adapter.reset_prefix_cache() is True
+    assert adapter.take_events() == [AllBlocksCleared()]
+    assert adapter.make_prefix_cache_stats() == PrefixCacheStats(reset=True)
+    assert adapter.to_view().cached == ()
+
+
+def test_bytes_event_hashes() -> None:
+    cfg = config((FullAttention(4),), enable_kv_cache_events=True, int_block_hashes=False)
+    adapter = make_vllm_adapter(cfg)
+    req = hasher(cfg).new_request("a", list(range(8)))
+    adapter.allocate_slots(req, 8)
+    (event,) = adapter.take_events()
+    assert isinstance(event, BlockStored)
+    assert event.block_hashes == req.block_hashes
+
+
+def test_take_new_block_ids_and_usage() -> None:
+    cfg = config((FullAttention(4), Mamba(4, "all")), num_blocks=11)
+    adapter = make_vllm_adapter(cfg)
+    adapter.allocate_slots(hasher(cfg).new_request("a", list(range(8))), 8)
+    assert adapter.take_new_block_ids() == [1, 2]
+    assert adapter.take_new_block_ids() == []
+    assert adapter.usage == pytest.approx(0.4)
+
+
+def test_caching_disabled_cache_blocks_is_lenient() -> None:
+    cfg = config((FullAttention(4), CrossAttention(4)), enable_caching=False)
+    adapter = make_vllm_adapter(cfg)
+    req = hasher(cfg).new_request("a", list(range(8)))
+    assert adapter.allocate_slots(req, 8, num_encoder_tokens=6) == ((1, 2), (3, 4))
+    adapter.cache_blocks(req, 10_000)
+    assert adapter.to_view().cached == ()
+    assert adapter.get_num_common_prefix_blocks("a") == (0, 0)
+
+
+# ----------------------------------------------------------------- caller errors
+
+
+@dataclass
+class Scene:
+    adapter: VllmAdapter
+    h: RequestBlockHasher
+    a: Request  # allocated: 10 tokens, table [1, 2, 3], blocks 1 and 2 hashed
+    b: Request  # same 10 tokens, never allocated
+
+
+def scene() -> Scene:
+    cfg = config((FullAttention(4),), num_blocks=8, max_model_len=32)
+    adapter = make_vllm_adapter(cfg)
+    h = hasher(cfg)
+    a = h.new_request("a", list(range(10)))
+    assert adapter.allocate_slots(a, 10) == ((1, 2, 3),)
+    return Scene(adapter, h, computed(a, 10), h.new_request("b", list(range(10))))
+
+
+def _cache_beyond_table(s: Scene) -> None:
+    longer = s.h.with_output_tokens(s.a, list(range(10)))
+    s.adapter.cache_blocks(longer, 16)
+
+
+Action = Callable[[Scene], object]
+
+ERRORS: list[tuple[str, Action, type[KVCacheError]]] = [
+    ("negative N", lambda s: s.adapter.allocate_slots(s.b, -1), InvalidTokenCountError),
+    ("negative H", lambda s: s.adapter.allocate_slots(s.b, 4, -4), InvalidTokenCountError),
+    (
+        "negative K",
+        lambda s: s.adapter.allocate_slots(s.b, 4, num_lookahead_tokens=-1),
+        InvalidTokenCountError,
+    ),
+    (
+        "negative E",
+        lambda s: s.adapter.allocate_slots(s.b, 4, num_external_computed_tokens=-1),
+        InvalidTokenCountError,
+    ),
+    (
+        "negative enc",
+        lambda s: s.adapter.allocate_slots(s.b, 4, num_encoder_tokens=-1),
+        InvalidTokenCountError,
+    ),
+    (
+        "negative reserved",
+        lambda s: s.adapter.allocate_slots(s.b, 4, reserved_blocks=-1),
+        InvalidTokenCountError,
+    ),
+    (
+        "negative computed",
+        lambda s: s.adapter.allocate_slots(replace(s.b, num_computed_tokens=-4), 4),
+        InvalidTokenCountError,
+    ),
+    ("N == E == 0", lambda s: s.adapter.allocate_slots(s.b, 0), InvalidTokenCountError),
+    (
+        "negative N before group count",
+        lambda s: s.adapter.allocate_slots(s.b, -1, 0, ((), ())),
+        InvalidTokenCountError,
+    ),
+    ("group count", lambda s: s.adapter.allocate_slots(s.b, 4, 0, ((), ())), GroupCountError),
+    (
+        "group count before max len",
+        lambda s: s.adapter.allocate_slots(s.b, 99, 0, ((), ())),
+        GroupCountError,
+    ),
+    ("max model len", lambda s: s.adapter.allocate_slots(s.b, 33), ExceedsMaxModelLenError),
+    (
+        "max model len of running request",
+        lambda s: s.adapter.allocate_slots(s.a, 23),
+        ExceedsMaxModelLenError,
+    ),
+    (
+        "hits for a running request",
+        lambda s: s.adapter.allocate_slots(s.a, 1, 4, ((1,),)),
+        UnexpectedPrefixHitError,
+    ),
+    (
+        "hit id out of range",
+        lambda s: s.adapter.allocate_slots(s.b, 2, 8, ((1, 99),)),
+        InvalidBlockIdError,
+    ),
+    (
+        "negative hit id",
+        lambda s: s.adapter.allocate_slots(s.b, 2, 8, ((-1, 2),)),
+        InvalidBlockIdError,
+    ),
+    ("hit at wrong index", lambda s: s.adapter.allocate_slots(s.b, 2, 8, ((2, 1),)), StaleHitError),
+    ("unhashed hit", lambda s: s.adapter.allocate_slots(s.b, 2, 8, ((1, 3),)), StaleHitError),
+    (
+        "hit beyond the request's hashes",
+        lambda s: s.adapter.allocate_slots(s.h.new_request("c", list(range(5))), 1, 4, ((1, 2),)),
+        StaleHitError,
+    ),
+    ("free id out of range", lambda s: s.adapter.free_blocks([8]), InvalidBlockIdError),
+    ("free of a held block", lambda s: s.adapter.free_blocks([0, 1]), DoubleFreeError),
+    ("evict id out of range", lambda s: s.adapter.evict_blocks([1, 99]), InvalidBlockIdError),
+    (
+        "negative skipped total",
+        lambda s: s.adapter.remove_skipped_blocks("a", -1),
+        InvalidTokenCountError,
+    ),
+    (
+        "common prefix of unknown request",
+        lambda s: s.adapter.get_num_common_prefix_blocks("zzz"),
+        UnknownRequestError,
+    ),
+    ("cache negative", lambda s: s.adapter.cache_blocks(s.a, -1), InvalidTokenCountError),
+    (
+        "cache beyond the tokens",
+        lambda s: s.adapter.cache_blocks(s.a, 11),
+        CacheBeyondAllocationError,
+    ),
+    ("cache beyond the table", _cache_beyond_table, CacheBeyondAllocationError),
+    (
+        "cache for an unallocated request",
+        lambda s: s.adapter.cache_blocks(s.b, 8),
+        CacheBeyondAllocationError,
+    ),
+]
+
+
+@pytest.mark.parametrize(("action", "error"), [(a, e) for _, a, e in ERRORS], ids=[n for n, _, _ in ERRORS])
+def test_caller_errors_leave_state_unchanged(action: Action, error: type[KVCacheError]) -> None:
+    s = scene()
+    before = s.adapter.to_view()
+    with pytest.raises(error):
+        action(s)
+    assert s.adapter.to_view() == before
+    managers = s.adapter.manager.coordinator.single_type_managers
+    assert "zzz" not in managers[0].req_to_blocks
+
+
+def test_stale_hit_leaves_state_unchanged() -> None:
+    s = scene()
+    hits, n = s.adapter.get_computed_blocks(s.b)
+    s.adapter.evict_blocks([2])
+    before = s.adapter.to_view()
+    with pytest.raises(StaleHitError):
+        s.adapter.allocate_slots(s.b, 10 - n, n, hits)
+    assert s.adapter.to_view() == before
+
+
+def test_popped_blocks_can_be_freed_once() -> None:
+    s = scene()
+    popped = s.adapter.pop_blocks_for_free("a")
+    before = s.adapter.to_view()
+    with pytest.raises(DoubleFreeError):
+        s.adapter.free_blocks([1, 1])
+    assert s.adapter.to_view() == before
+    s.adapter.free_blocks([0, *reversed(popped)])
+    assert s.adapter.to_view().free_queue == (3, 4, 5, 6, 7, 2, 1)
+    with pytest.raises(DoubleFreeError):
+        s.adapter.free_blocks([3])
+
+
+def test_evict_blocks_in_ascending_order() -> None:
+    s = scene()
+    s.adapter.evict_blocks({2, 1})
+    view = s.adapter.to_view()
+    assert view.cached == ()
+    assert view.ref_cnt == ((1, 1), (2, 1), (3, 1))
+
+
+def test_lora_ids_below_one_are_rejected_when_the_request_is_built() -> None:
+    """vLLM's LoRARequest rejects ids < 1; kvspec rejects them in the LoRA value."""
+    with pytest.raises(InvalidRequestError, match="adapter_id must be >= 1"):
+        LoRA("x", 0)
+
+
+def test_duplicate_blocks_under_one_key_keep_insertion_order() -> None:
+    cfg = config((FullAttention(4),))
+    adapter = make_vllm_adapter(cfg)
+    h = hasher(cfg)
+    assert adapter.allocate_slots(h.new_request("a", list(range(8))), 8) == ((1, 2),)
+    assert adapter.allocate_slots(h.new_request("b", list(range(8))), 8) == ((3, 4),)
+    assert sorted(ids for _, ids in adapter.to_view().cached) == [(1, 3), (2, 4)]
+    adapter.evict_blocks([1])
+    assert sorted(ids for _, ids in adapter.to_view().cached) == [(2, 4), (3,)]
+
+
+def test_preempted_lookups_are_counted_separately() -> None:
+    cfg = config((FullAttention(4),), log_stats=True)
+    adapter = make_vllm_adapter(cfg)
+    h = hasher(cfg)
+    adapter.allocate_slots(h.new_request("a", list(range(9))), 9)
+    again = replace(h.new_request("b", list(range(9))), num_preemptions=1)
+    assert adapter.get_computed_blocks(again) == (((1, 2),), 8)
+    assert adapter.make_prefix_cache_stats() == PrefixCacheStats(
+        preempted_requests=1, preempted_queries=9, preempted_hits=8
+    )
+    assert adapter.get_computed_blocks(replace(again, skip_reading_prefix_cache=True)) == (
+        ((),),
+        0,
+    )

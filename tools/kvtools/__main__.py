@@ -1,0 +1,42 @@
+"""``python -m kvtools <task> [options]``: the project's tooling tasks.
+
+Tasks:
+    zoo                 hunt every bug-zoo fault with the lockstep (docs/reports/bug-zoo.md)
+    mutants             generic mutants of kvimpl (mutmut) against the kill test (docs/reports/mutants.md)
+    directed            re-record the directed trace corpus on kvspec (--check: compare only)
+    divergence-traces   re-record the known-divergence traces (--check: compare only)
+    hash-vectors        regenerate traces/vectors/hash-vectors.json from real vLLM
+    check-cuda          run kvimpl's device-table exercise on a CUDA device
+    loc                 count code lines per module
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+TASKS: dict[str, tuple[str, str]] = {
+    "zoo": ("kvtools.zoo", "main"),
+    "mutants": ("kvtools.mutants", "main"),
+    "directed": ("kvtools.directed", "main"),
+    "divergence-traces": ("kvtools.divergence_traces", "main"),
+    "hash-vectors": ("kvtools.hash_vectors", "main"),
+    "check-cuda": ("kvtools.check_cuda", "main"),
+    "loc": ("kvtools.loc", "main"),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Dispatch ``argv[0]`` to its task's ``main(rest)``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help") or args[0] not in TASKS:
+        print(__doc__, file=sys.stderr if args and args[0] not in ("-h", "--help") else sys.stdout)
+        return 0 if args and args[0] in ("-h", "--help") else 2
+    module, attr = TASKS[args[0]]
+    task: Callable[[list[str]], int | None] = getattr(importlib.import_module(module), attr)
+    return int(task(args[1:]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
