@@ -8,11 +8,12 @@ describes the format for implementers in other languages.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvref.adapters import AdapterFactory
+from kvref.adapters import AdapterFactory, KVCacheAdapter
 from kvref.ops import REQUEST_OPS, RequestBook, config_from_json, config_to_json, execute
 from kvspec import SEMANTICS_VERSION
 from kvspec.config import KVCacheConfig
@@ -82,26 +83,78 @@ class ReplayResult:
     message: str = ""
 
 
-def replay(trace: Trace, factory: AdapterFactory, path: str = "<trace>") -> ReplayResult:
-    """Run every step on a fresh adapter; stop at the first mismatch of an
-    output or of the view digest."""
-    adapter = factory(trace.config)
+ExecuteOp = Callable[[KVCacheAdapter, RequestBook, Json], Json]
+"""Runs one facade operation on an adapter (default: :func:`kvref.ops.execute`)."""
+
+
+def split_step(step: Json) -> tuple[Json, Json, str | None]:
+    """A recorded step as (operation, expected output, expected view digest).
+
+    A facade step without ``expect`` expects null; ``view`` is optional.
+    """
+    op = {k: v for k, v in step.items() if k not in ("expect", "view")}
+    return op, step.get("expect"), step.get("view")
+
+
+def run_steps(
+    trace: Trace, adapter: KVCacheAdapter, execute_op: ExecuteOp = execute
+) -> Iterator[tuple[int, Json, Json]]:
+    """The one replay loop: apply request operations to a fresh request book
+    and run every facade operation on ``adapter``; yield ``(step index,
+    operation, output)`` per facade step.
+
+    Raises:
+        StepCrashed: When a step raises; it names the step.
+    """
     book = RequestBook(trace.config)
     for i, step in enumerate(trace.steps):
-        op = {k: v for k, v in step.items() if k not in ("expect", "view")}
-        if op["op"] in REQUEST_OPS:
-            book.apply(op)
-            continue
+        op, _, _ = split_step(step)
         try:
-            got = execute(adapter, book, op)
+            if op["op"] in REQUEST_OPS:
+                book.apply(op)
+                continue
+            out = execute_op(adapter, book, op)
         except Exception as exc:
-            return ReplayResult(path, False, i + 1, i, f"{op['op']}: crashed: {type(exc).__name__}: {exc}")
-        if got != step.get("expect"):
-            return ReplayResult(path, False, i + 1, i, f"{op['op']}: expected {step.get('expect')!r}, got {got!r}")
-        if "view" in step:
-            digest = adapter.to_view().digest()
-            if digest != step["view"]:
-                return ReplayResult(path, False, i + 1, i, f"{op['op']}: view digest differs")
+            raise StepCrashed(i, op, exc) from exc
+        yield i, op, out
+
+
+class StepCrashed(Exception):
+    """A step of a replayed trace raised (anything but a caller error, which
+    :func:`kvref.ops.execute` turns into an output)."""
+
+    def __init__(self, index: int, op: Json, cause: BaseException) -> None:
+        """Remember the step and its exception."""
+        super().__init__(f"step {index} ({op.get('op')}): {type(cause).__name__}: {cause}")
+        self.index, self.op, self.cause = index, op, cause
+
+
+def replay(
+    trace: Trace,
+    factory: AdapterFactory,
+    path: str = "<trace>",
+    execute_op: ExecuteOp = execute,
+    after_step: Callable[[KVCacheAdapter], None] | None = None,
+) -> ReplayResult:
+    """Run every step on a fresh adapter; stop at the first mismatch of an
+    output or of the view digest, or at the first exception (a crash, or one
+    raised by ``after_step``, which runs after each facade step)."""
+    adapter = factory(trace.config)
+    try:
+        for index, op, got in run_steps(trace, adapter, execute_op):
+            _, expect, view = split_step(trace.steps[index])
+            if got != expect:
+                return ReplayResult(path, False, index + 1, index, f"{op['op']}: expected {expect!r}, got {got!r}")
+            if view is not None and adapter.to_view().digest() != view:
+                return ReplayResult(path, False, index + 1, index, f"{op['op']}: view digest differs")
+            if after_step is not None:
+                try:
+                    after_step(adapter)
+                except Exception as exc:
+                    raise StepCrashed(index, op, exc) from exc
+    except StepCrashed as crash:
+        exc, i = crash.cause, crash.index
+        return ReplayResult(path, False, i + 1, i, f"{crash.op['op']}: crashed: {type(exc).__name__}: {exc}")
     return ReplayResult(path, True, len(trace.steps))
 
 
@@ -116,14 +169,9 @@ def transcript(trace: Trace, factory: AdapterFactory) -> str:
     expectations here; :func:`replay` does that.
     """
     adapter = factory(trace.config)
-    book = RequestBook(trace.config)
-    lines = []
-    steps = [*trace.steps, {"op": "take_events"}]
-    for i, step in enumerate(steps):
-        op = {k: v for k, v in step.items() if k not in ("expect", "view")}
-        if op["op"] in REQUEST_OPS:
-            book.apply(op)
-            continue
-        out = execute(adapter, book, op)
-        lines.append({"step": i, "op": op, "out": out, "view": adapter.to_view().to_json()})
+    drained = Trace(trace.config, [*trace.steps, {"op": "take_events"}], trace.meta)
+    lines = [
+        {"step": i, "op": op, "out": out, "view": adapter.to_view().to_json()}
+        for i, op, out in run_steps(drained, adapter)
+    ]
     return "".join(json.dumps(x, sort_keys=True, separators=(",", ":")) + "\n" for x in lines)
