@@ -153,8 +153,8 @@ def replay(
                 except Exception as exc:
                     raise StepCrashed(index, op, exc) from exc
     except StepCrashed as crash:
-        exc, i = crash.cause, crash.index
-        return ReplayResult(path, False, i + 1, i, f"{crash.op['op']}: crashed: {type(exc).__name__}: {exc}")
+        cause, i = crash.cause, crash.index
+        return ReplayResult(path, False, i + 1, i, f"{crash.op['op']}: crashed: {type(cause).__name__}: {cause}")
     return ReplayResult(path, True, len(trace.steps))
 
 
