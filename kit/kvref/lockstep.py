@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvref.adapters import AdapterFactory, KVCacheAdapter
+from kvref.adapters import AdapterFactory, KVCacheAdapter, semantics_of
 from kvref.divergences import explain, load_registry
 from kvref.ops import REQUEST_OPS, RequestBook, execute
 from kvref.traces import Trace
@@ -158,10 +158,13 @@ class Lockstep:
             self.stats.event_log_checks += 1
 
     def _explained(self, op: Json, other: KVCacheAdapter, ref_out: Json, out: Json) -> bool:
-        names = (self.adapters[0].name, other.name)
-        if "vllm" not in names or names[0] == names[1]:
+        """Whether a registered divergence explains ``out != ref_out``: only
+        between a side that declares upstream vLLM behaviour and one that
+        declares kvspec semantics (:class:`kvref.adapters.DeclaredSemantics`)."""
+        ref_upstream = semantics_of(self.adapters[0]).upstream
+        if ref_upstream == semantics_of(other).upstream:
             return False
-        vllm_out, spec_out = (ref_out, out) if names[0] == "vllm" else (out, ref_out)
+        vllm_out, spec_out = (ref_out, out) if ref_upstream else (out, ref_out)
         div_id = explain(self.config, op, vllm_out, spec_out, self.pending > 0)
         if div_id is None:
             return False

@@ -10,13 +10,44 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from kvspec import SEMANTICS_VERSION
 from kvspec.config import KVCacheConfig
 from kvspec.events import KVCacheEvent
 from kvspec.request import Request
 from kvspec.stats import PrefixCacheStats
 from kvspec.view import BlockIds, KVView
+
+
+@dataclass(frozen=True)
+class DeclaredSemantics:
+    """What an adapter claims to implement.
+
+    Attributes:
+        profile: The semantics profile it follows, e.g. ``"vllm-0.25.1"``.
+        upstream: True when it behaves like that vLLM release *including* the
+            release's known defects (real vLLM, a fork of it); False when it
+            follows kvspec, which deliberately does not copy them. The lockstep
+            explains a difference by a registered divergence only between an
+            upstream side and a kvspec-semantics side.
+        known: Registry ids of further known differences the adapter declares.
+    """
+
+    profile: str
+    upstream: bool
+    known: tuple[str, ...] = ()
+
+
+SPEC_SEMANTICS = DeclaredSemantics(SEMANTICS_VERSION, upstream=False)
+"""What kvspec, kvimpl and any adapter that declares nothing implement."""
+
+
+def semantics_of(adapter: object) -> DeclaredSemantics:
+    """The adapter's ``semantics`` attribute, or :data:`SPEC_SEMANTICS`."""
+    declared = getattr(adapter, "semantics", None)
+    return declared if isinstance(declared, DeclaredSemantics) else SPEC_SEMANTICS
 
 
 @runtime_checkable

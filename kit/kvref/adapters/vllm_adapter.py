@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from kvref.adapters import DeclaredSemantics
 from kvspec.config import (
     FULL_TYPE_KINDS,
     MLA,
@@ -319,6 +320,7 @@ class VllmAdapter:
     """
 
     name: str = "vllm"
+    semantics = DeclaredSemantics(f"vllm-{REQUIRED_VLLM_VERSION}", upstream=True)
 
     def __init__(self, config: KVCacheConfig, v: _Vllm) -> None:
         self.config = config
