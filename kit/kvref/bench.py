@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kvref.adapters import AdapterFactory
+from kvref.scheduler import ReqState, schedule_chunk
 from kvref.shapes import BENCH_MIXES, build_kinds, shape_named
 from kvspec.config import AttentionKind, KVCacheConfig
 from kvspec.request import Request, RequestBlockHasher, RequestId, RequestStatus
@@ -373,11 +374,16 @@ class VllmEngine(_Sequential):
 
 @dataclass(eq=False)
 class _Req:
+    """A workload request: its tokens and its scheduler state."""
+
     rid: str
     prompt: list[int]
     decode: int
-    computed: int = 0
     generated: int = 0
+    state: ReqState = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.state = ReqState(self.rid)
 
     @property
     def num_tokens(self) -> int:
@@ -411,6 +417,7 @@ class RunResult:
 def run(engine: Engine, w: Workload) -> RunResult:
     """Drive one engine through the workload."""
     reqs = make_requests(w)
+    config = w.config()
     waiting: list[_Req] = list(reqs)
     running: list[_Req] = []
     res = RunResult([])
@@ -423,7 +430,7 @@ def run(engine: Engine, w: Workload) -> RunResult:
         res.steps += 1
         scheduled: list[tuple[_Req, int]] = []
         # Running phase: oldest first; a failure preempts the newest running request.
-        todo = [(r, min(w.chunk, r.num_tokens - r.computed)) for r in running]
+        todo = [(r, schedule_chunk(config, r.num_tokens, r.state.computed, w.chunk)) for r in running]
         while todo:
             outs = engine.allocate_running([r.rid for r, _ in todo], [n for _, n in todo])
             res.results.extend(outs)
@@ -432,7 +439,7 @@ def run(engine: Engine, w: Workload) -> RunResult:
                 break
             victim = running.pop()
             engine.free(victim.rid)
-            victim.computed = 0
+            victim.state.preempted()
             engine.advance(victim.rid, 0, False, None)
             waiting.insert(0, victim)
             res.preemptions += 1
@@ -441,28 +448,28 @@ def run(engine: Engine, w: Workload) -> RunResult:
         while waiting and len(running) < w.max_running:
             r = waiting[0]
             hits, n_hit = engine.lookup(r.rid)
-            n_new = min(w.chunk, r.num_tokens - n_hit)
+            n_new = schedule_chunk(config, r.num_tokens, n_hit, w.chunk)
             out = engine.allocate(r.rid, n_new, n_hit, hits if any(hits) else None)
             res.results.append(out)
             if out is None:
                 break
             waiting.pop(0)
-            r.computed = n_hit
+            r.state.admitted(n_hit)
             running.append(r)
             scheduled.append((r, n_new))
         # Update phase (vLLM's update_from_output): advance, sample, free the finished.
         res.request_steps += len(scheduled)
         finished: list[str] = []
         for r, n in scheduled:
-            r.computed += n
+            r.state.computed += n
             token = None
-            if r.computed == r.num_tokens:
+            if r.state.computed == r.num_tokens:
                 if r.generated == r.decode:
                     finished.append(r.rid)
                     continue
                 r.generated += 1
                 token = tokens.randrange(32000)
-            engine.advance(r.rid, r.computed, True, token)
+            engine.advance(r.rid, r.state.computed, True, token)
         if finished:
             done = set(finished)
             running = [r for r in running if r.rid not in done]
