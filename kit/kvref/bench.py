@@ -61,7 +61,7 @@ def _cdiv(a: int, b: int) -> int:
 @dataclass(frozen=True)
 class Workload:
     """Scheduler workload parameters (defaults: a small version of the
-    reference's anchor run, which used 2,000 requests, 512-2,048-token
+    anchor run measured on vLLM 0.25.1, which used 2,000 requests, 512-2,048-token
     prompts, 64-256 decode steps, 64 running and 8,192 blocks)."""
 
     num_requests: int = 300

@@ -25,9 +25,10 @@ def require(holds: bool, message: str) -> None:
 
 def inv_tables_append_only(before: KVView, after: KVView) -> bool:
     """Between two states, a request's table only grows at its end, and an
-    entry only changes by becoming null (never back): reference §6 inv. 10
-    and the null-block monotonicity of inv. 11. A request that appears or
-    disappears is unconstrained."""
+    entry only changes by becoming null (never back): block tables are
+    append-only, and a position that was nulled (outside the attention
+    window) stays null. A request that appears or disappears is
+    unconstrained."""
     old = dict(before.tables)
     for rid, groups in after.tables:
         for prev, cur in zip(old.get(rid, ()), groups, strict=False):
@@ -39,7 +40,8 @@ def inv_tables_append_only(before: KVView, after: KVView) -> bool:
 
 
 def inv_hash_lifetime(before: KVView, after: KVView, operation: str) -> bool:
-    """Hashes survive freeing and touching (reference §6 inv. 7): only
+    """Hashes survive freeing and touching (a freed block stays hittable until
+    it is reused): only
     ``evict_blocks`` and ``reset_prefix_cache`` drop arbitrary entries, and
     ``allocate_slots`` only those of blocks it took from the free queue (so
     they sit in a table afterwards; they may have been freed by the same call,

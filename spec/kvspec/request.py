@@ -6,8 +6,9 @@ conformance kit) advances it and passes the current value to each call:
 ``dataclasses.replace`` updates ``num_computed_tokens``, ``status`` and
 ``num_preemptions``.
 
-Upstream: ``vllm.v1.request.Request`` (fields listed in §5.6 of the
-reference).
+Upstream: ``vllm.v1.request.Request`` (only the fields the KV-cache
+manager reads: token ids, prompt length, block hashes, computed tokens,
+status, extra-key sources, ``skip_reading_prefix_cache``, preemptions).
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
-"""The worked examples of the design documents, on the spec and on real vLLM.
+"""Worked examples of the design, on every target (spec, kvimpl, real vLLM).
 
-Sources:
+Two groups of examples, each pinning exact block ids:
 
-* ``/work/shared/seeds/000_0a3a6c98f49a3887.txt`` (seed 000): the per-kind
-  managers — skipped tokens, reverse-order free, hit searches, Mamba align
-  allocation, cross attention, SinkFull.
-* ``/work/shared/seeds/002_1e750ccf6b55991a.txt`` (seed 002): the
-  ``KVCacheManager`` facade — watermark, full-sequence admission, reserved
-  blocks, delayed caching, the N=0/E=0 error, the ``num_tokens - 1`` hit cap,
-  skipping the prefix cache, reset, ``pop_blocks_for_free``, event annotation.
+* the per-kind managers (vLLM's ``single_type_kv_cache_manager.py``) —
+  skipped tokens, reverse-order free, hit searches, Mamba align allocation,
+  cross attention, SinkFull;
+* the ``KVCacheManager`` facade (vLLM's ``kv_cache_manager.py``) — watermark,
+  full-sequence admission, reserved blocks, delayed caching, the N=0/E=0
+  error, the ``num_tokens - 1`` hit cap, skipping the prefix cache, reset,
+  ``pop_blocks_for_free``, event annotation.
 
 The pure formulas behind these examples are tested directly in
 ``test_formulas.py``.
@@ -39,11 +39,11 @@ from kvspec.request import RequestStatus
 
 N = 0  # the null block
 
-# --------------------------------------------------------------------------- seed 000: spec_manager_map
+# --------------------------------------------------------------------------- managers: MLA
 
 
 def test_mla_is_managed_like_full_attention(target: str) -> None:
-    """Seed 000 (spec_manager_map: MLAAttentionSpec -> FullAttentionManager): hits, free order, common prefix."""
+    """Spec_manager_map: MLAAttentionSpec -> FullAttentionManager: hits, free order, common prefix."""
     kv = make_kv(target, MLA(4), enable_kv_cache_events=True)
     assert kv.a.allocate_slots(kv.req("a", range(10)), 10) == ((1, 2, 3),)
     (ev,) = kv.a.take_events()
@@ -58,11 +58,11 @@ def test_mla_is_managed_like_full_attention(target: str) -> None:
     assert kv.a.to_view().free_queue == (4, *range(5, 16))
 
 
-# --------------------------------------------------------------------------- seed 000: skipped tokens
+# --------------------------------------------------------------------------- managers: skipped tokens
 
 
 def test_swa_window_4_with_7_computed_skips_4(target: str) -> None:
-    """Seed 000 (SlidingWindowManager.get_num_skipped_tokens): window 4, 7 computed -> tokens 0-3 skipped."""
+    """SlidingWindowManager.get_num_skipped_tokens: window 4, 7 computed -> tokens 0-3 skipped."""
     kv = make_kv(target, SlidingWindow(2, 4))
     assert kv.a.allocate_slots(kv.req("a", range(8)), 8) == ((1, 2, 3, 4),)
     kv.a.remove_skipped_blocks("a", 7)
@@ -75,18 +75,18 @@ def test_swa_window_4_with_7_computed_skips_4(target: str) -> None:
 
 @pytest.mark.parametrize(("computed_tokens", "skipped_blocks"), [(13, 2), (8, 2), (7, 0)])
 def test_chunked_local_skips_whole_chunks(target: str, computed_tokens: int, skipped_blocks: int) -> None:
-    """Seed 000 (ChunkedLocalAttentionManager.get_num_skipped_tokens): chunk 8: 13 -> 8, 8 -> 8, 7 -> 0."""
+    """ChunkedLocalAttentionManager.get_num_skipped_tokens: chunk 8: 13 -> 8, 8 -> 8, 7 -> 0."""
     kv = make_kv(target, ChunkedLocal(4, 8))
     assert kv.a.allocate_slots(kv.req("a", range(16)), 16) == ((1, 2, 3, 4),)
     kv.a.remove_skipped_blocks("a", computed_tokens)
     assert kv.table("a") == ((*([N] * skipped_blocks), *range(1 + skipped_blocks, 5)),)
 
 
-# --------------------------------------------------------------------------- seed 000: free order
+# --------------------------------------------------------------------------- managers: free order
 
 
 def test_free_in_reverse_order_evicts_the_tail_first(target: str) -> None:
-    """Seed 000 (free(): reversed for LRU): the request's last blocks are evicted first, the prefix survives."""
+    """Free(): reversed for LRU: the request's last blocks are evicted first, the prefix survives."""
     kv = make_kv(target, FullAttention(4), num_blocks=6)
     prompt = list(range(16))
     assert kv.a.allocate_slots(kv.req("a", prompt), 16) == ((1, 2, 3, 4),)
@@ -97,18 +97,18 @@ def test_free_in_reverse_order_evicts_the_tail_first(target: str) -> None:
 
 
 def test_free_of_an_unknown_request_is_a_no_op(target: str) -> None:
-    """Seed 000 (free(): req_to_blocks.pop(request_id, [])): freeing an unknown request changes nothing."""
+    """(free(): req_to_blocks.pop(request_id, [])): freeing an unknown request changes nothing."""
     kv = make_kv(target, FullAttention(4))
     before = kv.a.to_view()
     kv.a.free("nobody")
     assert kv.a.to_view() == before
 
 
-# --------------------------------------------------------------------------- seed 000: hit searches
+# --------------------------------------------------------------------------- managers: hit searches
 
 
 def test_full_attention_hit_stops_at_the_first_miss(target: str) -> None:
-    """Seed 000 (FullAttentionManager: left-to-right scan, downward closed): a miss at block 1 hides blocks 2-3."""
+    """FullAttentionManager: left-to-right scan, downward closed: a miss at block 1 hides blocks 2-3."""
     kv = make_kv(target, FullAttention(4))
     prompt = list(range(16))
     assert kv.a.allocate_slots(kv.req("a", prompt), 16) == ((1, 2, 3, 4),)
@@ -118,7 +118,7 @@ def test_full_attention_hit_stops_at_the_first_miss(target: str) -> None:
 
 
 def test_full_attention_eagle_drops_the_last_block(target: str) -> None:
-    """Seed 000 (FullAttentionManager.find_longest_cache_hit, EAGLE): the last hit block is dropped."""
+    """FullAttentionManager.find_longest_cache_hit, EAGLE: the last hit block is dropped."""
     kv = make_kv(target, FullAttention(4), use_eagle=True)
     prompt = list(range(16))
     assert kv.a.allocate_slots(kv.req("a", prompt), 16) == ((1, 2, 3, 4),)
@@ -133,7 +133,7 @@ def test_full_attention_eagle_drops_the_last_block(target: str) -> None:
 def test_swa_right_to_left_contiguous_search(
     target: str, evicted: tuple[int, ...], expected: tuple[int, ...], tokens: int
 ) -> None:
-    """Seed 000 (SlidingWindowManager.find_longest_cache_hit): rightmost run of ceil((w-1)/bs) blocks, nulls before."""
+    """SlidingWindowManager.find_longest_cache_hit: rightmost run of ceil((w-1)/bs) blocks, nulls before."""
     kv = make_kv(target, SlidingWindow(4, 8))
     prompt = list(range(41))
     assert kv.a.allocate_slots(kv.req("a", prompt), 41) == (tuple(range(1, 12)),)
@@ -142,7 +142,7 @@ def test_swa_right_to_left_contiguous_search(
 
 
 def test_swa_common_prefix_is_always_zero(target: str) -> None:
-    """Seed 000 (SlidingWindowManager.get_num_common_prefix_blocks): always 0; full attention counts shared blocks."""
+    """SlidingWindowManager.get_num_common_prefix_blocks: always 0; full attention counts shared blocks."""
     kv = make_kv(target, FullAttention(4), SlidingWindow(4, 8))
     prompt = list(range(10))
     assert kv.a.allocate_slots(kv.req("a", prompt), 10) == ((1, 2, 3), (4, 5, 6))
@@ -155,7 +155,7 @@ def test_swa_common_prefix_is_always_zero(target: str) -> None:
 
 
 def test_chunked_local_pads_nulls_before_the_current_chunk(target: str) -> None:
-    """Seed 000 (ChunkedLocalAttentionManager.find_longest_cache_hit): nulls before the chunk, left-to-right inside."""
+    """ChunkedLocalAttentionManager.find_longest_cache_hit: nulls before the chunk, left-to-right inside."""
     kv = make_kv(target, ChunkedLocal(4, 8))
     prompt = list(range(20))
     assert kv.a.allocate_slots(kv.req("a", prompt), 20) == ((1, 2, 3, 4, 5),)
@@ -174,14 +174,14 @@ def test_chunked_local_pads_nulls_before_the_current_chunk(target: str) -> None:
 def test_manager_constraints_are_config_errors(
     groups: tuple[AttentionKind, ...], use_eagle: bool, message: str
 ) -> None:
-    """Seed 000 (constraints: chunked local without EAGLE or mixed block sizes; sink_len % block_size == 0)."""
+    """(constraints: chunked local without EAGLE or mixed block sizes; sink_len % block_size == 0)."""
     # Rejected when the configuration is built, before any target exists.
     with pytest.raises(ConfigError, match=message):
         KVCacheConfig(num_blocks=16, groups=groups, max_model_len=128, use_eagle=use_eagle)
 
 
 def test_mamba_hit_is_the_last_state_only(target: str) -> None:
-    """Seed 000 (MambaManager.find_longest_cache_hit): rightmost hit only, nulls before it; then one new block."""
+    """MambaManager.find_longest_cache_hit: rightmost hit only, nulls before it; then one new block."""
     kv = make_kv(target, Mamba(4, "all"))
     prompt = list(range(13))
     assert kv.a.allocate_slots(kv.req("a", prompt), 13) == ((1, 2, 3, 4),)
@@ -194,11 +194,11 @@ def test_mamba_hit_is_the_last_state_only(target: str) -> None:
     assert kv.table("b") == ((N, N, 3, 5),)
 
 
-# --------------------------------------------------------------------------- seed 000: allocation
+# --------------------------------------------------------------------------- managers: allocation
 
 
 def test_hit_blocks_in_the_free_queue_count_as_needed(target: str) -> None:
-    """Seed 000 (get_num_blocks_to_allocate slow path adds evictable hits): hits as the only free blocks -> None."""
+    """Get_num_blocks_to_allocate slow path adds evictable hits: hits as the only free blocks -> None."""
     kv = make_kv(target, FullAttention(4), num_blocks=6)
     prompt = list(range(12))
     assert kv.a.allocate_slots(kv.req("a", prompt), 12) == ((1, 2, 3),)
@@ -216,7 +216,7 @@ def test_hit_blocks_in_the_free_queue_count_as_needed(target: str) -> None:
 
 
 def test_running_request_with_prefix_hits_is_a_caller_error(target: str) -> None:
-    """Seed 000 (allocate_new_computed_blocks: RUNNING -> assert no new computed blocks): same error on both targets."""
+    """Allocate_new_computed_blocks: RUNNING -> assert no new computed blocks: same error on both targets."""
     kv = make_kv(target, FullAttention(4))
     a = kv.req("a", range(8))
     assert kv.a.allocate_slots(a, 8) == ((1, 2),)
@@ -228,7 +228,7 @@ def test_running_request_with_prefix_hits_is_a_caller_error(target: str) -> None
 
 
 def test_rejected_speculative_tokens_do_not_shrink_the_table(target: str) -> None:
-    """Seed 000 (get_num_blocks_to_allocate fast path: num_req_blocks > required after rejection): 0 new blocks."""
+    """Get_num_blocks_to_allocate fast path: num_req_blocks > required after rejection: 0 new blocks."""
     kv = make_kv(target, FullAttention(4))
     a = kv.req("a", range(4))
     assert kv.a.allocate_slots(a, 4, num_lookahead_tokens=8) == ((1, 2, 3),)
@@ -238,7 +238,7 @@ def test_rejected_speculative_tokens_do_not_shrink_the_table(target: str) -> Non
 
 
 def test_mamba_align_allocates_one_plus_speculative_then_one(target: str) -> None:
-    """Seed 000 (MambaManager align mode): a new request takes 1 + num_speculative_blocks blocks, a running one <= 1."""
+    """MambaManager align mode: a new request takes 1 + num_speculative_blocks blocks, a running one <= 1."""
     kv = make_kv(target, Mamba(4, "align", 2))
     a = kv.req("a", range(8))
     assert kv.a.allocate_slots(a, 8) == ((N, 1, 2, 3),)
@@ -248,7 +248,7 @@ def test_mamba_align_allocates_one_plus_speculative_then_one(target: str) -> Non
 
 
 def test_cross_attention_blocks_are_sized_by_the_encoder(target: str) -> None:
-    """Seed 000 (CrossAttentionManager): encoder blocks are allocated once from num_encoder_tokens, never grown."""
+    """CrossAttentionManager: encoder blocks are allocated once from num_encoder_tokens, never grown."""
     kv = make_kv(target, FullAttention(4), CrossAttention(4), enable_caching=False)
     a = kv.req("a", range(5))
     assert kv.a.allocate_slots(a, 5, num_encoder_tokens=10) == ((1, 2), (3, 4, 5))
@@ -262,7 +262,7 @@ def test_cross_attention_blocks_are_sized_by_the_encoder(target: str) -> None:
 
 
 def test_sink_blocks_are_taken_at_construction(target: str) -> None:
-    """Seed 000 (SinkFullAttentionManager: popleft_n(sink_len // block_size) at init, never freed)."""
+    """(SinkFullAttentionManager: popleft_n(sink_len // block_size) at init, never freed)."""
     kv = make_kv(target, FullAttention(4), SinkFullAttention(4, 8), num_blocks=12)
     # divergence "sinkfull-ctor": vLLM 0.25.1's constructor raises TypeError; the vLLM
     # adapter applies its documented constructor shim, after which behaviour matches.
@@ -274,7 +274,7 @@ def test_sink_blocks_are_taken_at_construction(target: str) -> None:
     assert kv.a.reset_prefix_cache() is False
 
 
-# --------------------------------------------------------------------------- seed 002: admission
+# --------------------------------------------------------------------------- facade: admission
 
 
 @pytest.mark.parametrize(
@@ -290,7 +290,7 @@ def test_sink_blocks_are_taken_at_construction(target: str) -> None:
 def test_watermark_only_for_waiting_and_preempted(
     target: str, status: RequestStatus, has_scheduled_reqs: bool, admitted: bool
 ) -> None:
-    """Seed 002 (watermark only if has_scheduled_reqs and status in WAITING/PREEMPTED): 28 tokens, 3-block watermark."""
+    """Watermark only if has_scheduled_reqs and status in WAITING/PREEMPTED: 28 tokens, 3-block watermark."""
     kv = make_kv(target, FullAttention(4), num_blocks=10, watermark=0.3)
     req = replace(kv.req("a", [1] * 28), status=status)
     result = kv.a.allocate_slots(req, 28, has_scheduled_reqs=has_scheduled_reqs)
@@ -298,7 +298,7 @@ def test_watermark_only_for_waiting_and_preempted(
 
 
 def test_full_sequence_must_fit(target: str) -> None:
-    """Seed 002 (full_sequence_must_fit: the whole prompt must fit, else None before any side effect)."""
+    """(full_sequence_must_fit: the whole prompt must fit, else None before any side effect)."""
     kv = make_kv(target, FullAttention(4), num_blocks=8, max_num_batched_tokens=8)
     req = kv.req("a", range(100))
     before = kv.a.to_view()
@@ -308,25 +308,25 @@ def test_full_sequence_must_fit(target: str) -> None:
 
 
 def test_reserved_blocks_refuse_allocation(target: str) -> None:
-    """Seed 002 (reserved_blocks: required > free - reserved refuses the allocation)."""
+    """(reserved_blocks: required > free - reserved refuses the allocation)."""
     kv = make_kv(target, FullAttention(4), num_blocks=6)
     req = kv.req("a", range(16))
     assert kv.a.allocate_slots(req, 16, reserved_blocks=2) is None
     assert kv.a.allocate_slots(req, 16, reserved_blocks=1) == ((1, 2, 3, 4),)
 
 
-# --------------------------------------------------------------------------- seed 002: caching
+# --------------------------------------------------------------------------- facade: caching
 
 
 def test_delay_cache_blocks_defers_hashing(target: str) -> None:
-    """Seed 002 (delay_cache_blocks: no hashing until the caller's cache_blocks; N=0 with E>0 is legal)."""
+    """(delay_cache_blocks: no hashing until the caller's cache_blocks; N=0 with E>0 is legal)."""
     kv = make_kv(target, FullAttention(4))
     a = kv.req("a", range(9))
     assert kv.a.allocate_slots(a, 9, delay_cache_blocks=True) == ((1, 2, 3),)
     assert kv.a.to_view().cached == ()
     kv.a.cache_blocks(a, 8)
     assert kv.hashed() == {1, 2}
-    # Reference §5.3 step 14: an async KV load of 8 external tokens on an empty table
+    # An async KV load of 8 external tokens on an empty table
     # grows it to two blocks and returns nothing new.
     b = kv.req("b", range(100, 109))
     assert kv.a.allocate_slots(b, 0, num_external_computed_tokens=8, delay_cache_blocks=True) == ((),)
@@ -337,7 +337,7 @@ def test_delay_cache_blocks_defers_hashing(target: str) -> None:
 
 
 def test_no_new_and_no_external_tokens_is_a_value_error(target: str) -> None:
-    """Seed 002 (num_new_tokens == 0 without external tokens raises ValueError)."""
+    """(num_new_tokens == 0 without external tokens raises ValueError)."""
     kv = make_kv(target, FullAttention(4))
     before = kv.a.to_view()
     with pytest.raises(InvalidTokenCountError, match="num_new_tokens must be greater than 0") as info:
@@ -347,7 +347,7 @@ def test_no_new_and_no_external_tokens_is_a_value_error(target: str) -> None:
 
 
 def test_hit_is_at_most_num_tokens_minus_one(target: str) -> None:
-    """Seed 002 (max_cache_hit_length = num_tokens - 1): a fully cached 8-token prompt hits only 4 tokens."""
+    """Max_cache_hit_length = num_tokens - 1: a fully cached 8-token prompt hits only 4 tokens."""
     kv = make_kv(target, FullAttention(4))
     prompt = list(range(8))
     assert kv.a.allocate_slots(kv.req("a", prompt), 8) == ((1, 2),)
@@ -356,7 +356,7 @@ def test_hit_is_at_most_num_tokens_minus_one(target: str) -> None:
 
 
 def test_skip_reading_prefix_cache_and_caching_off(target: str) -> None:
-    """Seed 002 (skip_reading_prefix_cache or enable_caching=False: get_computed_blocks returns empty)."""
+    """(skip_reading_prefix_cache or enable_caching=False: get_computed_blocks returns empty)."""
     kv = make_kv(target, FullAttention(4))
     prompt = list(range(9))
     assert kv.a.allocate_slots(kv.req("a", prompt), 9) == ((1, 2, 3),)
@@ -371,7 +371,7 @@ def test_skip_reading_prefix_cache_and_caching_off(target: str) -> None:
 
 
 def test_reset_prefix_cache_needs_only_the_null_block_in_use(target: str) -> None:
-    """Seed 002 (reset_prefix_cache fails unless only the null block is used; success -> AllBlocksCleared)."""
+    """(reset_prefix_cache fails unless only the null block is used; success -> AllBlocksCleared)."""
     kv = make_kv(target, FullAttention(4), enable_kv_cache_events=True)
     prompt = list(range(9))
     assert kv.a.allocate_slots(kv.req("a", prompt), 9) == ((1, 2, 3),)
@@ -389,7 +389,7 @@ def test_reset_prefix_cache_needs_only_the_null_block_in_use(target: str) -> Non
 
 
 def test_pop_blocks_for_free_does_not_return_blocks(target: str) -> None:
-    """Seed 002 (pop_blocks_for_free: bookkeeping dropped, blocks stay used until the caller frees them reversed)."""
+    """(pop_blocks_for_free: bookkeeping dropped, blocks stay used until the caller frees them reversed)."""
     kv = make_kv(target, FullAttention(4))
     assert kv.a.allocate_slots(kv.req("a", range(10)), 10) == ((1, 2, 3),)
     queue = kv.a.to_view().free_queue
@@ -404,7 +404,7 @@ def test_pop_blocks_for_free_does_not_return_blocks(target: str) -> None:
 
 
 def test_take_events_are_annotated_with_kind_and_window(target: str) -> None:
-    """Seed 002 (take_events adds kind and sliding_window to BlockStored from the group index)."""
+    """(take_events adds kind and sliding_window to BlockStored from the group index)."""
     kv = make_kv(target, FullAttention(4), SlidingWindow(4, 8), enable_kv_cache_events=True)
     a = kv.req("a", range(9))
     assert kv.a.allocate_slots(a, 9) == ((1, 2, 3), (4, 5, 6))

@@ -1,13 +1,17 @@
-"""The executed traces of the behavioural reference, on the spec and on real vLLM.
+"""Executed scenarios of vLLM 0.25.1's KV-cache core, on every target.
 
-Source: ``/work/shared/reference/vllm-0.25.1-kv-core.md`` — Appendix A (A.1 to A.8),
-the §2.7 example and the §7 items marked [H] (confirmed by running vLLM 0.25.1).
-Only vLLM 0.25.1 behaviour is asserted; the 0.16.0 columns of the traces are not.
+Each test is a short scheduler history whose exact results (block ids, free
+order, hit lengths, events) were confirmed by running real vLLM 0.25.1: free
+order and re-hits, hybrid hit lengths, sliding-window lookups, Mamba and
+sliding-window decode, external tokens, admission gates, common prefixes,
+cache masks, and a list of sharp edges (hit caps, duplicate keys, table
+aliasing, sink blocks, window 1, three-kind hybrids, EAGLE with Mamba).
+Only vLLM 0.25.1 behaviour is asserted.
 Where the spec deliberately differs from 0.25.1 (``kvref/divergences.toml``), the
 test asserts the spec's value on the spec target and vLLM's on the vllm target,
 naming the divergence id.
 
-Notation of the reference: ``N`` = the null block (id 0), ``h`` = hashed.
+Notation: ``N`` = the null block (id 0), ``h`` = hashed.
 """
 
 from __future__ import annotations
@@ -30,16 +34,16 @@ def stored(events: Sequence[object]) -> list[BlockStored]:
 
 
 def pattern(kv: KV, ids: Sequence[int]) -> str:
-    """``h`` for each hashed block of ``ids``, ``-`` otherwise (Appendix A.8 notation)."""
+    """``h`` for each hashed block of ``ids``, ``-`` otherwise."""
     hashed = kv.hashed()
     return "".join("h" if b in hashed else "-" for b in ids)
 
 
-# --------------------------------------------------------------------------- A.1 / §2.7
+# --------------------------------------------------------------------------- free order and re-hits
 
 
-def test_a1_free_order_and_rehit(target: str) -> None:
-    """Reference Appendix A.1 (and the §2.7 example): free order, then the same prompt hits."""
+def test_free_order_and_rehit(target: str) -> None:
+    """Free order, then the same prompt hits."""
     kv = make_kv(target, FullAttention(4), num_blocks=8)
     a = kv.req("a", range(14))
     assert kv.a.get_computed_blocks(a) == (((),), 0)
@@ -56,7 +60,7 @@ def test_a1_free_order_and_rehit(target: str) -> None:
 
 
 def test_s2_7_successive_frees_stack_prepends(target: str) -> None:
-    """Reference §2.7: successive free_blocks calls stack prepends (the last call's unhashed blocks frontmost)."""
+    """Successive free_blocks calls stack prepends (the last call's unhashed blocks frontmost)."""
     kv = make_kv(target, FullAttention(4), num_blocks=10)
     assert kv.a.allocate_slots(kv.req("a", range(6)), 6) == ((1, 2),)
     assert kv.a.allocate_slots(kv.req("b", range(100, 106)), 6) == ((3, 4),)
@@ -67,7 +71,7 @@ def test_s2_7_successive_frees_stack_prepends(target: str) -> None:
 
 
 def test_s7_1_free_and_deferred_free_order_differ(target: str) -> None:
-    """Reference §7 item 1 [H]: free() frees per group in group order; the popped-then-reversed path is one call."""
+    """Free() frees per group in group order; the popped-then-reversed path is one call."""
     groups: tuple[AttentionKind, ...] = (FullAttention(4), SlidingWindow(4, 8))
     kv = make_kv(target, *groups, num_blocks=10)
     assert kv.a.allocate_slots(kv.req("a", range(10)), 10) == ((1, 2, 3), (4, 5, 6))
@@ -95,10 +99,10 @@ A2_CASES: list[tuple[str, tuple[AttentionKind, ...], bool, int]] = [
 
 
 @pytest.mark.parametrize(("groups", "use_eagle", "hit"), [c[1:] for c in A2_CASES], ids=[c[0] for c in A2_CASES])
-def test_a2_eagle_across_coordinators(
+def test_eagle_across_coordinators(
     target: str, groups: tuple[AttentionKind, ...], use_eagle: bool, hit: int
 ) -> None:
-    """Reference Appendix A.2 (§7 item 17 [H]): 40-token prompt cached, then a 41-token prompt; 0.25.1 hit lengths."""
+    """40-token prompt cached, then a 41-token prompt; 0.25.1 hit lengths."""
     kv = make_kv(target, *groups, num_blocks=64, use_eagle=use_eagle)
     prompt = list(range(40))
     assert kv.a.allocate_slots(kv.req("a", prompt), 40) is not None
@@ -111,7 +115,7 @@ def test_a2_eagle_across_coordinators(
 # --------------------------------------------------------------------------- A.3
 
 
-def a3_lookup(kv: KV, swa_group: int, cached: set[int]) -> tuple[tuple[tuple[int, ...], ...], int, list[int]]:
+def swa_lookup(kv: KV, swa_group: int, cached: set[int]) -> tuple[tuple[tuple[int, ...], ...], int, list[int]]:
     """Cache a 41-token prompt, evict the SWA blocks whose index is not in ``cached``
     (indices 0-9: max_length 40 -> 10 blocks), look up the same prompt again.
     Returns the hit, its length and the first request's SWA table."""
@@ -133,29 +137,29 @@ def a3_lookup(kv: KV, swa_group: int, cached: set[int]) -> tuple[tuple[tuple[int
     ],
     ids=["w8 cached 0-7", "w8 cached 0,1,2,4,5,7", "w8 cached 0", "w8 eagle cached 0-2,4-7"],
 )
-def test_a3_swa_lookup(
+def test_swa_lookup(
     target: str, window: int, use_eagle: bool, cached: set[int], nulls: int, real: list[int], tokens: int
 ) -> None:
-    """Reference Appendix A.3: SWA lookups (bs 4, max_length 40) as 'nulls + indices of the real blocks'."""
+    """SWA lookups (bs 4, max_length 40) as 'nulls + indices of the real blocks'."""
     kv = make_kv(target, SlidingWindow(4, window), num_blocks=16, use_eagle=use_eagle)
-    hits, n, swa = a3_lookup(kv, 0, cached)
+    hits, n, swa = swa_lookup(kv, 0, cached)
     assert (hits, n) == (((N,) * nulls + tuple(swa[i] for i in real),), tokens)
 
 
-def test_a3_swa_lookup_misaligned_run_start(target: str) -> None:
-    """Reference Appendix A.3: w8, align 8, cached 0-6 -> N x4 + idx 4,5 (24; idx 6 is a misaligned run start)."""
+def test_swa_lookup_misaligned_run_start(target: str) -> None:
+    """W8, align 8, cached 0-6 -> N x4 + idx 4,5 (24; idx 6 is a misaligned run start)."""
     kv = make_kv(target, FullAttention(8), SlidingWindow(4, 8), num_blocks=32)
-    hits, n, swa = a3_lookup(kv, 1, set(range(7)))
+    hits, n, swa = swa_lookup(kv, 1, set(range(7)))
     fa = kv.table("a")[0]
     assert n == 24
     assert hits == (fa[:3], (N,) * 4 + (swa[4], swa[5]))
 
 
-def test_a3_swa_eagle_fallback_alignment(target: str) -> None:
-    """Reference Appendix A.3 / §7 item 16 [H]: w13+EAGLE, align 8, cached {0,1,2} -> [] in 0.25.1."""
+def test_swa_eagle_fallback_alignment(target: str) -> None:
+    """W13+EAGLE, align 8, cached {0,1,2} -> [] in 0.25.1."""
     kv = make_kv(target, FullAttention(8), SlidingWindow(4, 13), num_blocks=32, use_eagle=True)
     assert kv.config.resolved_hash_block_size() == 4
-    hits, n, swa = a3_lookup(kv, 1, {0, 1, 2})
+    hits, n, swa = swa_lookup(kv, 1, {0, 1, 2})
     fa = kv.table("a")[0]
     if not kv.is_vllm:
         # divergence "swa-eagle-fallback": the run at the start (3 blocks) minus the
@@ -169,8 +173,8 @@ def test_a3_swa_eagle_fallback_alignment(target: str) -> None:
 # --------------------------------------------------------------------------- A.4
 
 
-def test_a4_mamba_all_decode(target: str) -> None:
-    """Reference Appendix A.4: mamba all, 10-token prompt, decode @10..@13."""
+def test_mamba_all_decode(target: str) -> None:
+    """Mamba all, 10-token prompt, decode @10..@13."""
     kv = make_kv(target, Mamba(4, "all"))
     a = kv.req("a", range(10))
     assert kv.a.allocate_slots(a, 10) == ((1, 2, 3),)
@@ -190,8 +194,8 @@ def test_a4_mamba_all_decode(target: str) -> None:
     assert 4 not in kv.hashed()
 
 
-def test_a4_mamba_align_spec0(target: str) -> None:
-    """Reference Appendix A.4 (§3.12 [H]): mamba align, no speculative blocks, prompt in chunks 8+2, decode to @13."""
+def test_mamba_align_spec0(target: str) -> None:
+    """Mamba align, no speculative blocks, prompt in chunks 8+2, decode to @13."""
     kv = make_kv(target, Mamba(4, "align"))
     a = kv.req("a", range(10))
     assert kv.a.allocate_slots(a, 8) == ((N, 1),)  # the returned slice includes the null padding
@@ -211,8 +215,8 @@ def test_a4_mamba_align_spec0(target: str) -> None:
     assert kv.table("a") == ((N, N, N, 3),)
 
 
-def test_a4_mamba_align_spec1(target: str) -> None:
-    """Reference Appendix A.4 (§7 item 32): mamba align, 1 speculative block; @12 and @13 keep [N,N,2h,3,4]."""
+def test_mamba_align_spec1(target: str) -> None:
+    """Mamba align, 1 speculative block; @12 and @13 keep [N,N,2h,3,4]."""
     kv = make_kv(target, Mamba(4, "align", 1))
     a = kv.req("a", range(10))
     assert kv.a.allocate_slots(a, 8) == ((N, 1, 2),)
@@ -230,8 +234,8 @@ def test_a4_mamba_align_spec1(target: str) -> None:
     assert kv.table("a") == ((N, N, 2, 3, 4),)
 
 
-def test_a4_swa_chunks(target: str) -> None:
-    """Reference Appendix A.4: swa(4,8), 20-token prompt in chunks 8+8+4, then decode to @23."""
+def test_swa_chunks(target: str) -> None:
+    """Swa(4,8), 20-token prompt in chunks 8+8+4, then decode to @23."""
     kv = make_kv(target, SlidingWindow(4, 8))
     a = kv.req("a", range(20))
     assert kv.a.allocate_slots(a, 8) == ((1, 2),)
@@ -255,8 +259,8 @@ def test_a4_swa_chunks(target: str) -> None:
     assert {5, 6} <= kv.hashed()
 
 
-def test_a4_fa_mamba_align_and_rehit(target: str) -> None:
-    """Reference Appendix A.4: fa+mamba(align), 14-token prompt in 8+6, decode; then a 16-token hit."""
+def test_fa_mamba_align_and_rehit(target: str) -> None:
+    """FA + Mamba(align), 14-token prompt in 8+6, decode; then a 16-token hit."""
     kv = make_kv(target, FullAttention(4), Mamba(4, "align"))
     prompt = list(range(14))
     a = kv.req("a", prompt)
@@ -278,8 +282,8 @@ def test_a4_fa_mamba_align_and_rehit(target: str) -> None:
 # --------------------------------------------------------------------------- A.5
 
 
-def test_a5_issue_33775_hit_plus_external_tokens(target: str) -> None:
-    """Reference Appendix A.5 (issue #33775): hit 12, E=4, N=1 -> ([1,2,3,8,5],[N,N,6,7,4]), all ref_cnt <= 1."""
+def test_issue_33775_hit_plus_external_tokens(target: str) -> None:
+    """VLLM issue #33775: hit 12, E=4, N=1 -> ([1,2,3,8,5],[N,N,6,7,4]), all ref_cnt <= 1."""
     kv = make_kv(target, FullAttention(4), SlidingWindow(4, 8), num_blocks=9)
     prompt = list(range(12))
     assert kv.a.allocate_slots(kv.req("a", prompt), 12) == ((1, 2, 3), (4, 5, 6))
@@ -299,8 +303,8 @@ def test_a5_issue_33775_hit_plus_external_tokens(target: str) -> None:
 # --------------------------------------------------------------------------- A.6
 
 
-def test_a6_full_sequence_gate(target: str) -> None:
-    """Reference Appendix A.6: NB=8, mnbt=8, 100-token prompt, N=8: fa -> None, swa(4,8) -> allowed (cap 5 <= 7)."""
+def test_full_sequence_gate(target: str) -> None:
+    """NB=8, mnbt=8, 100-token prompt, N=8: fa -> None, swa(4,8) -> allowed (cap 5 <= 7)."""
     prompt = list(range(100))
     fa = make_kv(target, FullAttention(4), num_blocks=8, max_num_batched_tokens=8)
     assert fa.a.allocate_slots(fa.req("a", prompt), 8, full_sequence_must_fit=True) is None
@@ -309,8 +313,8 @@ def test_a6_full_sequence_gate(target: str) -> None:
     assert swa.a.allocate_slots(swa.req("a", prompt), 8, full_sequence_must_fit=True) == ((1, 2),)
 
 
-def test_a6_watermark(target: str) -> None:
-    """Reference Appendix A.6: watermark 0.3, NB=10 (3 blocks): 24 tokens fit, 28 -> None unless nothing scheduled."""
+def test_watermark(target: str) -> None:
+    """Watermark 0.3, NB=10 (3 blocks): 24 tokens fit, 28 -> None unless nothing scheduled."""
     kw = {"num_blocks": 10, "watermark": 0.3}
     kv = make_kv(target, FullAttention(4), **kw)
     assert kv.a.allocate_slots(kv.req("a", [1] * 24), 24) == ((1, 2, 3, 4, 5, 6),)
@@ -319,16 +323,16 @@ def test_a6_watermark(target: str) -> None:
     assert kv.a.allocate_slots(kv.req("b", [1] * 28), 28, has_scheduled_reqs=False) == ((1, 2, 3, 4, 5, 6, 7),)
 
 
-def test_a6_reserved_blocks(target: str) -> None:
-    """Reference Appendix A.6: 28 tokens on NB=10: reserved_blocks=3 -> None, reserved_blocks=2 -> allowed."""
+def test_reserved_blocks(target: str) -> None:
+    """28 tokens on NB=10: reserved_blocks=3 -> None, reserved_blocks=2 -> allowed."""
     kv = make_kv(target, FullAttention(4), num_blocks=10)
     req = kv.req("a", [1] * 28)
     assert kv.a.allocate_slots(req, 28, reserved_blocks=3) is None
     assert kv.a.allocate_slots(req, 28, reserved_blocks=2) == ((1, 2, 3, 4, 5, 6, 7),)
 
 
-def test_a6_mamba_same_step_hit(target: str) -> None:
-    """Reference Appendix A.6 (§7 item 20): Mamba all, same prompt in the same step -> None; next step -> [N,2,4]."""
+def test_mamba_same_step_hit(target: str) -> None:
+    """Mamba all, same prompt in the same step -> None; next step -> [N,2,4]."""
     kv = make_kv(target, Mamba(4, "all"))
     assert kv.a.allocate_slots(kv.req("a", range(10)), 10) == ((1, 2, 3),)
     b = kv.req("b", range(10))
@@ -344,8 +348,8 @@ def test_a6_mamba_same_step_hit(target: str) -> None:
 # --------------------------------------------------------------------------- A.7
 
 
-def a7_setup(kv: KV) -> None:
-    """a = 10 tokens -> [1,2,3]; b shares 9 tokens -> [1,2,4]."""
+def common_prefix_setup(kv: KV) -> None:
+    """A = 10 tokens -> [1,2,3]; b shares 9 tokens -> [1,2,4]."""
     assert kv.a.allocate_slots(kv.req("a", range(10)), 10) == ((1, 2, 3),)
     b = kv.req("b", [*range(9), 99])
     hits, n = kv.a.get_computed_blocks(b)
@@ -354,35 +358,35 @@ def a7_setup(kv: KV) -> None:
     assert kv.table("b") == ((1, 2, 4),)
 
 
-def test_a7_common_prefix(target: str) -> None:
-    """Reference Appendix A.7: tables [1,2,3], [1,2,4] -> common 2; a third unrelated request -> 0."""
+def test_common_prefix(target: str) -> None:
+    """Tables [1,2,3], [1,2,4] -> common 2; a third unrelated request -> 0."""
     kv = make_kv(target, FullAttention(4))
-    a7_setup(kv)
+    common_prefix_setup(kv)
     assert kv.a.get_num_common_prefix_blocks("a") == (2,)
     assert kv.a.allocate_slots(kv.req("c", [50] * 10), 10) == ((5, 6, 7),)
     assert kv.a.get_num_common_prefix_blocks("a") == (0,)
 
 
-def test_a7_common_prefix_pending_under_report(target: str) -> None:
-    """Reference Appendix A.7: unrelated request freed, b popped not freed -> vLLM 0 (ref_cnt 2 vs 1 table)."""
+def test_common_prefix_pending_under_report(target: str) -> None:
+    """Unrelated request freed, b popped not freed -> vLLM 0 (ref_cnt 2 vs 1 table)."""
     kv = make_kv(target, FullAttention(4))
-    a7_setup(kv)
+    common_prefix_setup(kv)
     assert kv.a.allocate_slots(kv.req("c", [50] * 10), 10) == ((5, 6, 7),)
     kv.a.free("c")
     popped = kv.a.pop_blocks_for_free("b")
     assert popped == (1, 2, 4)
     # divergence "common-prefix-pending": the spec counts blocks held by every table
     # (only a's table remains: all 3); vLLM compares ref_cnt (2 with b's pending
-    # reference) with the number of tables (1).
+    # blocks) with the number of tables (1).
     assert kv.a.get_num_common_prefix_blocks("a") == ((0,) if kv.is_vllm else (3,))
     kv.a.free_blocks(list(reversed(popped)))
     assert kv.a.get_num_common_prefix_blocks("a") == (3,)
 
 
-def test_a7_common_prefix_pending_over_report(target: str) -> None:
-    """Reference Appendix A.7 / §6 inv. 15: unrelated request allocated, b popped not freed -> vLLM 2 (over-report)."""
+def test_common_prefix_pending_over_report(target: str) -> None:
+    """Unrelated request allocated, b popped not freed -> vLLM 2 (over-report)."""
     kv = make_kv(target, FullAttention(4))
-    a7_setup(kv)
+    common_prefix_setup(kv)
     assert kv.a.allocate_slots(kv.req("c", [50] * 10), 10) == ((5, 6, 7),)
     popped = kv.a.pop_blocks_for_free("b")
     # divergence "common-prefix-pending": no block of a is in c's table -> spec 0;
@@ -400,8 +404,8 @@ def test_a7_common_prefix_pending_over_report(target: str) -> None:
     [(False, "--hh--hh--hh--hh", 64), (True, "--hhh-hhh-hhh-hhh", 68)],
     ids=["no eagle", "eagle"],
 )
-def test_a8_swa_cache_mask_retention_none(target: str, use_eagle: bool, swa_pattern: str, swa_tokens: int) -> None:
-    """Reference Appendix A.8 (retention None; §2.8 [H] token_ids span unstored blocks): fa(16)+swa(4,8), 70 tokens."""
+def test_swa_cache_mask(target: str, use_eagle: bool, swa_pattern: str, swa_tokens: int) -> None:
+    """BlockStored token_ids span unstored blocks: fa(16)+swa(4,8), 70 tokens."""
     # The retention-interval rows of A.8 (retention 0 / 32) are out of scope (README).
     kv = make_kv(
         target, FullAttention(16), SlidingWindow(4, 8), num_blocks=32, use_eagle=use_eagle, enable_kv_cache_events=True
@@ -421,11 +425,11 @@ def test_a8_swa_cache_mask_retention_none(target: str, use_eagle: bool, swa_patt
     assert list(swa_ev.block_hashes) == expected
 
 
-# --------------------------------------------------------------------------- §4.3 / §7 [H] items
+# --------------------------------------------------------------------------- sharp edges
 
 
 def test_s7_14_chunked_local_hit_without_lookups(target: str) -> None:
-    """Reference §7 item 14 [H] / §3.11: empty cache, 17-token prompt, chunk 8, bs 4 -> a 16-token hit of nulls."""
+    """Empty cache, 17-token prompt, chunk 8, bs 4 -> a 16-token hit of nulls."""
     kv = make_kv(target, ChunkedLocal(4, 8))
     req = kv.req("a", range(17))
     hits, n = kv.a.get_computed_blocks(req)
@@ -435,7 +439,7 @@ def test_s7_14_chunked_local_hit_without_lookups(target: str) -> None:
 
 
 def test_s7_22_hybrid_caches_up_to_scheduler_block(target: str) -> None:
-    """Reference §7 item 22 [H] / §4.3: hybrid cache_blocks only hashes up to the scheduler block size; unitary all."""
+    """Hybrid cache_blocks only hashes up to the scheduler block size; unitary all."""
     kv = make_kv(target, FullAttention(4), SlidingWindow(8, 16))
     assert kv.config.scheduler_block_size == 8
     assert kv.a.allocate_slots(kv.req("a", range(12)), 12) == ((1, 2, 3), (4, 5))
@@ -446,7 +450,7 @@ def test_s7_22_hybrid_caches_up_to_scheduler_block(target: str) -> None:
 
 
 def test_s7_27_duplicate_blocks_under_one_key(target: str) -> None:
-    """Reference §7 item 27 [H]: two requests computing the same blocks -> two entries per key, two BlockStored."""
+    """Two requests computing the same blocks -> two entries per key, two BlockStored."""
     kv = make_kv(target, FullAttention(4), enable_kv_cache_events=True)
     prompt = list(range(8))
     a = kv.req("a", prompt)
@@ -466,7 +470,7 @@ def test_s7_27_duplicate_blocks_under_one_key(target: str) -> None:
 
 
 def test_s7_34_results_are_snapshots(target: str) -> None:
-    """Reference §7 item 34 [H]: vLLM aliases live tables; adapters return snapshots, later calls see the growth."""
+    """vLLM aliases live tables; adapters return snapshots, later calls see the growth."""
     kv = make_kv(target, FullAttention(4))
     a = kv.req("a", range(4))
     first = kv.a.allocate_slots(a, 4)
@@ -478,7 +482,7 @@ def test_s7_34_results_are_snapshots(target: str) -> None:
 
 
 def test_s7_35_sink_full_attention(target: str) -> None:
-    """Reference §7 item 35 / §3.14 [H]: sink blocks come from the queue head and are never returned."""
+    """Sink blocks come from the queue head and are never returned."""
     kv = make_kv(target, SinkFullAttention(4, 8), num_blocks=10)
     # divergence "sinkfull-ctor": vLLM 0.25.1 cannot construct the manager (TypeError);
     # the vLLM adapter applies its documented constructor shim, then behaviour matches.
@@ -492,7 +496,7 @@ def test_s7_35_sink_full_attention(target: str) -> None:
 
 
 def test_s7_40_window_one_is_never_hashed(target: str) -> None:
-    """Reference §7 item 40 [H] (and item 26): sliding_window 1 -> nothing hashed, still one BlockStored per call."""
+    """Sliding_window 1 -> nothing hashed, still one BlockStored per call."""
     kv = make_kv(target, SlidingWindow(4, 1), enable_kv_cache_events=True)
     a = kv.req("a", range(12))
     assert kv.a.allocate_slots(a, 12) == ((1, 2, 3),)
@@ -505,7 +509,7 @@ def test_s7_40_window_one_is_never_hashed(target: str) -> None:
 
 
 def test_s7_41_second_full_type_group(target: str) -> None:
-    """Reference §7 item 41 [H] / §4.3: FA + MLA + SWA -> hit 32 tokens; vLLM returns 10 MLA blocks."""
+    """FA + MLA + SWA -> hit 32 tokens; vLLM returns 10 MLA blocks."""
     kv = make_kv(target, FullAttention(4), MLA(4), SlidingWindow(4, 8), num_blocks=48)
     prompt = list(range(41))
     assert kv.a.allocate_slots(kv.req("a", prompt), 41) is not None
@@ -520,7 +524,7 @@ def test_s7_41_second_full_type_group(target: str) -> None:
 
 
 def test_s4_3_eagle_mamba_hit(target: str) -> None:
-    """Reference §4.3 / §7 item 18 [H]: FA+Mamba, EAGLE, no group flagged, 16 cached: vLLM hit 16, 3 FA blocks."""
+    """FA+Mamba, EAGLE, no group flagged, 16 cached: vLLM hit 16, 3 FA blocks."""
     kv = make_kv(target, FullAttention(4), Mamba(4, "all"), use_eagle=True)
     prompt = list(range(17))
     assert kv.a.allocate_slots(kv.req("a", prompt), 17) == ((1, 2, 3, 4, 5), (6, 7, 8, 9, 10))

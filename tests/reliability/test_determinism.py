@@ -1,4 +1,4 @@
-"""Determinism (issue 7, item 4): replaying a trace twice gives byte-identical
+"""Determinism: replaying a trace twice gives byte-identical
 outputs, views and event streams, in one process and across processes with
 different ``PYTHONHASHSEED`` values.
 

@@ -1,4 +1,4 @@
-"""The event stream is a faithful log of the prefix cache (issue 7, item 5).
+"""The event stream is a faithful log of the prefix cache.
 
 :class:`kvref.lockstep.EventLog` is a consumer index built only from the
 events ``take_events`` returned; after every ``take_events`` step it must

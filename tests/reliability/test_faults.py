@@ -1,4 +1,4 @@
-"""Faults from collaborators (issue 7, item 2).
+"""Faults from collaborators.
 
 * An event consumer that raises. ``take_events`` is a hand-over: it returns
   the queued events and empties the queue in one step, so the manager never

@@ -1,4 +1,4 @@
-"""Under ``python -O`` the spec still detects broken invariants (issue 7,
+"""Under ``python -O`` the spec still detects broken invariants (
 item 1): ``require()`` raises :class:`InvariantViolation` whether or not
 ``assert`` statements run. The check runs in a child interpreter started
 with ``-O``, so it holds however pytest itself was started."""

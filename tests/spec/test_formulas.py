@@ -5,10 +5,9 @@ The example tests pin the worked examples; the property tests at the end
 Hypothesis profile; ``HYPOTHESIS_PROFILE=crosshair`` runs them on the
 hypothesis-crosshair backend (symbolic inputs), as ``ci/proofs.sh`` does.
 
-Sources: ``/work/shared/seeds/000_0a3a6c98f49a3887.txt`` (seed 000) and
-``/work/shared/reference/vllm-0.25.1-kv-core.md`` (§3, §6, §7, Appendix A).
-The same examples run end to end against both targets in
-``test_examples_seeds.py`` and ``test_examples_appendix_a.py``.
+The same examples run end to end on every target in
+``tests/conformance/test_examples_design.py`` and
+``tests/conformance/test_examples_reference.py``.
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ from kvspec.single_type_kv_cache_manager import (
 
 
 def present(cached: set[int] | range, n: int = 10) -> list[bool]:
-    """Which of ``n`` block positions are cached (reference Appendix A.3 notation)."""
+    """Which of ``n`` block positions are cached."""
     return [i in cached for i in range(n)]
 
 
@@ -73,12 +72,12 @@ def present(cached: set[int] | range, n: int = 10) -> list[bool]:
     ],
 )
 def test_num_skipped_tokens(kind: AttentionKind, n: int, skipped: int) -> None:
-    """Seed 000 (get_num_skipped_tokens): window 4 / 7 computed -> 4; chunk 8: 13 -> 8, 8 -> 8, 7 -> 0; Mamba n-1."""
+    """Get_num_skipped_tokens: window 4 / 7 computed -> 4; chunk 8: 13 -> 8, 8 -> 8, 7 -> 0; Mamba n-1."""
     assert num_skipped_tokens(kind, n) == skipped
 
 
 def test_mamba_skipped_blocks_use_floor_division() -> None:
-    """Reference §7 item 32: Mamba skips -1 tokens at 0 computed and -1 // bs == -1 (Python floor) is harmless."""
+    """Mamba skips -1 tokens at 0 computed and -1 // bs == -1 (Python floor) is harmless."""
     skipped_blocks = num_skipped_tokens(Mamba(4), 0) // 4
     assert skipped_blocks == -1
     assert [0] * skipped_blocks == []
@@ -93,7 +92,7 @@ def test_mamba_skipped_blocks_use_floor_division() -> None:
     [(8, 4, False, 2), (8, 4, True, 3), (13, 4, False, 3), (13, 4, True, 4), (16, 4, False, 4), (1, 4, False, 0)],
 )
 def test_contiguous_blocks_for_hit(window: int, bs: int, eagle: bool, blocks: int) -> None:
-    """Seed 000 (sliding_window_contiguous_blocks = ceil((window - 1) / block_size), +1 with EAGLE); §7 item 40."""
+    """(sliding_window_contiguous_blocks = ceil((window - 1) / block_size), +1 with EAGLE)."""
     assert contiguous_blocks_for_hit(window, bs, eagle) == blocks
 
 
@@ -108,16 +107,16 @@ def test_contiguous_blocks_for_hit(window: int, bs: int, eagle: bool, blocks: in
     ],
     ids=["w8 cached 0-7", "w8 cached 0,1,2,4,5,7", "w8 cached 0", "w8 eagle cached 0-2,4-7", "w8 align 8 cached 0-6"],
 )
-def test_sliding_window_hit_appendix_a3(
+def test_sliding_window_hit_examples(
     cached: set[int] | range, window: int, eagle: bool, alignment: int, hit: tuple[int, int]
 ) -> None:
-    """Reference Appendix A.3: SWA lookups (bs 4, 10 blocks) as (first real index, length in blocks)."""
+    """SWA lookups (bs 4, 10 blocks) as (first real index, length in blocks)."""
     contiguous = contiguous_blocks_for_hit(window, 4, eagle)
     assert sliding_window_hit(present(cached), contiguous, eagle, 4, alignment) == hit
 
 
 def test_sliding_window_hit_eagle_fallback() -> None:
-    """Reference Appendix A.3 / §7 item 16: w13+EAGLE, align 8, cached {0,1,2}: spec 2 blocks (8 tokens)."""
+    """Item 16: w13+EAGLE, align 8, cached {0,1,2}: spec 2 blocks (8 tokens)."""
     # divergence "swa-eagle-fallback": vLLM 0.25.1 returns [] here (aligns, pops the
     # EAGLE block, aligns again); the spec drops the EAGLE block and aligns once.
     contiguous = contiguous_blocks_for_hit(13, 4, True)
@@ -126,7 +125,7 @@ def test_sliding_window_hit_eagle_fallback() -> None:
 
 
 def test_sliding_window_hit_is_the_rightmost_run() -> None:
-    """Seed 000 (SWA right-to-left scan: a miss resets the run; the first complete run from the right wins)."""
+    """(SWA right-to-left scan: a miss resets the run; the first complete run from the right wins)."""
     assert sliding_window_hit(present(range(10)), 2, False, 4, 4) == (8, 10)
     assert sliding_window_hit(present(set(range(9)) - {7}), 2, False, 4, 4) == (5, 7)  # block 8 alone is too short
     assert sliding_window_hit(present(set()), 2, False, 4, 4) == (0, 0)
@@ -140,12 +139,12 @@ def test_sliding_window_hit_is_the_rightmost_run() -> None:
     [(3, 4, 8, 2), (2, 4, 8, 2), (1, 4, 8, 0), (5, 4, 4, 5), (7, 4, 16, 4), (0, 4, 8, 0)],
 )
 def test_align_down(n: int, bs: int, alignment: int, aligned: int) -> None:
-    """Seed 000 (alignment_tokens: hybrid hits are cut to a multiple of the LCM block size)."""
+    """(alignment_tokens: hybrid hits are cut to a multiple of the LCM block size)."""
     assert align_down(n, bs, alignment) == aligned
 
 
 def test_full_attention_hit_is_downward_closed() -> None:
-    """Seed 000 (FullAttentionManager: left-to-right until the first miss; downward closed; EAGLE drops one)."""
+    """(FullAttentionManager: left-to-right until the first miss; downward closed; EAGLE drops one)."""
     assert full_attention_hit([True, False, True, True], False, 4, 4) == 1
     assert full_attention_hit([True] * 4, False, 4, 4) == 4
     assert full_attention_hit([True] * 4, True, 4, 4) == 3
@@ -159,12 +158,12 @@ def test_full_attention_hit_is_downward_closed() -> None:
 
 
 def test_chunked_local_hit_without_lookups() -> None:
-    """Reference §7 item 14 / §3.11: empty cache, 17 tokens (max 16), chunk 8, bs 4 -> 4 null blocks (16 tokens)."""
+    """Empty cache, 17 tokens (max 16), chunk 8, bs 4 -> 4 null blocks (16 tokens)."""
     assert chunked_local_hit(present(set(), 4), 16, 8, 4) == (4, 4)
 
 
 def test_chunked_local_hit_scans_the_current_chunk() -> None:
-    """Seed 000 (ChunkedLocal: nulls up to (max_length // chunk) * chunk, then left-to-right until a miss)."""
+    """(ChunkedLocal: nulls up to (max_length // chunk) * chunk, then left-to-right until a miss)."""
     assert chunked_local_hit(present({2}, 3), 12, 8, 4) == (2, 3)
     assert chunked_local_hit(present({0, 1}, 3), 12, 8, 4) == (2, 2)
     assert chunked_local_hit(present({0}, 1), 7, 8, 4) == (0, 1)
@@ -172,7 +171,7 @@ def test_chunked_local_hit_scans_the_current_chunk() -> None:
 
 
 def test_mamba_hit_is_the_rightmost_aligned_state() -> None:
-    """Seed 000 (MambaManager: right-to-left, the first hit wins); reference §7 item 19 (misaligned hits skipped)."""
+    """(MambaManager: right-to-left, the first hit wins); misaligned hits are skipped."""
     assert mamba_hit([True, True, False, True], 4, 4) == (3, 4)
     assert mamba_hit([True, True, True, False], 4, 8) == (1, 2)
     assert mamba_hit([False, False], 4, 4) == (0, 0)
@@ -182,12 +181,12 @@ def test_mamba_hit_is_the_rightmost_aligned_state() -> None:
 
 
 def mask_pattern(mask: list[bool] | None) -> str | None:
-    """``h`` for cacheable, ``-`` for masked blocks (Appendix A.8 notation)."""
+    """``h`` for cacheable, ``-`` for masked blocks."""
     return None if mask is None else "".join("h" if m else "-" for m in mask)
 
 
-def test_reachable_block_mask_appendix_a8() -> None:
-    """Reference Appendix A.8 (retention None): swa(4,8) with scheduler block 16: --hh… (EAGLE --hhh-hhh…)."""
+def test_reachable_block_mask_examples() -> None:
+    """Swa(4,8) with scheduler block 16: --hh… (EAGLE --hhh-hhh…)."""
     swa = SlidingWindow(4, 8)
     assert mask_pattern(reachable_block_mask(swa, 0, 16, 16, False)) == "--hh--hh--hh--hh"
     assert mask_pattern(reachable_block_mask(swa, 0, 17, 16, True)) == "--hhh-hhh-hhh-hhh"
@@ -195,7 +194,7 @@ def test_reachable_block_mask_appendix_a8() -> None:
 
 
 def test_reachable_block_mask_dense_and_degenerate() -> None:
-    """Reference §3.10 (single group / need >= per -> None, dense) and §7 item 40 (window 1 -> all masked)."""
+    """(single group / need >= per -> None, dense) and (window 1 -> all masked)."""
     assert reachable_block_mask(SlidingWindow(4, 8), 0, 10, 4, False) is None
     assert reachable_block_mask(SlidingWindow(4, 13), 0, 10, 8, True) is None
     assert reachable_block_mask(FullAttention(4), 0, 10, 16, False) is None
@@ -203,8 +202,8 @@ def test_reachable_block_mask_dense_and_degenerate() -> None:
     assert mask_pattern(reachable_block_mask(SlidingWindow(4, 1), 0, 3, 4, False)) == "---"
 
 
-def test_admission_caps_appendix_a6() -> None:
-    """Reference Appendix A.6 / §3.10-3.11: swa(4,8), mnbt 8 -> cap 5; chunked local cdiv(min(chunk+mnbt, L), bs)."""
+def test_admission_caps_examples() -> None:
+    """Swa(4,8), mnbt 8 -> cap 5; chunked local cdiv(min(chunk+mnbt, L), bs)."""
     assert admission_cap(SlidingWindow(4, 8), 8, 128) == 5
     assert admission_cap(ChunkedLocal(4, 8), 8, 128) == 4
     assert admission_cap(SlidingWindow(4, 8), 8, 10) == 4
@@ -212,8 +211,8 @@ def test_admission_caps_appendix_a6() -> None:
     assert admission_cap(Mamba(4), 8, 128) is None
 
 
-def test_common_prefix_length_appendix_a7() -> None:
-    """Reference Appendix A.7 / §6 invariant 15: a [1,2,3], b [1,2,4] -> 2; with unrelated c [5,6,7] -> 0."""
+def test_common_prefix_length_examples() -> None:
+    """Invariant 15: a [1,2,3], b [1,2,4] -> 2; with unrelated c [5,6,7] -> 0."""
     a, b, c = ([BlockId(i) for i in t] for t in ((1, 2, 3), (1, 2, 4), (5, 6, 7)))
     assert common_prefix_length(a, [a, b]) == 2
     assert common_prefix_length(a, [a, b, c]) == 0
@@ -230,14 +229,14 @@ _bools = st.lists(st.booleans(), max_size=6)
 
 @given(st.integers(-50, 50), st.integers(1, 8))
 def test_prop_cdiv(a: int, b: int) -> None:
-    """cdiv is the least ``q`` with ``q * b >= a``."""
+    """Cdiv is the least ``q`` with ``q * b >= a``."""
     q = cdiv(a, b)
     assert q * b >= a > (q - 1) * b
 
 
 @given(st.integers(0, 20), st.integers(1, 4), st.integers(1, 4))
 def test_prop_align_down(n: int, bs: int, per: int) -> None:
-    """align_down drops to the largest multiple of ``per`` blocks."""
+    """Align_down drops to the largest multiple of ``per`` blocks."""
     assert align_down(n, bs, bs * per) == n - n % per
 
 
@@ -301,7 +300,7 @@ def test_prop_requeue(queue: list[int], released: list[tuple[int, bool]]) -> Non
 
 @given(st.binary(max_size=8), st.integers(0, 2**32 - 1))
 def test_prop_key_round_trip(digest: bytes, group: int) -> None:
-    """split_key inverts make_key."""
+    """Split_key inverts make_key."""
     assert split_key(make_key(BlockHash(digest), group)) == (digest, group)
 
 
