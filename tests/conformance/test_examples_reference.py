@@ -59,7 +59,7 @@ def test_free_order_and_rehit(target: str) -> None:
     assert kv.table("b") == ((1, 2, 3, 4),)
 
 
-def test_s2_7_successive_frees_stack_prepends(target: str) -> None:
+def test_successive_frees_stack_prepends(target: str) -> None:
     """Successive free_blocks calls stack prepends (the last call's unhashed blocks frontmost)."""
     kv = make_kv(target, FullAttention(4), num_blocks=10)
     assert kv.a.allocate_slots(kv.req("a", range(6)), 6) == ((1, 2),)
@@ -70,7 +70,7 @@ def test_s2_7_successive_frees_stack_prepends(target: str) -> None:
     assert kv.a.to_view().free_queue == (4, 2, 5, 6, 7, 8, 9, 1, 3)
 
 
-def test_s7_1_free_and_deferred_free_order_differ(target: str) -> None:
+def test_free_and_deferred_free_order_differ(target: str) -> None:
     """Free() frees per group in group order; the popped-then-reversed path is one call."""
     groups: tuple[AttentionKind, ...] = (FullAttention(4), SlidingWindow(4, 8))
     kv = make_kv(target, *groups, num_blocks=10)
@@ -428,7 +428,7 @@ def test_swa_cache_mask(target: str, use_eagle: bool, swa_pattern: str, swa_toke
 # --------------------------------------------------------------------------- sharp edges
 
 
-def test_s7_14_chunked_local_hit_without_lookups(target: str) -> None:
+def test_chunked_local_hit_without_lookups(target: str) -> None:
     """Empty cache, 17-token prompt, chunk 8, bs 4 -> a 16-token hit of nulls."""
     kv = make_kv(target, ChunkedLocal(4, 8))
     req = kv.req("a", range(17))
@@ -438,7 +438,7 @@ def test_s7_14_chunked_local_hit_without_lookups(target: str) -> None:
     assert kv.table("a") == ((N, N, N, N, 1),)
 
 
-def test_s7_22_hybrid_caches_up_to_scheduler_block(target: str) -> None:
+def test_hybrid_caches_up_to_scheduler_block(target: str) -> None:
     """Hybrid cache_blocks only hashes up to the scheduler block size; unitary all."""
     kv = make_kv(target, FullAttention(4), SlidingWindow(8, 16))
     assert kv.config.scheduler_block_size == 8
@@ -449,7 +449,7 @@ def test_s7_22_hybrid_caches_up_to_scheduler_block(target: str) -> None:
     assert unitary.hashed() == {1, 2, 3}
 
 
-def test_s7_27_duplicate_blocks_under_one_key(target: str) -> None:
+def test_duplicate_blocks_under_one_key(target: str) -> None:
     """Two requests computing the same blocks -> two entries per key, two BlockStored."""
     kv = make_kv(target, FullAttention(4), enable_kv_cache_events=True)
     prompt = list(range(8))
@@ -469,7 +469,7 @@ def test_s7_27_duplicate_blocks_under_one_key(target: str) -> None:
     assert kv.a.get_computed_blocks(c) == (((3, 2),), 8)  # the oldest surviving one
 
 
-def test_s7_34_results_are_snapshots(target: str) -> None:
+def test_results_are_snapshots(target: str) -> None:
     """vLLM aliases live tables; adapters return snapshots, later calls see the growth."""
     kv = make_kv(target, FullAttention(4))
     a = kv.req("a", range(4))
@@ -481,7 +481,7 @@ def test_s7_34_results_are_snapshots(target: str) -> None:
     assert kv.table("a") == ((1, 2),)
 
 
-def test_s7_35_sink_full_attention(target: str) -> None:
+def test_sink_full_attention(target: str) -> None:
     """Sink blocks come from the queue head and are never returned."""
     kv = make_kv(target, SinkFullAttention(4, 8), num_blocks=10)
     # divergence "sinkfull-ctor": vLLM 0.25.1 cannot construct the manager (TypeError);
@@ -495,7 +495,7 @@ def test_s7_35_sink_full_attention(target: str) -> None:
     assert kv.a.reset_prefix_cache() is False
 
 
-def test_s7_40_window_one_is_never_hashed(target: str) -> None:
+def test_window_one_is_never_hashed(target: str) -> None:
     """Sliding_window 1 -> nothing hashed, still one BlockStored per call."""
     kv = make_kv(target, SlidingWindow(4, 1), enable_kv_cache_events=True)
     a = kv.req("a", range(12))
@@ -508,7 +508,7 @@ def test_s7_40_window_one_is_never_hashed(target: str) -> None:
     assert kv.a.get_computed_blocks(kv.req("b", range(13))) == (((),), 0)
 
 
-def test_s7_41_second_full_type_group(target: str) -> None:
+def test_second_full_type_group(target: str) -> None:
     """FA + MLA + SWA -> hit 32 tokens; vLLM returns 10 MLA blocks."""
     kv = make_kv(target, FullAttention(4), MLA(4), SlidingWindow(4, 8), num_blocks=48)
     prompt = list(range(41))
@@ -523,7 +523,7 @@ def test_s7_41_second_full_type_group(target: str) -> None:
     assert hits[1] == (mla[:10] if kv.is_vllm else mla[:8])
 
 
-def test_s4_3_eagle_mamba_hit(target: str) -> None:
+def test_eagle_mamba_hit(target: str) -> None:
     """FA+Mamba, EAGLE, no group flagged, 16 cached: vLLM hit 16, 3 FA blocks."""
     kv = make_kv(target, FullAttention(4), Mamba(4, "all"), use_eagle=True)
     prompt = list(range(17))

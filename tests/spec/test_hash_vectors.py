@@ -1,16 +1,16 @@
 """kvspec's block hashes are byte-identical to vLLM 0.25.1's.
 
-``hash_vectors.json`` (next to this file) was computed by real vLLM 0.25.1, not
-by kvspec: ``ci/gen_hash_vectors.py`` builds ``vllm.v1.request.Request`` objects
+``traces/vectors/hash-vectors.json`` was computed by real vLLM 0.25.1, not by
+kvspec: ``python -m kvtools hash-vectors`` builds ``vllm.v1.request.Request`` objects
 with ``block_hasher=get_request_block_hasher(...)`` after setting
 ``PYTHONHASHSEED`` to each case's seed and calling ``init_none_hash``, appends
 the output tokens one at a time with ``append_output_token_ids``, and also
 records direct ``hash_block_tokens`` calls and ``BlockHashListWithBlockSize``
 views. This test replays every case through ``kvspec.request.RequestBlockHasher``
-and ``kvspec.hashing``; it does not need vLLM. Regenerate the vectors from the
-repository root with::
+and ``kvspec.hashing``; it does not need vLLM. Regenerate the vectors (with
+vLLM 0.25.1 installed) with::
 
-    VLLM_LOGGING_LEVEL=WARNING .venv-vllm/bin/python ci/gen_hash_vectors.py
+    VLLM_LOGGING_LEVEL=WARNING python -m kvtools hash-vectors
 """
 
 from __future__ import annotations

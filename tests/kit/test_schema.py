@@ -1,0 +1,55 @@
+"""Every stored trace matches the JSON Schema of the trace format
+(``traces/schema/trace.schema.json``), and the schema rejects malformed lines."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jsonschema import Draft202012Validator
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA = json.loads((ROOT / "traces" / "schema" / "trace.schema.json").read_text())
+HEADER = Draft202012Validator({"$defs": SCHEMA["$defs"], "$ref": "#/$defs/header"})
+STEP = Draft202012Validator({"$defs": SCHEMA["$defs"], "$ref": "#/$defs/step"})
+CORPUS = sorted((ROOT / "traces").glob("*/*.jsonl"))
+
+
+def test_schema_is_valid() -> None:
+    Draft202012Validator.check_schema(SCHEMA)
+    assert len(CORPUS) >= 300
+
+
+@pytest.mark.parametrize("folder", ["golden", "directed", "divergences"])
+def test_corpus_matches_schema(folder: str) -> None:
+    problems = []
+    for path in (p for p in CORPUS if p.parent.name == folder):
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        problems += [f"{path.name}:1: {e.message}" for e in HEADER.iter_errors(lines[0])]
+        for i, step in enumerate(lines[1:], start=2):
+            problems += [f"{path.name}:{i}: {e.message}" for e in STEP.iter_errors(step)]
+    assert not problems, problems[:10]
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        {"op": "allocate_slots", "rid": "r1"},
+        {"op": "add_request", "rid": "r1", "prompt": []},
+        {"op": "get_block_ids"},
+        {"op": "no_such_operation", "rid": "r1"},
+        {"op": "free_blocks", "block_ids": [1], "view": "not-a-digest"},
+        {"op": "set_request", "rid": "r1", "status": "DONE"},
+    ],
+)
+def test_schema_rejects_malformed_steps(step: dict[str, Any]) -> None:
+    assert not STEP.is_valid(step)
+
+
+def test_schema_rejects_a_foreign_header() -> None:
+    header = json.loads((CORPUS[0]).read_text().splitlines()[0])
+    assert HEADER.is_valid(header)
+    assert not HEADER.is_valid({**header, "version": 2})
+    assert not HEADER.is_valid({**header, "config": {**header["config"], "groups": []}})
