@@ -1,18 +1,27 @@
-"""The two Hypothesis internals kvref relies on, in one place.
+"""The Hypothesis internals kvref relies on, in one place.
 
 Hypothesis has no public way to seed a state machine run outside a test
 function (``@seed`` decorates tests, ``run_state_machine_as_test`` takes no
-seed), nor to bound the time its shrinker spends. kvref needs both: ``kvref
-check --seed N`` must be reproducible, and the bug zoo bounds shrinking
-separately from the hunt. Both are attributes Hypothesis reads at run time;
-``tests/kit/test_hypothesis_compat.py`` fails when an upgrade of Hypothesis
-stops honouring either, so the breakage shows up there and nowhere else.
+seed), to bound the time its shrinker spends, or to stop it from drawing
+literal constants out of the source code of every loaded local module. kvref
+needs all three: ``kvref check --seed N`` must be reproducible, the bug zoo
+bounds shrinking separately from the hunt, and a seeded run must draw the
+same values whatever else is loaded and whether kvref runs from an editable
+install or a wheel (Hypothesis only collects constants from modules outside
+``site-packages``, so the two would differ). Each is an attribute Hypothesis
+reads at run time; ``tests/kit/test_hypothesis_compat.py`` fails when an
+upgrade of Hypothesis stops honouring one, so the breakage shows up there and
+nowhere else.
 """
 
 from __future__ import annotations
 
 from hypothesis.internal.conjecture import engine as _engine
+from hypothesis.internal.conjecture import providers as _providers
+from hypothesis.internal.constants_ast import Constants
 from hypothesis.stateful import RuleBasedStateMachine
+
+_NO_LOCAL_CONSTANTS = Constants()
 
 
 def seed_machine(machine: type[RuleBasedStateMachine], seed: int) -> None:
@@ -29,3 +38,20 @@ def set_shrink_time_limit(seconds: float) -> None:
     """Bound the time Hypothesis spends shrinking (read when shrinking starts
     and while it runs, so it can be lowered once a failure is found)."""
     _engine.MAX_SHRINKING_SECONDS = max(1, int(seconds))
+
+
+def pin_drawn_constants() -> None:
+    """Stop Hypothesis from mixing literals of local source files into its
+    draws, so that a seeded run depends only on the seed, the strategies and
+    the Hypothesis version (its built-in constants stay)."""
+    _providers._get_local_constants = _no_local_constants
+    _providers.CONSTANTS_CACHE.cache.clear()
+
+
+def drawn_constants_pinned() -> bool:
+    """Whether :func:`pin_drawn_constants` is in effect."""
+    return _providers._get_local_constants is _no_local_constants
+
+
+def _no_local_constants() -> Constants:
+    return _NO_LOCAL_CONSTANTS

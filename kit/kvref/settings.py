@@ -12,6 +12,8 @@ import os
 
 from hypothesis import HealthCheck, Phase, settings
 
+from kvref.hypothesis_compat import pin_drawn_constants
+
 PROFILES = {
     "dev": {"max_examples": 40, "stateful_step_count": 40},
     "ci": {"max_examples": 400, "stateful_step_count": 60},
@@ -37,8 +39,13 @@ def register_profiles() -> None:
 
 
 def load_profile(name: str | None = None) -> str:
-    """Load ``name`` (default: ``HYPOTHESIS_PROFILE`` or ``dev``); return it."""
+    """Load ``name`` (default: ``HYPOTHESIS_PROFILE`` or ``dev``); return it.
+
+    Also pins what Hypothesis draws from (:func:`kvref.hypothesis_compat.pin_drawn_constants`),
+    so that a seeded run gives the same steps from any install.
+    """
     register_profiles()
+    pin_drawn_constants()
     chosen = name or os.environ.get("HYPOTHESIS_PROFILE", "dev")
     if chosen not in PROFILES:
         raise ValueError(f"unknown profile {chosen!r}; choose one of {', '.join(PROFILES)}")
