@@ -5,7 +5,7 @@ different ``PYTHONHASHSEED`` values.
 kvspec derives its hashes from the config's ``hash_seed``, never from Python's
 ``hash()``, so ``PYTHONHASHSEED`` must not matter; the vLLM adapter installs
 its NONE_HASH from the same seed. Targets: the ``target`` fixture
-(``KVREF_RELIABILITY_TARGETS``, see conftest.py).
+(``KVREF_TARGETS``, see ``tests/conftest.py``).
 ``test_detects_hash_seed_dependence`` shows that the check fails on an
 adapter whose output follows ``hash()`` of strings.
 """
