@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from kvref.adapters.vllm_adapter import vllm_available
+from kvref.adapters.vllm_adapter import VllmAdapter, vllm_available
 
 TARGETS = [t for t in os.environ.get("KVREF_TARGETS", "spec,impl,vllm").split(",") if t]
 
@@ -30,8 +30,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture
 def target(request: pytest.FixtureRequest) -> str:
-    """One adapter target (see the module docstring)."""
+    """One adapter target (see the module docstring). A test marked
+    ``semantics(profile)`` runs on real vLLM only when that release is installed."""
     name = str(request.param)
-    if name == "vllm" and not vllm_available():
-        pytest.skip("vLLM is not installed (bash ci/setup.sh --with-vllm)")
+    if name == "vllm":
+        if not vllm_available():
+            pytest.skip("vLLM is not installed (bash ci/setup.sh --with-vllm)")
+        marker = request.node.get_closest_marker("semantics")
+        installed = VllmAdapter.semantics.profile
+        if marker is not None and marker.args[0] != installed:
+            pytest.skip(f"pins {marker.args[0]}; the installed vLLM is {installed}")
     return name

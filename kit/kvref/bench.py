@@ -46,6 +46,7 @@ from kvref.adapters import AdapterFactory
 from kvref.scheduler import ReqState, schedule_chunk
 from kvref.shapes import BENCH_MIXES, build_kinds, shape_named
 from kvspec.config import AttentionKind, KVCacheConfig
+from kvspec.profiles import VLLM_0_25_1, SemanticsProfile
 from kvspec.request import Request, RequestBlockHasher, RequestId, RequestStatus
 
 Ids = tuple[tuple[int, ...], ...]
@@ -76,6 +77,8 @@ class Workload:
     seed: int = 0
     window: int | None = None
     """Sliding window of the full+swa mix; None: :meth:`swa_window`'s choice."""
+    profile: SemanticsProfile = VLLM_0_25_1
+    """The semantics every engine follows (kvimpl follows 0.25.1)."""
 
     def swa_window(self) -> int:
         """The window of the full+swa mix: the anchor's 1024 when prompts are
@@ -99,7 +102,9 @@ class Workload:
 
     def config(self) -> KVCacheConfig:
         """The manager configuration of this workload."""
-        return KVCacheConfig(num_blocks=self.num_blocks, groups=self.groups(), max_model_len=self.max_model_len())
+        return KVCacheConfig(
+            num_blocks=self.num_blocks, groups=self.groups(), max_model_len=self.max_model_len(), profile=self.profile
+        )
 
     def describe(self) -> str:
         """One line for table titles."""
@@ -484,7 +489,7 @@ def available_engines(
     engine per adapter factory of ``extra`` (timed through its facade)."""
     from kvspec.kv_cache_manager import KVCacheManager as SpecManager  # noqa: PLC0415
 
-    hasher = RequestBlockHasher(config.hash_function, config.hash_seed, config.resolved_hash_block_size())
+    hasher = RequestBlockHasher.for_config(config)
     engines: dict[str, Callable[[], Engine]] = {"spec": lambda: KvrefEngine("spec", SpecManager(config), hasher)}
     try:
         from kvimpl.kv_cache_manager import KVCacheManager as ImplManager  # noqa: PLC0415

@@ -61,6 +61,10 @@ class RunStats:
     """Steps run when the first unexplained divergence was seen."""
     on_first_failure: Callable[[], None] | None = field(default=None, compare=False, repr=False)
     """Called once, at the first unexplained divergence (before shrinking starts)."""
+    refused_configs: Counter[str] = field(default_factory=Counter)
+    """Drawn configurations the profile or an adapter refused, by error class."""
+    refused_reasons: Counter[str] = field(default_factory=Counter)
+    """The same, by shape and message."""
 
 
 class Lockstep:

@@ -30,9 +30,10 @@ from kvspec.config import (
     SinkFullAttention,
     SlidingWindow,
 )
-from kvspec.errors import KVCacheError
+from kvspec.errors import KVCacheError, UnsupportedOperationError
 from kvspec.events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from kvspec.hashing import ExtraKeySource, LoRA, MultiModalFeature
+from kvspec.profiles import SemanticsProfile
 from kvspec.request import Request, RequestBlockHasher, RequestStatus
 from kvspec.view import BlockIds
 
@@ -60,7 +61,7 @@ class RequestBook:
 
     def __init__(self, config: KVCacheConfig) -> None:
         """An empty book hashing like ``config``."""
-        self.hasher = RequestBlockHasher(config.hash_function, config.hash_seed, config.resolved_hash_block_size())
+        self.hasher = RequestBlockHasher.for_config(config)
         self.requests: dict[str, Request] = {}
 
     def apply(self, op: Json) -> None:
@@ -112,6 +113,13 @@ def _execute(a: KVCacheAdapter, book: RequestBook, op: Json) -> Json:
     if name == "cache_blocks":
         assert req is not None
         a.cache_blocks(req, op["num_computed_tokens"])
+        return None
+    if name == "record_prefix_cache_stats":
+        assert req is not None
+        record = getattr(a, "record_prefix_cache_stats", None)
+        if record is None:
+            raise UnsupportedOperationError(f"{a.name} has no record_prefix_cache_stats")
+        record(req, op["num_hits"])
         return None
     return _execute_by_id(a, op)
 
@@ -180,7 +188,7 @@ def extra_from_json(obj: Json) -> ExtraKeySource:
     lora = obj.get("lora")
     embeds = obj.get("prompt_embeds")
     return ExtraKeySource(
-        lora=LoRA(lora["name"], lora["adapter_id"]) if lora else None,
+        lora=LoRA(lora["name"], lora["adapter_id"], lora.get("path", "")) if lora else None,
         mm_features=tuple(
             MultiModalFeature(f["identifier"], f["offset"], f["length"]) for f in obj.get("mm_features", [])
         ),
@@ -190,19 +198,21 @@ def extra_from_json(obj: Json) -> ExtraKeySource:
 
 
 def config_to_json(cfg: KVCacheConfig) -> Json:
-    """A config as a JSON object; kinds are ``{"kind": ClassName, ...fields}``."""
+    """A config as a JSON object; kinds are ``{"kind": ClassName, ...fields}``.
+    The semantics profile is not part of it (a trace header names it)."""
     data = asdict(cfg)
+    del data["profile"]
     data["groups"] = [{"kind": type(k).__name__, **asdict(k)} for k in cfg.groups]
     data["eagle_groups"] = list(cfg.eagle_groups)
     return data
 
 
-def config_from_json(obj: Json) -> KVCacheConfig:
-    """Inverse of :func:`config_to_json`."""
+def config_from_json(obj: Json, profile: SemanticsProfile) -> KVCacheConfig:
+    """Inverse of :func:`config_to_json`, under ``profile``."""
     data = dict(obj)
     groups: list[AttentionKind] = []
     for g in data.pop("groups"):
         fields = {k: v for k, v in g.items() if k != "kind"}
         groups.append(KIND_CLASSES[g["kind"]](**fields))
     data["eagle_groups"] = tuple(data.get("eagle_groups", ()))
-    return KVCacheConfig(groups=tuple(groups), **data)
+    return KVCacheConfig(groups=tuple(groups), profile=profile, **data)

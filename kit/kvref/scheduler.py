@@ -163,13 +163,21 @@ class Scheduler:
         """The prefix lookup of a waiting request (``get_computed_blocks``)."""
         return self.call({"op": "get_computed_blocks", "rid": rid})
 
-    def admit(self, op: Json, hit: int, external: int = 0, delay: bool = False) -> bool:
+    def admit(
+        self, op: Json, hit: int, external: int = 0, delay: bool = False, looked_up: bool = True
+    ) -> bool:
         """Run an admission's ``allocate_slots`` ``op``; on success the request
         leaves the waiting queue and runs (or, with ``delay``, waits for its
-        connector load of ``hit + external`` tokens)."""
+        connector load of ``hit + external`` tokens).
+
+        From vLLM 0.27.0 on, a successful admission that did a prefix lookup
+        records it in the statistics (``record_prefix_cache_stats``), as the
+        scheduler does."""
         if self.call(op) is None:
             return False
         rid = op["rid"]
+        if looked_up and not self.config.profile.stats_at_lookup:
+            self.call({"op": "record_prefix_cache_stats", "rid": rid, "num_hits": hit})
         st = self.reqs[rid]
         if rid in self.waiting:
             self.waiting.remove(rid)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from hypothesis import reject
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
@@ -30,8 +31,9 @@ from kvref.scheduler import ReqState, Scheduler
 from kvref.shapes import SHAPES, Shape, build_kinds, shape_weight
 from kvref.traces import Trace
 from kvspec.config import CrossAttention, FullAttention, KVCacheConfig, SinkFullAttention, SlidingWindow
-from kvspec.errors import ConfigError
+from kvspec.errors import ConfigError, UnsupportedByProfileError
 from kvspec.hashing import HASH_FUNCTION_NAMES
+from kvspec.profiles import NEWEST, SemanticsProfile
 
 Json = Any
 VOCAB = 4
@@ -55,8 +57,12 @@ BAD_CONFIGS = ("blocks", "block_size", "window", "watermark", "hash", "eagle_gro
 
 
 @st.composite
-def configs(draw: st.DrawFn, shapes: Sequence[Shape] = SHAPES) -> tuple[str, KVCacheConfig]:
-    """A named configuration: group mix, sizes, caching, EAGLE, watermark, events."""
+def configs(
+    draw: st.DrawFn, shapes: Sequence[Shape] = SHAPES, profile: SemanticsProfile = NEWEST
+) -> tuple[str, KVCacheConfig | str]:
+    """A named configuration: group mix, sizes, caching, EAGLE, watermark,
+    events, under ``profile``; instead of the configuration, the reason why
+    the profile refuses it (:class:`kvspec.errors.ConfigError`)."""
     shape = draw(st.sampled_from([s for s in shapes for _ in range(shape_weight(s))]))
     bs = draw(st.sampled_from([2, 4]))
     window = draw(st.integers(1, 3 * bs))
@@ -64,7 +70,7 @@ def configs(draw: st.DrawFn, shapes: Sequence[Shape] = SHAPES) -> tuple[str, KVC
     spec_blocks = draw(st.integers(0, 1)) if eagle else 0
     groups = build_kinds(shape, bs, window, spec_blocks)
     caching = shape.caching if shape.caching is not None else draw(st.sampled_from([True, True, False]))
-    cfg = KVCacheConfig(
+    fields: dict[str, Any] = dict(
         # Pools of 16 blocks first (a shrunk failure keeps a workable pool), then
         # tighter and roomier ones; the tiniest pools starve every admission.
         num_blocks=draw(st.sampled_from([16, 12, 24, 8, 32, 20, 6, 40])),
@@ -82,7 +88,10 @@ def configs(draw: st.DrawFn, shapes: Sequence[Shape] = SHAPES) -> tuple[str, KVC
         hash_seed=draw(st.sampled_from(["0", "42"])),
         log_stats=draw(st.sampled_from([False, True, True])),
     )
-    return shape.name, cfg
+    try:
+        return shape.name, KVCacheConfig(profile=profile, **fields)
+    except ConfigError as exc:  # valid under another release, not under this profile
+        return shape.name, f"{type(exc).__name__}: {exc}"
 
 
 @dataclass
@@ -102,6 +111,8 @@ class MachineSetup:
     """Record only runs with at least this many successful ``allocate_slots`` calls."""
     recorded_texts: set[str] = field(default_factory=set)
     """Traces already written (a run identical to an earlier one is not written again)."""
+    profile: SemanticsProfile = NEWEST
+    """The semantics profile every drawn configuration follows."""
 
 
 def make_lockstep_machine(setup: MachineSetup) -> type[RuleBasedStateMachine]:
@@ -131,10 +142,23 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @initialize(data=st.data())
     def setup(self, data: st.DataObject) -> None:
-        """Draw a configuration; build every adapter and a prefix universe."""
-        name, cfg = data.draw(configs(self.SETUP.shapes), label="config")
+        """Draw a configuration; build every adapter and a prefix universe.
+
+        A configuration the profile (or an adapter) refuses is counted with
+        its reason and the run is rejected: it checks nothing."""
+        name, cfg = data.draw(configs(self.SETUP.shapes, self.SETUP.profile), label="config")
+        stats = self.SETUP.stats
+        if isinstance(cfg, str):
+            stats.refused_configs[cfg.split(":", 1)[0]] += 1
+            stats.refused_reasons[f"{name}: {cfg}"] += 1
+            reject()
         self.cfg, self.shape = cfg, name
-        self.lock = Lockstep(cfg, self.SETUP.factories, self.SETUP.stats, self.SETUP.failure_dir, name)
+        try:
+            self.lock = Lockstep(cfg, self.SETUP.factories, stats, self.SETUP.failure_dir, name)
+        except UnsupportedByProfileError as exc:
+            stats.refused_configs["UnsupportedByProfileError"] += 1
+            stats.refused_reasons[f"{name}: {exc}"] += 1
+            reject()
         self.sched = Scheduler(cfg, self.lock.book, self.lock.call, self.lock.request_op)
         sched = cfg.scheduler_block_size
         for _ in range(3):
@@ -309,7 +333,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         st_ = self.reqs[rid]
         op: Json = {"op": "allocate_slots", "rid": rid}
         hit = 0
-        if st_.computed == 0:
+        looked_up = st_.computed == 0
+        if looked_up:
             found = self._call({"op": "get_computed_blocks", "rid": rid})
             hit = found["num_tokens"]
             if hit:
@@ -334,7 +359,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             reserved_blocks=data.draw(st.sampled_from([0, 0, 0, 1, 2])),
             has_scheduled_reqs=bool(self.running),
         )  # fmt: skip
-        if self._sched.admit(op, hit, external, delay) and not delay and st_.computed == total:
+        if self._sched.admit(op, hit, external, delay, looked_up) and not delay and st_.computed == total:
             self._sample_token(data, rid)
 
     @precondition(lambda self: self.live and bool(self.remote))

@@ -93,12 +93,13 @@ class KV:
 
 
 def make_kv(target: str, *groups: AttentionKind, **kw: Any) -> KV:
-    """A fresh adapter for ``groups`` (num_blocks 16, max_model_len 128 unless given)."""
+    """A fresh adapter for ``groups`` (num_blocks 16, max_model_len 128 unless
+    given; ``profile=`` a :class:`kvspec.profiles.SemanticsProfile`)."""
     kw.setdefault("num_blocks", 16)
     kw.setdefault("max_model_len", 128)
     config = KVCacheConfig(groups=groups, **kw)
     adapter = load_factory(target)(config)
-    hasher = RequestBlockHasher(config.hash_function, config.hash_seed, config.resolved_hash_block_size())
+    hasher = RequestBlockHasher.for_config(config)
     return KV(cast(KVCacheAdapter, _Checked(adapter)), target, config, hasher)
 
 

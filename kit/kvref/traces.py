@@ -15,8 +15,8 @@ from typing import Any
 
 from kvref.adapters import AdapterFactory, KVCacheAdapter
 from kvref.ops import REQUEST_OPS, RequestBook, config_from_json, config_to_json, execute
-from kvspec import SEMANTICS_VERSION
 from kvspec.config import KVCacheConfig
+from kvspec.profiles import VLLM_0_25_1, profile_named
 
 FORMAT = "kvref-trace"
 VERSION = 1
@@ -36,7 +36,7 @@ class Trace:
         return {
             "format": FORMAT,
             "version": VERSION,
-            "semantics": SEMANTICS_VERSION,
+            "semantics": self.config.profile.name,
             "hash_function": self.config.hash_function,
             "hash_seed": self.config.hash_seed,
             "config": config_to_json(self.config),
@@ -69,7 +69,8 @@ def load(path: Path) -> Trace:
         raise ValueError(f"{path}: not a {FORMAT} version {VERSION} file")
     known = ("format", "version", "semantics", "hash_function", "hash_seed", "config")
     meta = {k: v for k, v in header.items() if k not in known}
-    return Trace(config_from_json(header["config"]), lines[1:], meta)
+    profile = profile_named(header["semantics"]) if "semantics" in header else VLLM_0_25_1
+    return Trace(config_from_json(header["config"], profile), lines[1:], meta)
 
 
 @dataclass

@@ -1,4 +1,8 @@
-"""kvspec: an executable specification of vLLM 0.25.1's paged KV-cache manager.
+"""kvspec: an executable specification of vLLM's paged KV-cache manager.
+
+The behaviour of each supported vLLM release is a semantics profile
+(:mod:`kvspec.profiles`); a configuration names its profile, the newest
+supported release by default.
 
 Plain Python over plain data: block ids are ints, tables are lists, the free
 queue is a list in eviction order, recency is list position. Every stateful
@@ -19,8 +23,8 @@ from kvspec.config import Mamba as Mamba
 from kvspec.config import SinkFullAttention as SinkFullAttention
 from kvspec.config import SlidingWindow as SlidingWindow
 from kvspec.kv_cache_manager import KVCacheManager as KVCacheManager
+from kvspec.profiles import NEWEST as NEWEST
+from kvspec.profiles import PROFILES as PROFILES
+from kvspec.profiles import SemanticsProfile as SemanticsProfile
 from kvspec.request import RequestBlockHasher as RequestBlockHasher
 from kvspec.request import RequestStatus as RequestStatus
-
-SEMANTICS_VERSION = "vllm-0.25.1"
-"""The vLLM release whose observable behaviour this package specifies."""

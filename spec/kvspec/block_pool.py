@@ -28,6 +28,7 @@ from kvspec.hashing import (
     split_key,
 )
 from kvspec.invariants import require
+from kvspec.profiles import NEWEST, SemanticsProfile
 from kvspec.request import Request
 
 BlockId = NewType("BlockId", int)
@@ -51,8 +52,10 @@ class BlockPool:
         hash_block_size: int,
         enable_kv_cache_events: bool = False,
         int_block_hashes: bool = True,
+        profile: SemanticsProfile = NEWEST,
     ) -> None:
         """An empty pool: every block but the null block is free, in id order."""
+        self.profile = profile
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         self.hash_block_size = hash_block_size
@@ -122,7 +125,8 @@ class BlockPool:
         ``ordered_blocks`` is in eviction priority order. Of the blocks reaching
         0, unhashed ones go to the *front* of the queue (they can never be hit)
         and hashed ones to the *tail* (least recently used last), each set in
-        the given order.
+        the given order (:func:`requeue_unhashed_first` says when the profile
+        puts every block at the tail instead).
 
         Raises:
             InvalidBlockIdError: For an id outside the pool.
@@ -140,7 +144,8 @@ class BlockPool:
             self.ref_cnt[b] -= 1
             if self.ref_cnt[b] == 0:
                 released.append(b)
-        self.free_queue = requeue(self.free_queue, released, [self.block_hash[b] is not None for b in released])
+        hashed = [self.block_hash[b] is not None for b in released]
+        self.free_queue = requeue(self.free_queue, released, hashed, requeue_unhashed_first(self))
 
     def cache_full_blocks(
         self,
@@ -252,17 +257,31 @@ class BlockPool:
         return coarse_block_hashes(request.block_hashes, self.hash_block_size, block_size)
 
 
-def requeue(free_queue: Sequence[T], released: Sequence[T], hashed: Sequence[bool]) -> list[T]:
+def requeue_unhashed_first(pool: BlockPool) -> bool:
+    """Whether freed unhashed blocks go to the front of the free queue: from
+    vLLM 0.25.1 on (before it, every block went to the tail), except in
+    0.27.x with prefix caching off (profile switches ``free_unhashed_first``,
+    ``free_unhashed_needs_caching``)."""
+    p = pool.profile
+    return p.free_unhashed_first and (pool.enable_caching or not p.free_unhashed_needs_caching)
+
+
+def requeue(
+    free_queue: Sequence[T], released: Sequence[T], hashed: Sequence[bool], unhashed_first: bool = True
+) -> list[T]:
     """The free queue after the ``released`` blocks (eviction priority order)
     reached ref_cnt 0; ``hashed[i]`` says whether ``released[i]`` is cached.
 
     An unhashed block can never be hit, so it goes to the front and is reused
     first; a hashed one goes to the tail, behind every block freed before it
-    (least recently used first). Each part keeps the given order.
+    (least recently used first). Each part keeps the given order. Without
+    ``unhashed_first`` every released block goes to the tail, in order.
 
     pre: len(released) == len(hashed)
     post: len(__return__) == len(free_queue) + len(released)
     """
+    if not unhashed_first:
+        return [*free_queue, *released]
     front = [b for b, h in zip(released, hashed, strict=True) if not h]
     return front + list(free_queue) + [b for b, h in zip(released, hashed, strict=True) if h]
 

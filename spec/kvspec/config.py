@@ -16,8 +16,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from kvspec.errors import ConfigError
+from kvspec.errors import ConfigError, UnsupportedByProfileError
 from kvspec.hashing import get_hash_fn_by_name
+from kvspec.profiles import NEWEST, SemanticsProfile, unsupported_reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +158,8 @@ class KVCacheConfig:
             :meth:`resolved_hash_block_size`).
         int_block_hashes: Events carry 64-bit ints (vLLM default) or bytes.
         log_stats: Keep prefix-cache statistics.
+        profile: The vLLM release whose behaviour applies (default: the newest
+            supported, :data:`kvspec.profiles.NEWEST`).
 
     inv: self.scheduler_block_size % self.resolved_hash_block_size() == 0
     """
@@ -175,6 +178,7 @@ class KVCacheConfig:
     hash_block_size: int | None = None
     int_block_hashes: bool = True
     log_stats: bool = False
+    profile: SemanticsProfile = NEWEST
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -200,14 +204,24 @@ class KVCacheConfig:
         return self.max_num_batched_tokens
 
     def eagle_group_ids(self) -> frozenset[int]:
-        """Groups that drop the EAGLE block (all groups when none is flagged)."""
+        """Groups that drop the EAGLE block: the flagged ones, else all groups
+        under ``use_eagle``; from vLLM 0.33.0 flags need ``use_eagle`` too
+        (profile switch ``eagle_flags_need_use_eagle``)."""
+        if self.profile.eagle_flags_need_use_eagle and not self.use_eagle:
+            return frozenset()
         if self.eagle_groups:
             return frozenset(self.eagle_groups)
         return frozenset(range(len(self.groups))) if self.use_eagle else frozenset()
 
+    def has_mamba(self) -> bool:
+        """Whether any group is a Mamba group (vLLM's ``has_mamba_layers``)."""
+        return any(isinstance(g, Mamba) for g in self.groups)
+
 
 def _validate(cfg: KVCacheConfig) -> None:
     """Raise ConfigError naming the first broken condition of ``cfg``."""
+    if not isinstance(cfg.profile, SemanticsProfile):
+        raise ConfigError(f"profile must be a kvspec.profiles.SemanticsProfile, got {cfg.profile!r}")
     if not isinstance(cfg.num_blocks, int) or cfg.num_blocks < 1:
         raise ConfigError(f"num_blocks must be a positive int, got {cfg.num_blocks!r}")
     if not cfg.groups:
@@ -220,9 +234,8 @@ def _validate(cfg: KVCacheConfig) -> None:
         raise ConfigError(f"watermark must be in [0, 1), got {cfg.watermark}")
     get_hash_fn_by_name(cfg.hash_function)
     for gid, kind in enumerate(cfg.groups):
-        _validate_kind(gid, kind, cfg)
-    if cfg.enable_caching and len(cfg.groups) > 1 and len(set(cfg.groups)) < 2:
-        raise ConfigError("a cached hybrid needs at least two distinct kinds; equal groups are one group")
+        validate_kind(gid, kind, cfg)
+    validate_groups(cfg)
     for gid in cfg.eagle_groups:
         if not 0 <= gid < len(cfg.groups):
             raise ConfigError(f"eagle_groups names group {gid}, but there are {len(cfg.groups)} groups")
@@ -231,9 +244,22 @@ def _validate(cfg: KVCacheConfig) -> None:
         raise ConfigError(f"hash_block_size {hbs} must divide the scheduler block size")
     if cfg.enable_caching and any(g.block_size % hbs for g in cfg.groups):
         raise ConfigError(f"hash_block_size {hbs} must divide every group block size when caching")
+    reason = unsupported_reason(cfg)
+    if reason is not None:
+        raise UnsupportedByProfileError(reason)
 
 
-def _validate_kind(gid: int, kind: AttentionKind, cfg: KVCacheConfig) -> None:
+def validate_groups(cfg: KVCacheConfig) -> None:
+    """Before vLLM 0.29.0 a cached model of several groups needs two distinct
+    kinds (profile switch ``single_spec_group_hybrid``)."""
+    if cfg.profile.single_spec_group_hybrid:
+        return
+    if cfg.enable_caching and len(cfg.groups) > 1 and len(set(cfg.groups)) < 2:
+        raise ConfigError("a cached hybrid needs at least two distinct kinds; equal groups are one group")
+
+
+def validate_kind(gid: int, kind: AttentionKind, cfg: KVCacheConfig) -> None:
+    """Raise ConfigError naming the first broken condition of group ``gid``."""
     where = f"group {gid} ({type(kind).__name__})"
     if kind.block_size < 1:
         raise ConfigError(f"{where}: block_size must be positive, got {kind.block_size}")
@@ -253,5 +279,7 @@ def _validate_kind(gid: int, kind: AttentionKind, cfg: KVCacheConfig) -> None:
             raise ConfigError(f"{where}: unknown mode {kind.mode!r}")
         if kind.num_speculative_blocks < 0:
             raise ConfigError(f"{where}: num_speculative_blocks must be >= 0")
+        if cfg.profile.mamba_caching_needs_align and cfg.enable_caching and kind.mode != "align":
+            raise ConfigError(f"{where}: prefix caching needs mode 'align' ({cfg.profile.name}), got {kind.mode!r}")
     if isinstance(kind, CrossAttention) and cfg.enable_caching:
         raise ConfigError(f"{where}: cross attention requires enable_caching=False")

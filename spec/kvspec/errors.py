@@ -20,6 +20,20 @@ class ConfigError(KVCacheError, ValueError):
     """The configuration cannot describe a working KV cache (e.g. block size 0)."""
 
 
+class UnsupportedByProfileError(ConfigError):
+    """The configuration needs behaviour of its semantics profile's release
+    that kvspec does not model yet (see ``kvspec.profiles.unsupported_reason``).
+
+    It is not a caller error of the release itself: the lockstep counts such
+    configurations as unsupported instead of checking them.
+    """
+
+
+class UnsupportedOperationError(KVCacheError):
+    """The operation does not exist in the release the profile models (for
+    example ``record_prefix_cache_stats`` before vLLM 0.27.0)."""
+
+
 class UnknownHashFunctionError(ConfigError):
     """The hash function name is not one of vLLM's four names."""
 

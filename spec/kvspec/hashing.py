@@ -1,4 +1,4 @@
-"""Chained block hashes, byte-identical to vLLM 0.25.1.
+"""Chained block hashes, byte-identical to vLLM (per semantics profile).
 
 A request's token sequence is cut into full blocks of ``hash_block_size``
 tokens. Block ``j``'s hash is ``fn((parent, tokens_j, extra_keys_j))`` where
@@ -48,10 +48,12 @@ class MultiModalFeature:
 
 @dataclass(frozen=True, slots=True)
 class LoRA:
-    """The LoRA adapter of a request (upstream: ``LoRARequest``)."""
+    """The LoRA adapter of a request (upstream: ``LoRARequest``; ``path`` is its
+    ``lora_path``, part of the hash from vLLM 0.31.0 on)."""
 
     name: str
     adapter_id: int
+    path: str = ""
 
     def __post_init__(self) -> None:
         if self.adapter_id < 1:
@@ -119,12 +121,18 @@ def hash_block_tokens(
     return BlockHash(fn((parent, tuple(token_ids), extra_keys)))
 
 
-def block_extra_keys(src: ExtraKeySource, start: int, end: int, mm_cursor: int) -> tuple[tuple[Any, ...] | None, int]:
+def block_extra_keys(
+    src: ExtraKeySource, start: int, end: int, mm_cursor: int, tagged: bool = False
+) -> tuple[tuple[Any, ...] | None, int]:
     """Extra keys of the block ``[start, end)`` and the advanced mm cursor.
 
     Order: LoRA name (every block), multimodal ``(identifier, offset - start)``
     for each feature overlapping the block, cache salt (block starting at 0
     only, if truthy), SHA-256 digest of the block's prompt-embedding bytes.
+    With ``tagged`` (hashes from vLLM 0.31.0 on, profile switch
+    ``extra_keys_tagged``) each key names its source: ``("lora", name, path)``,
+    ``("mm", identifier, offset)``, ``("cache_salt", salt)``,
+    ``("prompt_embeds", digest)``; events always carry the untagged form.
 
     Args:
         src: The request's extra-key sources.
@@ -132,17 +140,21 @@ def block_extra_keys(src: ExtraKeySource, start: int, end: int, mm_cursor: int) 
         end: One past the last token of the block.
         mm_cursor: Index of the first feature to consider; ``-1`` means the
             last feature (used for blocks completed after construction).
+        tagged: Whether keys carry their source tag.
 
     pre: 0 <= start < end and mm_cursor >= -1
     post: __return__[0] is None or len(__return__[0]) > 0
     """
     mm_keys, cursor = _mm_extra_keys(src.mm_features, start, end, mm_cursor)
-    keys: list[Any] = [src.lora.name] if src.lora is not None else []
-    keys += mm_keys
+    keys: list[Any] = []
+    if src.lora is not None:
+        keys.append(("lora", src.lora.name, src.lora.path) if tagged else src.lora.name)
+    keys += [("mm", *k) for k in mm_keys] if tagged else mm_keys
     if start == 0 and src.cache_salt:
-        keys.append(src.cache_salt)
+        keys.append(("cache_salt", src.cache_salt) if tagged else src.cache_salt)
     if src.prompt_embeds is not None:
-        keys.append(hashlib.sha256(b"".join(src.prompt_embeds[start:end])).digest())
+        digest = hashlib.sha256(b"".join(src.prompt_embeds[start:end])).digest()
+        keys.append(("prompt_embeds", digest) if tagged else digest)
     return (tuple(keys) if keys else None), cursor
 
 
@@ -153,22 +165,26 @@ def extend_block_hashes(
     existing: tuple[BlockHash, ...],
     token_ids: Sequence[int],
     src: ExtraKeySource,
+    tagged: bool = False,
+    resume_from_first: bool = False,
 ) -> tuple[BlockHash, ...]:
     """Return ``existing`` extended with the hashes of every new full block.
 
     Mirrors vLLM's request hasher, which runs at construction and after every
     appended output token: the mm cursor starts at 0 when hashing starts at
-    token 0, and at the last feature otherwise.
+    token 0, and at the last feature otherwise, unless ``resume_from_first``
+    (vLLM 0.31.0 on, profile switch ``mm_resume_from_first_feature``), which
+    always starts at the first feature. ``tagged``: see :func:`block_extra_keys`.
 
     pre: hash_block_size > 0
     post: len(__return__) == len(token_ids) // hash_block_size
     """
     hashes = list(existing)
     start = len(hashes) * hash_block_size
-    cursor = 0 if start == 0 else -1
+    cursor = 0 if start == 0 or resume_from_first else -1
     while start + hash_block_size <= len(token_ids):
         end = start + hash_block_size
-        extra, cursor = block_extra_keys(src, start, end, cursor)
+        extra, cursor = block_extra_keys(src, start, end, cursor, tagged)
         parent = hashes[-1] if hashes else seed_hash
         hashes.append(hash_block_tokens(fn, parent, token_ids[start:end], extra))
         start = end

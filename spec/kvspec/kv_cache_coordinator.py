@@ -38,12 +38,13 @@ class KVCacheCoordinator:
             self.hash_block_size,
             config.enable_kv_cache_events,
             config.int_block_hashes,
+            config.profile,
         )
         self.eagle_group_ids = config.eagle_group_ids()
         mnbt, mml = config.batched_tokens(), config.max_model_len
         self.managers = tuple(
             make_manager(kind, self.pool, enable_caching, gid, self.scheduler_block_size,
-                         admission_cap(kind, mnbt, mml))
+                         admission_cap(kind, mnbt, mml), config.profile, config.has_mamba())
             for gid, kind in enumerate(config.groups)
         )  # fmt: skip
 
@@ -212,9 +213,11 @@ class HybridCoordinator(KVCacheCoordinator):
         further and drops it, once per candidate length.
 
         NOTE: two deliberate departures from vLLM 0.25.1 (docs/divergences.md):
-        Mamba groups never take the EAGLE look-ahead ("eagle-mamba-hit"), and
-        every full-attention spec group, not only the first, is trimmed to the
-        final length ("second-full-group").
+        Mamba groups never take the EAGLE look-ahead ("eagle-mamba-hit"; from
+        vLLM 0.26.0 on vLLM agrees, and an EAGLE Mamba group counts its drop
+        as made), and every full-attention spec group, not only the first, is
+        trimmed to the final length ("second-full-group"; vLLM agrees from
+        0.29.0 on).
         """
         hit, hits = hybrid_hit_search(self, block_hashes, max_cache_hit_length)
         for sg in self.spec_groups:
@@ -244,6 +247,8 @@ def hybrid_hit_search(
     looked_up: set[int] = set()
     verified: set[int] = set()
     simple = len(coord.spec_groups) == 2 and isinstance(coord.spec_groups[0].kind, FULL_TYPE_KINDS)
+    profile = coord.config.profile
+    hashed = len(block_hashes) * coord.hash_block_size
     hit = max_len
     while True:
         cur = hit
@@ -252,8 +257,11 @@ def hybrid_hit_search(
             if isinstance(sg.kind, FULL_TYPE_KINDS) and idx in looked_up:
                 cur = cur // bs * bs
                 continue
-            drop = sg.use_eagle and idx not in verified and not isinstance(sg.kind, Mamba)
-            limit = min(cur + bs, max_len) if drop else cur
+            mamba = isinstance(sg.kind, Mamba)
+            drop = sg.use_eagle and idx not in verified and (profile.mamba_eagle_counts_verified or not mamba)
+            limit = eagle_search_limit(cur, bs, max_len, hashed, profile.eagle_margin_hashed_cap) if drop else cur
+            if mamba:
+                limit = cur
             found = find_longest_cache_hit(
                 sg.kind, coord._hashes_for(sg.kind, block_hashes), limit, sg.group_ids,
                 coord.pool, drop, coord.scheduler_block_size,
@@ -272,6 +280,19 @@ def hybrid_hit_search(
         hit = cur
         if simple:
             return hit, hits
+
+
+def eagle_search_limit(cur: int, block_size: int, max_len: int, hashed: int, hashed_cap: bool) -> int:
+    """How far an EAGLE group searches when its drop is not yet verified at
+    candidate length ``cur``: one block further, at most ``max_len``
+    (``num_tokens - 1``), or, from vLLM 0.32.0 on, at most the request's
+    hashed tokens (profile switch ``eagle_margin_hashed_cap``), which lets the
+    hit reach a block that ends exactly at the request's last token.
+
+    pre: cur >= 0 and block_size >= 1
+    post: __return__ >= 0
+    """
+    return min(cur + block_size, hashed if hashed_cap else max_len)
 
 
 def make_coordinator(config: KVCacheConfig) -> KVCacheCoordinator:

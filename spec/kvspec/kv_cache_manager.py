@@ -32,11 +32,13 @@ from kvspec.errors import (
     StaleHitError,
     UnexpectedPrefixHitError,
     UnknownRequestError,
+    UnsupportedOperationError,
 )
 from kvspec.events import BlockRemoved, BlockStored, KVCacheEvent
 from kvspec.hashing import coarse_block_hashes, external_block_hash, make_key, split_key
 from kvspec.invariants import require
 from kvspec.kv_cache_coordinator import GroupBlocks, make_coordinator
+from kvspec.profiles import SemanticsProfile
 from kvspec.request import Request, RequestStatus
 from kvspec.stats import PrefixCacheStats
 from kvspec.view import BlockIds, KVView
@@ -78,9 +80,30 @@ class KVCacheManager:
             return self._ids(tuple([] for _ in self.config.groups)), 0
         blocks, n = self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
         require(hit_covers_length(self.config, blocks, n, request.num_tokens - 1), f"malformed hit {blocks}, {n}")
-        if self.prefix_cache_stats is not None:
+        if self.prefix_cache_stats is not None and self.config.profile.stats_at_lookup:
             self.prefix_cache_stats.record(request.num_tokens, n, request.num_preemptions > 0)
         return self._ids(blocks), n
+
+    def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
+        """Record one admitted request's lookup in the statistics (vLLM 0.27.0
+        on, where the scheduler calls it after a successful admission; before,
+        ``get_computed_blocks`` records and this method does not exist).
+        Nothing is recorded without ``log_stats``, with caching off or when the
+        request skips reading the prefix cache.
+
+        Raises:
+            UnsupportedOperationError: Before vLLM 0.27.0.
+            InvalidTokenCountError: A negative ``num_hits``.
+        """
+        if self.config.profile.stats_at_lookup:
+            raise UnsupportedOperationError(
+                f"record_prefix_cache_stats: not in {self.config.profile.name} (lookups record the statistics)"
+            )
+        if num_hits < 0:
+            raise InvalidTokenCountError(f"record_prefix_cache_stats: num_hits {num_hits} < 0")
+        if self.prefix_cache_stats is None or not self.enable_caching or request.skip_reading_prefix_cache:
+            return
+        self.prefix_cache_stats.record(request.num_tokens, num_hits, request.num_preemptions > 0)
 
     def allocate_slots(
         self,
@@ -207,13 +230,16 @@ class KVCacheManager:
 
     def get_num_common_prefix_blocks(self, request_id: str) -> tuple[int, ...]:
         """Per group, the leading blocks of the request's table that every
-        request with a table in that group holds (0 for non-full kinds).
+        request with a table in that group holds (0 for non-full kinds); from
+        vLLM 0.32.0 on always zeros (profile switch ``common_prefix``).
 
         Raises:
             UnknownRequestError: If the request holds no block.
         """
         if not any(self.coordinator.get_blocks(request_id)):
             raise UnknownRequestError(f"get_num_common_prefix_blocks: request {request_id!r} holds no blocks")
+        if self.config.profile.common_prefix == "zero":
+            return (0,) * len(self.config.groups)
         return tuple(self.coordinator.get_num_common_prefix_blocks(request_id))
 
     def take_events(self) -> list[KVCacheEvent]:
@@ -322,7 +348,7 @@ class KVCacheManager:
         for name, value in counts.items():
             if value < 0:
                 raise InvalidTokenCountError(f"allocate_slots: {name} is {value} < 0")
-        if n_new == 0 and n_external == 0:
+        if not allocation_without_tokens(self.config.profile, n_new, n_hit, n_external):
             raise InvalidTokenCountError(
                 "num_new_tokens must be greater than 0 when there are no external computed tokens"
             )
@@ -376,6 +402,15 @@ class KVCacheManager:
 
 
 _WATERMARKED = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+
+
+def allocation_without_tokens(profile: SemanticsProfile, n_new: int, n_hit: int, n_external: int) -> bool:
+    """Whether an allocation's token counts are acceptable: some new or
+    external tokens, or, from vLLM 0.31.0 on, hit tokens to adopt (profile
+    switch ``adopt_hit_without_new_tokens``)."""
+    if n_new > 0 or n_external > 0:
+        return True
+    return profile.adopt_hit_without_new_tokens and n_hit > 0
 
 
 def inv_ref_cnt_counts_holders(mgr: KVCacheManager) -> bool:

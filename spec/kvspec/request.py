@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import NewType
+from typing import TYPE_CHECKING, NewType
 
 from kvspec.errors import InvalidRequestError
 from kvspec.hashing import (
@@ -27,6 +27,10 @@ from kvspec.hashing import (
     get_hash_fn_by_name,
     none_hash,
 )
+from kvspec.profiles import NEWEST, SemanticsProfile
+
+if TYPE_CHECKING:
+    from kvspec.config import KVCacheConfig
 
 RequestId = NewType("RequestId", str)
 
@@ -68,11 +72,18 @@ class Request:
 
 @dataclass(frozen=True, slots=True)
 class RequestBlockHasher:
-    """Computes block hashes the way vLLM's ``get_request_block_hasher`` does."""
+    """Computes block hashes the way vLLM's ``get_request_block_hasher`` does
+    (in the release of ``profile``)."""
 
     hash_function: str
     seed: str
     hash_block_size: int
+    profile: SemanticsProfile = NEWEST
+
+    @classmethod
+    def for_config(cls, config: KVCacheConfig) -> RequestBlockHasher:
+        """The hasher a scheduler uses with a manager built from ``config``."""
+        return cls(config.hash_function, config.hash_seed, config.resolved_hash_block_size(), config.profile)
 
     def new_request(
         self,
@@ -110,4 +121,8 @@ class RequestBlockHasher:
         self, existing: tuple[BlockHash, ...], tokens: tuple[int, ...], extra: ExtraKeySource
     ) -> tuple[BlockHash, ...]:
         fn: HashFunction = get_hash_fn_by_name(self.hash_function)
-        return extend_block_hashes(fn, none_hash(fn, self.seed), self.hash_block_size, existing, tokens, extra)
+        p = self.profile
+        return extend_block_hashes(
+            fn, none_hash(fn, self.seed), self.hash_block_size, existing, tokens, extra,
+            p.extra_keys_tagged, p.mm_resume_from_first_feature,
+        )  # fmt: skip

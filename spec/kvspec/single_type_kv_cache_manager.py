@@ -17,16 +17,18 @@ from collections.abc import Sequence
 from kvspec.block_pool import NULL_BLOCK, BlockId, BlockPool
 from kvspec.config import (
     FULL_TYPE_KINDS,
+    MLA,
     AttentionKind,
     ChunkedLocal,
     CrossAttention,
+    FullAttention,
     Mamba,
     SinkFullAttention,
     SlidingWindow,
-    tracks_new_block_ids,
 )
 from kvspec.hashing import BlockHash, BlockHashWithGroupId
 from kvspec.invariants import require
+from kvspec.profiles import NEWEST, SemanticsProfile
 from kvspec.request import Request
 
 
@@ -56,9 +58,16 @@ class SingleTypeKVCacheManager:
         group_id: int,
         scheduler_block_size: int,
         admission_cap: int | None = None,
+        profile: SemanticsProfile = NEWEST,
+        has_mamba: bool = False,
     ) -> None:
-        """A manager with no requests; SinkFull takes its sink blocks here."""
+        """A manager with no requests; SinkFull takes its sink blocks here.
+
+        ``has_mamba`` says whether the model has a Mamba group (some releases
+        record fresh block ids only then)."""
         self.kind = kind
+        self.profile = profile
+        self.records_new_ids = records_new_block_ids(kind, profile, has_mamba)
         self.block_size = kind.block_size
         self.pool = pool
         self.enable_caching = enable_caching
@@ -70,7 +79,7 @@ class SingleTypeKVCacheManager:
         self.num_cached_block: dict[str, int] = {}
         self.new_block_ids: list[BlockId] = []
         if isinstance(kind, SinkFullAttention):
-            self.sink_blocks = pool.take_sink_blocks(kind.sink_len // kind.block_size)
+            self.sink_blocks = pool.take_sink_blocks(num_sink_blocks(kind, profile))
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Leading tokens attention no longer reads (see :func:`num_skipped_tokens`)."""
@@ -147,13 +156,15 @@ class SingleTypeKVCacheManager:
         self._remove_blocks_in_range(request_id, 0, min(skipped // self.block_size, len(table)))
 
     def pop_blocks_for_free(self, request_id: str) -> list[BlockId]:
-        """Forget the request; return its table without releasing references."""
-        self.num_cached_block.pop(request_id, None)
-        return self.req_to_blocks.pop(request_id, [])
+        """Forget the request; return its table without releasing references
+        (from vLLM 0.33.0 without its leading nulls: profile switch
+        ``pop_drops_leading_nulls``)."""
+        table = self._forget(request_id)
+        return trim_null_head(table) if self.profile.pop_drops_leading_nulls else table
 
     def free(self, request_id: str) -> None:
         """Release the request's blocks, last table entry first."""
-        self.pool.free_blocks(reversed(self.pop_blocks_for_free(request_id)))
+        self.pool.free_blocks(reversed(self._forget(request_id)))
 
     def get_num_common_prefix_blocks(self, request_id: str) -> int:
         """Leading blocks of the request's table held by every table of this
@@ -164,7 +175,7 @@ class SingleTypeKVCacheManager:
         return common_prefix_length(self.req_to_blocks.get(request_id, []), tables)
 
     def take_new_block_ids(self) -> list[BlockId]:
-        """Drain the ids of fresh blocks (full attention and MLA only)."""
+        """Drain the ids of fresh blocks (see :func:`records_new_block_ids`)."""
         ids, self.new_block_ids = self.new_block_ids, []
         return ids
 
@@ -176,12 +187,17 @@ class SingleTypeKVCacheManager:
         require(inv_uncached_tail(self), f"group {self.group_id}: hashed block past num_cached_block")
         require(inv_null_shape(self), f"group {self.group_id}: table has an impossible null pattern")
 
+    def _forget(self, request_id: str) -> list[BlockId]:
+        """Drop the request's bookkeeping; return its whole table."""
+        self.num_cached_block.pop(request_id, None)
+        return self.req_to_blocks.pop(request_id, [])
+
     def _extend(self, table: list[BlockId], n: int) -> list[BlockId]:
         if n <= 0:
             return []
         new = self.pool.get_new_blocks(n)
         table += new
-        if tracks_new_block_ids(self.kind):
+        if self.records_new_ids:
             self.new_block_ids += new
         return new
 
@@ -223,9 +239,17 @@ class MambaManager(SingleTypeKVCacheManager):
     which move forward (old slot nulled) instead of being reallocated.
     """
 
-    def __init__(self, kind: Mamba, pool: BlockPool, enable_caching: bool, group_id: int, sched: int) -> None:
+    def __init__(
+        self,
+        kind: Mamba,
+        pool: BlockPool,
+        enable_caching: bool,
+        group_id: int,
+        sched: int,
+        profile: SemanticsProfile = NEWEST,
+    ) -> None:
         """A Mamba manager with no requests."""
-        super().__init__(kind, pool, enable_caching, group_id, sched)
+        super().__init__(kind, pool, enable_caching, group_id, sched, None, profile, True)
         self.mamba = kind
         self.cached_blocks_this_step: set[BlockHashWithGroupId] = set()
         self.last_state_block_idx: dict[str, int] = {}
@@ -259,9 +283,9 @@ class MambaManager(SingleTypeKVCacheManager):
                 total_computed_tokens, num_tokens_main_model, apply_admission_cap,
             )  # fmt: skip
         required = cdiv(num_tokens_main_model, self.block_size) + spec
-        new = required - len(new_computed_blocks) - len(self.req_to_blocks.get(request_id, ()))
-        if new > 0:
-            new = 1 if request_id in self.allocated_block_reqs else 1 + spec
+        raw = required - len(new_computed_blocks) - len(self.req_to_blocks.get(request_id, ()))
+        allocated = request_id in self.allocated_block_reqs
+        new = mamba_align_new_blocks(raw, allocated, spec, self.profile.mamba_align_estimate_capped)
         estimate = new + self._num_evictable(new_computed_blocks)
         if num_external <= 0:
             return estimate
@@ -286,9 +310,11 @@ class MambaManager(SingleTypeKVCacheManager):
 
     def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
         """As the base, after subtracting the speculative block *count* from the
-        token count (vLLM's guard against unverified drafts); in align mode also
-        free the state block of two steps ago."""
-        total = max(0, total_computed_tokens - self.mamba.num_speculative_blocks)
+        token count (vLLM's guard against unverified drafts, until 0.26.0:
+        profile switch ``mamba_skip_spec_slack``); in align mode also free the
+        state block of two steps ago."""
+        slack = self.mamba.num_speculative_blocks if self.profile.mamba_skip_spec_slack else 0
+        total = max(0, total_computed_tokens - slack)
         super().remove_skipped_blocks(request_id, total)
         idx = self.last_state_block_idx.get(request_id)
         if self.mamba.mode == "align" and idx is not None and idx < cdiv(total, self.block_size) - 1:
@@ -297,11 +323,11 @@ class MambaManager(SingleTypeKVCacheManager):
                 self.pool.free_blocks([table[idx]])
                 table[idx] = NULL_BLOCK
 
-    def pop_blocks_for_free(self, request_id: str) -> list[BlockId]:
+    def _forget(self, request_id: str) -> list[BlockId]:
         """As the base, forgetting the align-mode bookkeeping too."""
         self.allocated_block_reqs.discard(request_id)
         self.last_state_block_idx.pop(request_id, None)
-        return super().pop_blocks_for_free(request_id)
+        return super()._forget(request_id)
 
     def new_step_starts(self) -> None:
         """States cached in earlier steps become usable."""
@@ -342,6 +368,56 @@ class MambaManager(SingleTypeKVCacheManager):
         table += self.pool.get_new_blocks(required - len(table))
         self.allocated_block_reqs.add(request_id)
         return table[prev:]
+
+
+def records_new_block_ids(kind: AttentionKind, profile: SemanticsProfile, has_mamba: bool) -> bool:
+    """Whether a group of ``kind`` reports its fresh blocks to ``take_new_block_ids``.
+
+    vLLM 0.25.1: full attention and MLA (the exact types, so not SinkFull).
+    0.26.0: the same, but only in models with a Mamba group (the ids are for
+    zeroing recycled Mamba state pages). 0.28.0: every attention kind (not
+    Mamba) of a model with a Mamba group (profile switch ``new_block_ids``).
+    """
+    if profile.new_block_ids == "full-mla":
+        return type(kind) in (FullAttention, MLA)
+    if profile.new_block_ids == "full-mla-with-mamba":
+        return has_mamba and type(kind) in (FullAttention, MLA)
+    return has_mamba and not isinstance(kind, Mamba)
+
+
+def num_sink_blocks(kind: SinkFullAttention, profile: SemanticsProfile) -> int:
+    """Blocks a SinkFull group takes for good at construction: ``sink_len /
+    block_size`` until vLLM 0.30.0, none since (profile switch
+    ``sink_blocks_reserved``).
+
+    pre: kind.block_size >= 1
+    post: __return__ >= 0
+    """
+    return kind.sink_len // kind.block_size if profile.sink_blocks_reserved else 0
+
+
+def trim_null_head(table: Sequence[BlockId]) -> list[BlockId]:
+    """``table`` without its leading null blocks.
+
+    post: NULL_BLOCK not in __return__[:1]
+    """
+    first = next((i for i, b in enumerate(table) if b != NULL_BLOCK), len(table))
+    return list(table[first:])
+
+
+def mamba_align_new_blocks(raw: int, allocated: bool, spec: int, capped: bool) -> int:
+    """Mamba align's estimate of fresh blocks for a request whose table lacks
+    ``raw`` entries: a running state block, plus the speculative blocks for a
+    request not allocated yet; from vLLM 0.31.0 on never more than ``raw``
+    (profile switch ``mamba_align_estimate_capped``).
+
+    pre: spec >= 0
+    post: raw > 0 or __return__ == raw
+    """
+    if raw <= 0:
+        return raw
+    cap = 1 if allocated else 1 + spec
+    return min(raw, cap) if capped else cap
 
 
 def blocks_to_allocate(
@@ -555,14 +631,21 @@ def common_prefix_length(table: Sequence[BlockId], tables: Sequence[Sequence[Blo
 
 
 def make_manager(
-    kind: AttentionKind, pool: BlockPool, enable_caching: bool, group_id: int, sched: int, cap: int | None
+    kind: AttentionKind,
+    pool: BlockPool,
+    enable_caching: bool,
+    group_id: int,
+    sched: int,
+    cap: int | None,
+    profile: SemanticsProfile = NEWEST,
+    has_mamba: bool = False,
 ) -> SingleTypeKVCacheManager:
     """The manager class for ``kind`` (upstream: ``get_manager_for_kv_cache_spec``)."""
     if isinstance(kind, Mamba):
-        return MambaManager(kind, pool, enable_caching, group_id, sched)
+        return MambaManager(kind, pool, enable_caching, group_id, sched, profile)
     if isinstance(kind, CrossAttention):
-        return CrossAttentionManager(kind, pool, enable_caching, group_id, sched)
-    return SingleTypeKVCacheManager(kind, pool, enable_caching, group_id, sched, cap)
+        return CrossAttentionManager(kind, pool, enable_caching, group_id, sched, None, profile, has_mamba)
+    return SingleTypeKVCacheManager(kind, pool, enable_caching, group_id, sched, cap, profile, has_mamba)
 
 
 def inv_uncached_tail(m: SingleTypeKVCacheManager) -> bool:

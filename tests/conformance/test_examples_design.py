@@ -17,10 +17,12 @@ The pure formulas behind these examples are tested directly in
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
-from kvref.testing import computed, make_kv
+from kvref.testing import KV, computed
+from kvref.testing import make_kv as make_any_kv
 from kvspec.config import (
     MLA,
     AttentionKind,
@@ -35,7 +37,17 @@ from kvspec.config import (
 from kvspec.errors import ConfigError, InvalidTokenCountError, UnexpectedPrefixHitError
 from kvspec.events import AllBlocksCleared, BlockStored
 from kvspec.hashing import external_block_hash
+from kvspec.profiles import VLLM_0_25_1
 from kvspec.request import RequestStatus
+
+pytestmark = pytest.mark.semantics(VLLM_0_25_1.name)
+"""Every example pins vLLM 0.25.1's behaviour (real vLLM: only that release)."""
+
+
+def make_kv(target: str, *groups: AttentionKind, **kw: Any) -> KV:
+    """:func:`kvref.testing.make_kv` under the 0.25.1 profile."""
+    return make_any_kv(target, *groups, profile=VLLM_0_25_1, **kw)
+
 
 N = 0  # the null block
 
@@ -177,7 +189,7 @@ def test_manager_constraints_are_config_errors(
     """(constraints: chunked local without EAGLE or mixed block sizes; sink_len % block_size == 0)."""
     # Rejected when the configuration is built, before any target exists.
     with pytest.raises(ConfigError, match=message):
-        KVCacheConfig(num_blocks=16, groups=groups, max_model_len=128, use_eagle=use_eagle)
+        KVCacheConfig(num_blocks=16, groups=groups, max_model_len=128, use_eagle=use_eagle, profile=VLLM_0_25_1)
 
 
 def test_mamba_hit_is_the_last_state_only(target: str) -> None:

@@ -17,13 +17,25 @@ Notation: ``N`` = the null block (id 0), ``h`` = hashed.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
-from kvref.testing import KV, computed, make_kv
+from kvref.testing import KV, computed
+from kvref.testing import make_kv as make_any_kv
 from kvspec.config import MLA, AttentionKind, ChunkedLocal, FullAttention, Mamba, SinkFullAttention, SlidingWindow
 from kvspec.events import BlockRemoved, BlockStored
 from kvspec.hashing import external_block_hash
+from kvspec.profiles import VLLM_0_25_1
+
+pytestmark = pytest.mark.semantics(VLLM_0_25_1.name)
+"""Every example pins vLLM 0.25.1's behaviour (real vLLM: only that release)."""
+
+
+def make_kv(target: str, *groups: AttentionKind, **kw: Any) -> KV:
+    """:func:`kvref.testing.make_kv` under the 0.25.1 profile."""
+    return make_any_kv(target, *groups, profile=VLLM_0_25_1, **kw)
+
 
 N = 0  # the null block
 

@@ -46,6 +46,7 @@ from kvspec.errors import (
 )
 from kvspec.events import AllBlocksCleared, BlockRemoved, BlockStored
 from kvspec.hashing import ExtraKeySource, LoRA, MultiModalFeature, make_key
+from kvspec.profiles import VLLM_0_25_1
 from kvspec.request import Request, RequestBlockHasher, RequestStatus
 from kvspec.stats import PrefixCacheStats
 
@@ -64,11 +65,12 @@ ROOT = Path(__file__).resolve().parents[2]
 def config(groups: tuple[AttentionKind, ...], **kw: Any) -> KVCacheConfig:
     kw.setdefault("num_blocks", 16)
     kw.setdefault("max_model_len", 128)
+    kw.setdefault("profile", VLLM_0_25_1)
     return KVCacheConfig(groups=groups, **kw)
 
 
 def hasher(cfg: KVCacheConfig) -> RequestBlockHasher:
-    return RequestBlockHasher(cfg.hash_function, cfg.hash_seed, cfg.resolved_hash_block_size())
+    return RequestBlockHasher.for_config(cfg)
 
 
 def manager_classes(adapter: VllmAdapter) -> list[str]:

@@ -37,6 +37,7 @@ from kvspec.hashing import (
     none_hash,
     split_key,
 )
+from kvspec.profiles import VLLM_0_25_1
 from kvspec.request import RequestBlockHasher
 
 VECTORS_PATH = Path(__file__).resolve().parents[2] / "traces" / "vectors" / "hash-vectors.json"
@@ -153,7 +154,7 @@ def test_vectors_cover_every_hash_function() -> None:
 
 @pytest.mark.parametrize("case", VECTORS["request_cases"], ids=[c["name"] for c in VECTORS["request_cases"]])
 def test_request_block_hashes_match_vllm(case: RequestCase) -> None:
-    hasher = RequestBlockHasher(case["hash_function"], case["seed"], case["hash_block_size"])
+    hasher = RequestBlockHasher(case["hash_function"], case["seed"], case["hash_block_size"], VLLM_0_25_1)
     fn = get_hash_fn_by_name(case["hash_function"])
     assert none_hash(fn, case["seed"]).hex() == case["none_hash_hex"]
 

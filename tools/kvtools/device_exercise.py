@@ -15,6 +15,7 @@ from dataclasses import replace
 from kvimpl.kv_cache_manager import KVCacheManager
 from kvref.shapes import build_kinds, shape_named
 from kvspec.config import AttentionKind, KVCacheConfig
+from kvspec.profiles import VLLM_0_25_1
 from kvspec.request import Request, RequestBlockHasher, RequestStatus
 
 SHAPES: dict[str, tuple[AttentionKind, ...]] = {
@@ -39,7 +40,13 @@ def exercise(device: str, shape: str, seed: int, steps: int = 40) -> None:
     rng = random.Random(seed)
     groups = SHAPES[shape]
     caching = "cross" not in shape and rng.random() < 0.7
-    config = KVCacheConfig(num_blocks=rng.randint(10, 40), groups=groups, max_model_len=MAX_LEN, enable_caching=caching)
+    config = KVCacheConfig(
+        num_blocks=rng.randint(10, 40),
+        groups=groups,
+        max_model_len=MAX_LEN,
+        enable_caching=caching,
+        profile=VLLM_0_25_1,
+    )
     mgr = KVCacheManager(config, device=device)
     hasher = RequestBlockHasher(config.hash_function, config.hash_seed, config.resolved_hash_block_size())
     running: dict[str, Request] = {}

@@ -39,6 +39,7 @@ from kvspec.config import (
     Mamba,
     SlidingWindow,
 )
+from kvspec.profiles import VLLM_0_25_1
 
 Json = Any
 ROOT = Path(__file__).resolve().parents[2]
@@ -191,6 +192,7 @@ it fails exactly there (``ci/test.sh``)."""
 
 def _cfg(*groups: AttentionKind, **kw: Any) -> KVCacheConfig:
     base: dict[str, Any] = {"num_blocks": 16, "max_model_len": 64, "enable_kv_cache_events": True}
+    base["profile"] = VLLM_0_25_1
     base.update(kw)
     return KVCacheConfig(groups=tuple(groups), **base)
 

@@ -34,6 +34,7 @@ from kvref.divergences import load_registry
 from kvref.ops import REQUEST_OPS, RequestBook, execute
 from kvref.traces import Trace, load, replay
 from kvspec.config import MLA, FullAttention, KVCacheConfig, Mamba, SinkFullAttention, SlidingWindow
+from kvspec.profiles import VLLM_0_25_1
 
 Json = Any
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,7 +72,7 @@ def scenarios() -> dict[str, Scenario]:
         # The trace shows the spec's rule: sink blocks 1..2 are never free or
         # handed out, usage > 0 without requests, reset always fails.
         "sinkfull-ctor": Scenario(
-            KVCacheConfig(num_blocks=8, groups=(SinkFullAttention(4, 8),), max_model_len=32),
+            KVCacheConfig(profile=VLLM_0_25_1, num_blocks=8, groups=(SinkFullAttention(4, 8),), max_model_len=32),
             [
                 {"op": "usage"},
                 {"op": "reset_prefix_cache"},
@@ -92,7 +93,13 @@ def scenarios() -> dict[str, Scenario]:
         # 16 FA tokens and drops the EAGLE block (12); Mamba looks 4 tokens
         # further (16) and does not drop. vLLM returns 16 tokens with 3 FA blocks.
         "eagle-mamba-hit": Scenario(
-            KVCacheConfig(num_blocks=16, groups=(FullAttention(4), Mamba(4, "all")), max_model_len=64, use_eagle=True),
+            KVCacheConfig(
+                profile=VLLM_0_25_1,
+                num_blocks=16,
+                groups=(FullAttention(4), Mamba(4, "all")),
+                max_model_len=64,
+                use_eagle=True,
+            ),
             [_add("a", P17), _alloc("a", 17), _add("b", B20), {"op": "get_computed_blocks", "rid": "b"}],
             3,
         ),
@@ -101,7 +108,11 @@ def scenarios() -> dict[str, Scenario]:
         # re-aligns (8), pops the EAGLE block (4), re-aligns again (0).
         "swa-eagle-fallback": Scenario(
             KVCacheConfig(
-                num_blocks=16, groups=(FullAttention(8), SlidingWindow(4, 13)), max_model_len=64, use_eagle=True
+                profile=VLLM_0_25_1,
+                num_blocks=16,
+                groups=(FullAttention(8), SlidingWindow(4, 13)),
+                max_model_len=64,
+                use_eagle=True,
             ),
             [_add("a", P17), _alloc("a", 17), _add("b", B20), {"op": "get_computed_blocks", "rid": "b"}],
             3,
@@ -110,7 +121,12 @@ def scenarios() -> dict[str, Scenario]:
         # (id 14) makes SWA stop at 12 tokens; FA and MLA found 16. vLLM trims
         # only the first full-type group (FA) and returns 4 MLA blocks.
         "second-full-group": Scenario(
-            KVCacheConfig(num_blocks=20, groups=(FullAttention(4), MLA(4), SlidingWindow(4, 4)), max_model_len=64),
+            KVCacheConfig(
+                profile=VLLM_0_25_1,
+                num_blocks=20,
+                groups=(FullAttention(4), MLA(4), SlidingWindow(4, 4)),
+                max_model_len=64,
+            ),
             [
                 _add("a", P17),
                 _alloc("a", 17),
@@ -125,7 +141,7 @@ def scenarios() -> dict[str, Scenario]:
         # (a + b's pending references) = the number of tables (a, c), so vLLM
         # reports 2 although c holds neither.
         "common-prefix-pending": Scenario(
-            KVCacheConfig(num_blocks=16, groups=(FullAttention(4),), max_model_len=64),
+            KVCacheConfig(profile=VLLM_0_25_1, num_blocks=16, groups=(FullAttention(4),), max_model_len=64),
             [
                 _add("a", list(range(1, 11))),
                 _alloc("a", 10),
@@ -144,7 +160,7 @@ def scenarios() -> dict[str, Scenario]:
         # forgets the external block (2), admits it, and get_new_blocks fails
         # half-way with the external block already taken. kvspec returns None.
         "mamba-align-external-estimate": Scenario(
-            KVCacheConfig(num_blocks=3, groups=(Mamba(4, "align", 1),), max_model_len=32),
+            KVCacheConfig(profile=VLLM_0_25_1, num_blocks=3, groups=(Mamba(4, "align", 1),), max_model_len=32),
             [_add("a", list(range(8))), _alloc("a", 7, num_external_computed_tokens=1)],
             1,
         ),

@@ -53,6 +53,7 @@ from kvref.hypothesis_compat import seed_machine
 from kvref.lockstep import LockstepFailure, RunStats
 from kvref.shapes import SHAPES
 from kvref.stateful import MachineSetup, make_lockstep_machine
+from kvspec.profiles import VLLM_0_25_1
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = ("block_pool", "single_type_kv_cache_manager", "kv_cache_coordinator", "kv_cache_manager", "block_table")
@@ -193,7 +194,9 @@ def lockstep_kill(
     """
     names = [s.name for s in SHAPES]
     shapes = tuple(s for s in SHAPES if s.name == shape)
-    setup = MachineSetup([load_factory("spec"), load_factory("impl")], RunStats(), failure_dir, shapes=shapes)
+    setup = MachineSetup(
+        [load_factory("spec"), load_factory("impl")], RunStats(), failure_dir, shapes=shapes, profile=VLLM_0_25_1
+    )
     machine = make_lockstep_machine(setup)
     if skip_rules:  # a plain method shadows the rule of the same name
         machine = type(machine.__name__, (machine,), dict.fromkeys(skip_rules, _not_a_rule))

@@ -61,6 +61,7 @@ from kvspec.hashing import (
     none_hash,
     split_key,
 )
+from kvspec.profiles import VLLM_0_25_1
 from kvspec.request import Request
 
 Factory = Callable[[KVCacheConfig], ImplAdapter]
@@ -790,7 +791,7 @@ def run_entry(
     with tempfile.TemporaryDirectory() as tmp:
         factories = [load_factory("spec"), load_factory(f"{module}:{entry.name}")]
         load_profile(profile)
-        setup = MachineSetup(factories, RunStats(), Path(tmp))
+        setup = MachineSetup(factories, RunStats(), Path(tmp), profile=VLLM_0_25_1)
         start = time.monotonic()
         setup.stats.started = start
         saved, cap = shrink_time_limit(), [shrink_time_limit()]

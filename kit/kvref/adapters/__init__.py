@@ -1,7 +1,11 @@
 """Adapters: anything that behaves like vLLM 0.25.1's ``KVCacheManager``.
 
 An adapter is built from a :class:`kvspec.config.KVCacheConfig` by a factory
-and exposes the facade operations plus :meth:`to_view`. The conformance kit
+and exposes the facade operations plus :meth:`to_view`. Operations that exist
+only in some releases are optional methods, looked up by name when an
+operation needs them (a missing one answers
+:class:`kvspec.errors.UnsupportedOperationError`):
+``record_prefix_cache_stats(request, num_hits)`` (vLLM 0.27.0 on). The conformance kit
 drives several adapters with the same operations and compares every output
 and view.
 """
@@ -13,9 +17,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from kvspec import SEMANTICS_VERSION
 from kvspec.config import KVCacheConfig
 from kvspec.events import KVCacheEvent
+from kvspec.profiles import NEWEST
 from kvspec.request import Request
 from kvspec.stats import PrefixCacheStats
 from kvspec.view import BlockIds, KVView
@@ -40,8 +44,9 @@ class DeclaredSemantics:
     known: tuple[str, ...] = ()
 
 
-SPEC_SEMANTICS = DeclaredSemantics(SEMANTICS_VERSION, upstream=False)
-"""What kvspec, kvimpl and any adapter that declares nothing implement."""
+SPEC_SEMANTICS = DeclaredSemantics(NEWEST.name, upstream=False)
+"""What an adapter that declares nothing implements: kvspec semantics, of
+whichever profile its configuration names (the newest by default)."""
 
 
 def semantics_of(adapter: object) -> DeclaredSemantics:

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from kvimpl.kv_cache_manager import KVCacheManager
 from kvspec.config import KVCacheConfig
+from kvspec.errors import UnsupportedByProfileError
+from kvspec.profiles import VLLM_0_25_1
+
+IMPL_PROFILES = frozenset({VLLM_0_25_1.name})
+"""The semantics profiles kvimpl follows today."""
 
 
 class ImplAdapter(KVCacheManager):
@@ -13,5 +18,13 @@ class ImplAdapter(KVCacheManager):
 
 
 def make_impl_adapter(config: KVCacheConfig) -> ImplAdapter:
-    """Factory for ``--target impl``."""
+    """Factory for ``--target impl``.
+
+    Raises:
+        UnsupportedByProfileError: For a profile kvimpl does not follow yet.
+    """
+    if config.profile.name not in IMPL_PROFILES:
+        raise UnsupportedByProfileError(
+            f"kvimpl does not follow {config.profile.name} yet (it follows {', '.join(sorted(IMPL_PROFILES))})"
+        )
     return ImplAdapter(config)

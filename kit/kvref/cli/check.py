@@ -10,24 +10,35 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kvref.adapters import AdapterFactory, load_factory
+from kvref.adapters import AdapterFactory, load_factory, semantics_of
 from kvref.check import MIN_STEPS, run_lockstep
 from kvref.lockstep import RunStats
 from kvref.settings import load_profile
 from kvref.shapes import SHAPES
 from kvref.stateful import MachineSetup, default_failure_dir
 from kvspec.config import FullAttention, KVCacheConfig
+from kvspec.profiles import NEWEST, PROFILES, SemanticsProfile, profile_named
 
 
 def add_parser(sub: Any) -> None:
     """Register ``check`` on the subcommand parser ``sub``."""
     check = sub.add_parser("check", help="run the lockstep state machines")
     check.add_argument("--target", default=None, help="impl, spec, vllm or module:factory")
-    check.add_argument("--against", default=None, help="spec or vllm (default: vllm if installed)")
+    check.add_argument(
+        "--against",
+        default=None,
+        help="reference: spec, vllm or module:factory; none: a self-check (default: vllm if installed)",
+    )
     check.add_argument("--profile", default="dev", choices=sorted(MIN_STEPS))
     check.add_argument("--seed", type=int, default=0)
     check.add_argument("--budget", type=float, default=None, help="stop after this many seconds")
     check.add_argument("--min-steps", type=int, default=None, help="override the profile's step goal")
+    check.add_argument(
+        "--semantics",
+        default=None,
+        metavar="PROFILE",
+        help="semantics profile, e.g. vllm-0.33.0 (default: the one real vLLM declares, else the newest)",
+    )
     check.set_defaults(run=run)
 
 
@@ -68,19 +79,36 @@ def choose_targets(target: str | None, against: str | None) -> tuple[str, str | 
 def run(args: argparse.Namespace) -> int:
     """Run lockstep batches until the step goal or the time budget is reached."""
     console = Console(stderr=True)
-    target, against, why = choose_targets(args.target, args.against)
+    if args.against == "none":
+        target, against, why = args.target or "spec", None, "self-check chosen on the command line"
+    else:
+        target, against, why = choose_targets(args.target, args.against)
     names = [n for n in (against, target) if n is not None]
     factories: list[AdapterFactory] = [load_factory(n) for n in names]
+    try:
+        profile = choose_profile(args.semantics, factories)
+    except (KeyError, ValueError) as exc:
+        console.print(f"[red]{exc}[/]")
+        return 2
     for name, factory in zip(names, factories, strict=True):
         try:
-            factory(KVCacheConfig(num_blocks=4, groups=(FullAttention(4),), max_model_len=16))
+            declared = semantics_of(factory(_probe_config(profile)))
         except Exception as exc:
-            console.print(f"[red]cannot construct adapter {name!r}[/]: {exc}")
+            console.print(f"[red]cannot construct adapter {name!r} under {profile.name}[/]: {exc}")
             return 2
-    console.print(f"kvref check: target [bold]{target}[/] against [bold]{against or '(none)'}[/] ({why})")
+        if declared.upstream and declared.profile != profile.name:
+            console.print(
+                f"[red]adapter {name!r} behaves like {declared.profile}[/], not {profile.name}: "
+                f"check it with --semantics {declared.profile}"
+            )
+            return 2
+    console.print(
+        f"kvref check: target [bold]{target}[/] against [bold]{against or '(none)'}[/] ({why}); "
+        f"semantics [bold]{profile.name}[/]"
+    )
     load_profile(args.profile)
     goal = args.min_steps or MIN_STEPS[args.profile]
-    setup = MachineSetup(factories, RunStats(), default_failure_dir())
+    setup = MachineSetup(factories, RunStats(), default_failure_dir(), profile=profile)
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"))
     with Progress(*columns, TimeElapsedColumn(), console=console) as progress:
         task = progress.add_task("lockstep", total=goal)
@@ -89,13 +117,50 @@ def run(args: argparse.Namespace) -> int:
         )
     if failure is not None:
         console.print(f"[red]unexplained divergence[/]: {failure}")
-    _report(setup.stats, target, against, console, failure is not None)
-    return 1 if failure is not None else 0
+    _report(setup.stats, target, against, console, failure is not None, profile)
+    if failure is not None:
+        return 1
+    if setup.stats.steps == 0:
+        console.print("[red]no lockstep step ran[/]: every drawn configuration was refused (see the table)")
+        return 3
+    return 0
 
 
-def _report(stats: RunStats, target: str, against: str | None, console: Console, failed: bool) -> None:
+def choose_profile(name: str | None, factories: list[AdapterFactory]) -> SemanticsProfile:
+    """``name``, else the profile an upstream adapter (real vLLM) declares,
+    else the newest.
+
+    Raises:
+        KeyError: For an unknown profile name.
+        ValueError: When an upstream adapter declares a profile kvspec does not have.
+    """
+    if name is not None:
+        return profile_named(name)
+    for factory in factories:
+        try:
+            adapter = factory(_probe_config(NEWEST))
+        except Exception:  # construction problems are reported by the caller's probe
+            continue
+        declared = semantics_of(adapter)
+        if declared.upstream:
+            if declared.profile not in PROFILES:
+                raise ValueError(
+                    f"the adapter declares {declared.profile}, which kvspec has no profile for; "
+                    f"known: {', '.join(PROFILES)}"
+                )
+            return PROFILES[declared.profile]
+    return NEWEST
+
+
+def _probe_config(profile: SemanticsProfile) -> KVCacheConfig:
+    return KVCacheConfig(num_blocks=4, groups=(FullAttention(4),), max_model_len=16, profile=profile)
+
+
+def _report(
+    stats: RunStats, target: str, against: str | None, console: Console, failed: bool, profile: SemanticsProfile
+) -> None:
     elapsed = max(time.monotonic() - stats.started, 1e-9)
-    table = Table(title=f"kvref check: {target} vs {against or '(self)'}")
+    table = Table(title=f"kvref check: {target} vs {against or '(self)'}, {profile.name}")
     table.add_column("measure")
     table.add_column("value", justify="right")
     table.add_row("steps run", str(stats.steps))
@@ -109,11 +174,15 @@ def _report(stats: RunStats, target: str, against: str | None, console: Console,
         "invalid calls rejected", f"{sum(stats.invalid_calls.values())} ({len(stats.invalid_calls)} kinds: {kinds})"
     )
     table.add_row("invalid configs rejected", str(stats.invalid_configs))
+    refused = ", ".join(f"{k} x{v}" for k, v in sorted(stats.refused_configs.items())) or "0"
+    table.add_row("configurations refused by the profile", refused)
     known = ", ".join(f"{k} x{v}" for k, v in sorted(stats.known.items())) or "0"
     table.add_row("divergences known", known)
     table.add_row("divergences unexplained", "1" if failed else "0")
     table.add_row("steps per second", f"{stats.steps / elapsed:.0f}")
     Console().print(table)
+    for reason, count in sorted(stats.refused_reasons.items(), key=lambda kv: -kv[1])[:5]:
+        console.print(f"refused x{count}: {reason}")
     if failed and stats.last_failure is not None:
         n_ops = len(stats.last_failure.read_text().splitlines()) - 1
         console.print(f"shrunk trace ({n_ops} operations): {stats.last_failure}")

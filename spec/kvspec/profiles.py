@@ -1,0 +1,270 @@
+"""Semantics profiles: the observable behaviour of each supported vLLM release.
+
+A profile is a frozen value of named behaviour switches. Each release's
+constant is built from its predecessor with :func:`dataclasses.replace`,
+naming only what that release changed, so this module reads as a changelog of
+observable behaviour, oldest first. A release with no observable change
+shares its predecessor's switches (and says so). Each switch is read in one
+named place of the spec (given after it below), so every rule stays a small
+function a port can check alone.
+
+Releases change more than these switches: some add state (new managers, a
+second pool, fine-grained hits with copy-on-write). Where kvspec does not
+model such a feature yet, :func:`unsupported_reason` names the configurations
+that would need it, and ``KVCacheConfig`` refuses them for that profile with
+:class:`kvspec.errors.UnsupportedByProfileError` instead of silently behaving
+like another release.
+
+``docs/vllm-versions.md`` describes every change in prose, with the switch
+that models it and a trace that shows it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from kvspec.config import KVCacheConfig
+
+NewBlockIds = Literal["full-mla", "full-mla-with-mamba", "attention-with-mamba"]
+CommonPrefix = Literal["tables", "zero"]
+
+
+@dataclass(frozen=True, slots=True)
+class SemanticsProfile:
+    """The behaviour switches of one vLLM release (see the module docstring).
+
+    Attributes are grouped by the module that reads them.
+    """
+
+    name: str
+    """``"vllm-<release>"``, the string traces carry in their ``semantics`` header."""
+    release: str
+
+    # -- hashing (kvspec.hashing) ------------------------------------------------------
+    extra_keys_tagged: bool = False
+    """Extra hash keys carry their source tag (``("lora", name, path)``,
+    ``("mm", id, offset)``, ``("cache_salt", s)``, ``("prompt_embeds", d)``):
+    :func:`kvspec.hashing.block_extra_keys`. Events keep the untagged form."""
+    mm_resume_from_first_feature: bool = False
+    """Hashing that resumes after construction looks at every multimodal
+    feature, not only the last: :func:`kvspec.hashing.extend_block_hashes`."""
+
+    # -- block pool (kvspec.block_pool) ------------------------------------------------
+    free_unhashed_first: bool = True
+    """Freed blocks without a hash go to the front of the free queue (they can
+    never be hit), hashed ones to the tail: :func:`kvspec.block_pool.requeue_unhashed_first`."""
+    free_unhashed_needs_caching: bool = False
+    """Freed unhashed blocks go to the front of the free queue only with prefix
+    caching on (otherwise every freed block goes to the tail):
+    :func:`kvspec.block_pool.requeue_unhashed_first`."""
+    sink_blocks_reserved: bool = True
+    """SinkFull groups take ``sink_len / block_size`` blocks for good at
+    construction: :func:`kvspec.single_type_kv_cache_manager.num_sink_blocks`."""
+
+    # -- single-type managers (kvspec.single_type_kv_cache_manager) ---------------------
+    new_block_ids: NewBlockIds = "full-mla"
+    """Which groups report fresh blocks to ``take_new_block_ids``:
+    :func:`kvspec.single_type_kv_cache_manager.records_new_block_ids`."""
+    mamba_skip_spec_slack: bool = True
+    """Mamba's ``remove_skipped_blocks`` first subtracts the speculative block
+    count from the computed tokens: :meth:`MambaManager.remove_skipped_blocks`."""
+    mamba_align_estimate_capped: bool = False
+    """Mamba align's admission estimate is ``min(need, 1 + spec)`` instead of
+    ``1 + spec`` for a request that needs any block:
+    :func:`kvspec.single_type_kv_cache_manager.mamba_align_new_blocks`."""
+
+    # -- coordinator (kvspec.kv_cache_coordinator) ----------------------------------------
+    mamba_eagle_counts_verified: bool = False
+    """In the hybrid search an EAGLE Mamba group gets no look-ahead but counts
+    as having made its drop (a Mamba shrink then keeps the other groups'
+    verified drops); kvspec's 0.25.1 rule treats Mamba as never dropping:
+    :func:`kvspec.kv_cache_coordinator.hybrid_hit_search`."""
+    eagle_margin_hashed_cap: bool = False
+    """The hybrid search's EAGLE look-ahead is capped by the request's hashed
+    tokens instead of ``num_tokens - 1``: :func:`kvspec.kv_cache_coordinator.eagle_search_limit`."""
+    eagle_flags_need_use_eagle: bool = False
+    """Per-group EAGLE flags drop blocks only when ``use_eagle`` is set:
+    :meth:`kvspec.config.KVCacheConfig.eagle_group_ids`."""
+    single_spec_group_hybrid: bool = False
+    """A cached model of several groups with one attention kind is allowed
+    (looked up jointly): :func:`kvspec.config.validate_groups`."""
+
+    # -- facade (kvspec.kv_cache_manager) -------------------------------------------------
+    stats_at_lookup: bool = True
+    """``get_computed_blocks`` records prefix-cache statistics; without it the
+    scheduler calls ``record_prefix_cache_stats`` at admission."""
+    adopt_hit_without_new_tokens: bool = False
+    """``allocate_slots`` with 0 new tokens is legal when it adopts hit tokens:
+    :func:`kvspec.kv_cache_manager.allocation_without_tokens`."""
+    common_prefix: CommonPrefix = "tables"
+    """``get_num_common_prefix_blocks``: leading blocks held by every table, or
+    always zeros (cascade attention removed): :meth:`KVCacheManager.get_num_common_prefix_blocks`."""
+    pop_drops_leading_nulls: bool = False
+    """``pop_blocks_for_free`` leaves out each group's leading null blocks:
+    :meth:`SingleTypeKVCacheManager.pop_blocks_for_free`."""
+    mamba_caching_needs_align: bool = False
+    """A Mamba group with prefix caching on must use ``align`` mode:
+    :func:`kvspec.config.validate_kind`."""
+
+    # -- features that add state, not modelled yet (unsupported_reason) ------------------
+    partial_tail_entries: bool = False
+    """Full-attention groups coarser than the hash block register an extra
+    cache key at the prompt's last hash boundary (a block can hold two keys)."""
+    partial_hash_hits: bool = False
+    """A Mamba align group coarser than the hash block enables hits inside a
+    block, served by copy-on-write."""
+    mamba_tail_entries: bool = False
+    """Mamba align groups key their state block at the prompt's last hash
+    boundary (which also re-caches a state block evicted while held)."""
+
+
+VLLM_0_25_1 = SemanticsProfile("vllm-0.25.1", "0.25.1")
+"""The baseline: vLLM 0.25.1 (the defects of ``docs/divergences.md`` aside)."""
+
+VLLM_0_26_0 = replace(
+    VLLM_0_25_1,
+    name="vllm-0.26.0",
+    release="0.26.0",
+    new_block_ids="full-mla-with-mamba",
+    mamba_skip_spec_slack=False,
+    mamba_eagle_counts_verified=True,
+    partial_tail_entries=True,
+    partial_hash_hits=True,
+)
+"""0.26.0: fresh-block ids are recorded only for models with a Mamba group;
+Mamba keeps no speculative slack when freeing skipped blocks and gets no EAGLE
+look-ahead; coarse full-attention groups get partial-tail entries; Mamba
+align groups coarser than the hash block get fine-grained hits with
+copy-on-write."""
+
+VLLM_0_27_0 = replace(
+    VLLM_0_26_0, name="vllm-0.27.0", release="0.27.0", stats_at_lookup=False, free_unhashed_needs_caching=True
+)
+"""0.27.0: lookups stop recording prefix-cache statistics (the scheduler
+records them at admission); with caching off every freed block goes to the
+free-queue tail."""
+
+VLLM_0_27_1 = replace(VLLM_0_27_0, name="vllm-0.27.1", release="0.27.1")
+"""0.27.1: no observable change from 0.27.0."""
+
+VLLM_0_28_0 = replace(
+    VLLM_0_27_1,
+    name="vllm-0.28.0",
+    release="0.28.0",
+    free_unhashed_needs_caching=False,
+    new_block_ids="attention-with-mamba",
+)
+"""0.28.0: the free order of 0.26.0 is back; with a Mamba group every
+attention kind records its fresh blocks."""
+
+VLLM_0_29_0 = replace(VLLM_0_28_0, name="vllm-0.29.0", release="0.29.0", single_spec_group_hybrid=True)
+"""0.29.0: every full-attention group is trimmed to the hit (kvspec always
+did; the ``second-full-group`` divergence ends); cached models whose groups
+share one kind are allowed."""
+
+VLLM_0_30_0 = replace(VLLM_0_29_0, name="vllm-0.30.0", release="0.30.0", sink_blocks_reserved=False)
+"""0.30.0: SinkFull groups reserve no sink blocks (plain full attention)."""
+
+VLLM_0_31_0 = replace(
+    VLLM_0_30_0,
+    name="vllm-0.31.0",
+    release="0.31.0",
+    extra_keys_tagged=True,
+    mm_resume_from_first_feature=True,
+    adopt_hit_without_new_tokens=True,
+    mamba_align_estimate_capped=True,
+)
+"""0.31.0: tagged extra hash keys (the LoRA key includes the adapter path);
+resumed hashing sees every multimodal feature; an allocation may adopt hit
+tokens without new ones; Mamba align's estimate is capped by the real need."""
+
+VLLM_0_32_0 = replace(
+    VLLM_0_31_0,
+    name="vllm-0.32.0",
+    release="0.32.0",
+    common_prefix="zero",
+    eagle_margin_hashed_cap=True,
+    mamba_tail_entries=True,
+)
+"""0.32.0: ``get_num_common_prefix_blocks`` always answers zeros; the hybrid
+EAGLE look-ahead is capped by hashed tokens; Mamba align tail entries."""
+
+VLLM_0_33_0 = replace(
+    VLLM_0_32_0,
+    name="vllm-0.33.0",
+    release="0.33.0",
+    pop_drops_leading_nulls=True,
+    mamba_caching_needs_align=True,
+    eagle_flags_need_use_eagle=True,
+)
+"""0.33.0: ``pop_blocks_for_free`` drops leading nulls; cached Mamba groups
+must use align mode; EAGLE group flags need ``use_eagle``."""
+
+PROFILES: dict[str, SemanticsProfile] = {
+    p.name: p
+    for p in (
+        VLLM_0_25_1,
+        VLLM_0_26_0,
+        VLLM_0_27_0,
+        VLLM_0_27_1,
+        VLLM_0_28_0,
+        VLLM_0_29_0,
+        VLLM_0_30_0,
+        VLLM_0_31_0,
+        VLLM_0_32_0,
+        VLLM_0_33_0,
+    )
+}
+"""Every supported profile by name, oldest first."""
+
+NEWEST = VLLM_0_33_0
+"""The default profile: the newest supported release."""
+
+
+def profile_named(name: str) -> SemanticsProfile:
+    """The profile called ``name`` (``"vllm-0.33.0"``; a bare ``"0.33.0"`` works too).
+
+    Raises:
+        KeyError: For an unknown name, listing the known ones.
+    """
+    key = name if name.startswith("vllm-") else f"vllm-{name}"
+    if key not in PROFILES:
+        raise KeyError(f"unknown semantics profile {name!r}; known: {', '.join(PROFILES)}")
+    return PROFILES[key]
+
+
+def unsupported_reason(config: KVCacheConfig) -> str | None:
+    """Why kvspec cannot model ``config`` under its profile, or None.
+
+    Three features of newer releases add state kvspec does not model yet;
+    a cached configuration that would use them is refused:
+
+    * partial-tail entries (0.26.0 on): a hybrid with a full-attention-type
+      group whose block size is above the hash block size;
+    * fine-grained hits with copy-on-write (0.26.0 on): a hybrid with a Mamba
+      align group whose block size is above the hash block size;
+    * Mamba align tail entries (0.32.0 on): any Mamba align group.
+    """
+    from kvspec.config import FULL_TYPE_KINDS, Mamba  # noqa: PLC0415 - config imports this module
+
+    p = config.profile
+    if not config.enable_caching:
+        return None
+    hbs = config.resolved_hash_block_size()
+    for gid, kind in enumerate(config.groups):
+        where = f"{p.name}: group {gid} ({type(kind).__name__}, block size {kind.block_size})"
+        align = isinstance(kind, Mamba) and kind.mode == "align"
+        if p.mamba_tail_entries and align:
+            return f"{where}: Mamba align tail cache entries are not modelled"
+        if len(config.groups) < 2 or kind.block_size <= hbs:
+            continue
+        if p.partial_tail_entries and isinstance(kind, FULL_TYPE_KINDS):
+            return f"{where} is coarser than the hash block ({hbs}): partial-tail cache entries are not modelled"
+        if p.partial_hash_hits and align:
+            return (
+                f"{where} is coarser than the hash block ({hbs}): fine-grained hits with copy-on-write "
+                "are not modelled"
+            )
+    return None
