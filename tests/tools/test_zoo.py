@@ -12,7 +12,9 @@ from kvref.cli import main
 from kvref.lockstep import Lockstep, LockstepFailure, RunStats
 from kvref.traces import load, replay
 from kvspec.config import CrossAttention, FullAttention, KVCacheConfig, Mamba, SlidingWindow
-from kvtools.zoo import ZOO, run_entry
+from kvtools.zoo import ZOO
+from kvtools.zoo.base import ENTRIES
+from kvtools.zoo.runner import run_entry
 
 CONFIGS = (
     KVCacheConfig(num_blocks=8, groups=(FullAttention(4),), max_model_len=16),
@@ -24,7 +26,7 @@ CONFIGS = (
 
 @pytest.mark.parametrize("name", sorted(ZOO))
 def test_entry_constructs(name: str) -> None:
-    """Each registry entry is a loadable --target factory with an upstream reference."""
+    """Each registry entry is a loadable --target factory with an upstream number."""
     entry = ZOO[name]
     assert entry.name == name and entry.upstream and entry.description
     factory = load_factory(f"kvtools.zoo:{name}")
@@ -33,6 +35,11 @@ def test_entry_constructs(name: str) -> None:
         adapter = factory(cfg)
         assert adapter.name == name
         adapter.to_view()
+
+
+def test_registry_holds_every_entry() -> None:
+    """Every entry registered by an area module is in ``ZOO``, once."""
+    assert list(ZOO) == list(dict.fromkeys(ZOO)) and set(ZOO) == set(ENTRIES)
 
 
 @pytest.mark.parametrize("name", ["constant_none_hash", "unhashed_freed_to_tail", "lora_missing_from_hash"])

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 TASKS: dict[str, tuple[str, str]] = {
-    "zoo": ("kvtools.zoo", "main"),
+    "zoo": ("kvtools.zoo.cli", "main"),
     "mutants": ("kvtools.mutants", "main"),
     "directed": ("kvtools.directed", "main"),
     "divergence-traces": ("kvtools.divergence_traces", "main"),
