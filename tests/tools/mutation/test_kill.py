@@ -1,9 +1,10 @@
 """The mutation kill test: kvimpl against kvspec, stopping at the first difference.
 
 Run by ``python -m kvtools mutants`` (mutmut) once per generic mutant of
-kvimpl, and by hand with ``pytest tests/tools/mutation``; the default ``pytest`` run does not
-collect this folder (``norecursedirs``). Deterministic: the golden traces are
-fixed data and the lockstep runs use fixed Hypothesis seeds.
+kvimpl, and by hand with ``pytest tests/tools/mutation``; the default
+``pytest`` run does not collect this folder (``norecursedirs``).
+Deterministic: the golden traces are fixed data and the lockstep runs use
+fixed Hypothesis seeds.
 
 Stages, cheapest first (``conftest.py`` orders them; mutmut stops at the
 first failure):
