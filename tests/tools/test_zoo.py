@@ -12,19 +12,36 @@ from kvref.cli import main
 from kvref.lockstep import Lockstep, LockstepFailure, RunStats
 from kvref.traces import load, replay
 from kvspec.config import CrossAttention, FullAttention, KVCacheConfig, Mamba, SlidingWindow
-from kvtools.zoo import ZOO, run_entry
+from kvspec.profiles import VLLM_0_25_1
+from kvtools.zoo import ZOO
+from kvtools.zoo.base import ENTRIES
+from kvtools.zoo.runner import run_entry
 
 CONFIGS = (
-    KVCacheConfig(num_blocks=8, groups=(FullAttention(4),), max_model_len=16),
-    KVCacheConfig(num_blocks=16, groups=(FullAttention(4), SlidingWindow(2, 3)), max_model_len=32, use_eagle=True),
-    KVCacheConfig(num_blocks=16, groups=(FullAttention(2), Mamba(2, "align", 1)), max_model_len=32),
-    KVCacheConfig(num_blocks=16, groups=(FullAttention(2), CrossAttention(2)), max_model_len=32, enable_caching=False),
+    KVCacheConfig(profile=VLLM_0_25_1, num_blocks=8, groups=(FullAttention(4),), max_model_len=16),
+    KVCacheConfig(
+        profile=VLLM_0_25_1,
+        num_blocks=16,
+        groups=(FullAttention(4), SlidingWindow(2, 3)),
+        max_model_len=32,
+        use_eagle=True,
+    ),
+    KVCacheConfig(
+        profile=VLLM_0_25_1, num_blocks=16, groups=(FullAttention(2), Mamba(2, "align", 1)), max_model_len=32
+    ),
+    KVCacheConfig(
+        profile=VLLM_0_25_1,
+        num_blocks=16,
+        groups=(FullAttention(2), CrossAttention(2)),
+        max_model_len=32,
+        enable_caching=False,
+    ),
 )
 
 
 @pytest.mark.parametrize("name", sorted(ZOO))
 def test_entry_constructs(name: str) -> None:
-    """Each registry entry is a loadable --target factory with an upstream reference."""
+    """Each registry entry is a loadable --target factory with an upstream number."""
     entry = ZOO[name]
     assert entry.name == name and entry.upstream and entry.description
     factory = load_factory(f"kvtools.zoo:{name}")
@@ -33,6 +50,11 @@ def test_entry_constructs(name: str) -> None:
         adapter = factory(cfg)
         assert adapter.name == name
         adapter.to_view()
+
+
+def test_registry_holds_every_entry() -> None:
+    """Every entry registered by an area module is in ``ZOO``, once."""
+    assert list(ZOO) == list(dict.fromkeys(ZOO)) and set(ZOO) == set(ENTRIES)
 
 
 @pytest.mark.parametrize("name", ["constant_none_hash", "unhashed_freed_to_tail", "lora_missing_from_hash"])
@@ -64,7 +86,9 @@ def test_hits_touched_per_group_is_killable(tmp_path: Path) -> None:
     """The hand-built history that kills ``hits_touched_per_group`` (the ci hunt does not reach it):
     a and y fill the pool and are freed, a first; b extends a and loads 3 tokens through the connector,
     so group 0's allocation pops group 1's still-free hit block unless every hit is touched first."""
-    cfg = KVCacheConfig(num_blocks=17, groups=(FullAttention(2), SlidingWindow(2, 16)), max_model_len=32)
+    cfg = KVCacheConfig(
+        profile=VLLM_0_25_1, num_blocks=17, groups=(FullAttention(2), SlidingWindow(2, 16)), max_model_len=32
+    )
     mutant = load_factory("kvtools.zoo:hits_touched_per_group")
     lock = Lockstep(cfg, [load_factory("spec"), mutant], RunStats(), tmp_path)
     a = [1, 2, 3, 0, 1, 2, 3, 0]

@@ -17,9 +17,9 @@ import sys
 from collections.abc import Callable, Sequence
 
 TASKS: dict[str, tuple[str, str]] = {
-    "zoo": ("kvtools.zoo", "main"),
-    "mutants": ("kvtools.mutants", "main"),
-    "directed": ("kvtools.directed", "main"),
+    "zoo": ("kvtools.zoo.cli", "main"),
+    "mutants": ("kvtools.mutants.runner", "main"),
+    "directed": ("kvtools.directed.record", "main"),
     "divergence-traces": ("kvtools.divergence_traces", "main"),
     "hash-vectors": ("kvtools.hash_vectors", "main"),
     "check-cuda": ("kvtools.check_cuda", "main"),

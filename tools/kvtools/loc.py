@@ -1,6 +1,6 @@
 """Count lines of code without blank lines, comments and docstrings.
 
-Usage: ``python ci/loc.py spec/kvspec/*.py`` prints one line per file and a
+Usage: ``python -m kvtools loc spec/kvspec/*.py`` prints one line per file and a
 total. A docstring is any string-literal expression statement (module, class,
 function and attribute docstrings).
 """

@@ -1,9 +1,10 @@
 """The mutation kill test: kvimpl against kvspec, stopping at the first difference.
 
-Run by ``kvref mutants`` (mutmut) once per generic mutant of kvimpl, and by
-hand with ``pytest tests/mutation``; the default ``pytest`` run does not
-collect this folder (``norecursedirs``). Deterministic: the golden traces are
-fixed data and the lockstep runs use fixed Hypothesis seeds.
+Run by ``python -m kvtools mutants`` (mutmut) once per generic mutant of
+kvimpl, and by hand with ``pytest tests/tools/mutation``; the default
+``pytest`` run does not collect this folder (``norecursedirs``).
+Deterministic: the golden traces are fixed data and the lockstep runs use
+fixed Hypothesis seeds.
 
 Stages, cheapest first (``conftest.py`` orders them; mutmut stops at the
 first failure):
@@ -24,7 +25,13 @@ first failure):
    estimate decides an admission).
 5. ``test_lockstep[shape]``: a bounded, seeded run of the lockstep machine
    (:mod:`kvref.stateful`, kvspec first, kvimpl second) restricted to one
-   shape: outputs, views, invariants, event logs, append-only tables.
+   shape: outputs, views, invariants, event logs, append-only tables. The
+   stage itself is :func:`kvtools.killtest.lockstep_kill`, which the mutmut
+   runner also calls to shrink a lockstep kill.
+
+Every replay runs on the kit's one replay loop (:func:`kvref.traces.replay`)
+with kvimpl's checks after each step, except the merged-batch replay, whose
+batches span several recorded steps.
 
 When a test fails inside a mutmut worker (``MUTANT_UNDER_TEST`` set) and
 ``KVREF_MUTANT_RECORDS`` names a folder, it writes ``<mutant>.json`` there:
@@ -53,10 +60,11 @@ from kvref.adapters.impl import ImplAdapter
 from kvref.lockstep import LockstepFailure
 from kvref.ops import REQUEST_OPS, RequestBook, event_to_json, execute, ids_to_json
 from kvref.shapes import SHAPES, Shape, build_kind
-from kvref.traces import Trace, load
+from kvref.traces import Trace, load, replay, split_step
 from kvspec.config import FullAttention, KVCacheConfig, SinkFullAttention, SlidingWindow
 from kvspec.errors import ConfigError, InvalidTokenCountError, KVCacheError
-from kvtools.mutants import lockstep_kill
+from kvspec.profiles import VLLM_0_25_1, SemanticsProfile
+from kvtools.killtest import lockstep_kill
 
 Json = Any
 
@@ -102,24 +110,26 @@ def replay_checked(trace: Trace, batch: bool = False, device: str | None = None)
     except Exception as exc:  # kvspec built this configuration
         return 0, f"constructing kvimpl: {type(exc).__name__}: {exc}"
     adapter = cast(KVCacheAdapter, impl)  # ImplAdapter's list[BlockId] is a list[int] (list is invariant)
-    book = RequestBook(trace.config)
-    for i, step in enumerate(trace.steps):
-        op = {k: v for k, v in step.items() if k not in ("expect", "view")}
-        if op["op"] in REQUEST_OPS:
-            book.apply(op)
-            continue
-        try:
-            got = execute_batched(impl, book, op) if batch and batchable(op) else execute(adapter, book, op)
-            if got != step.get("expect"):
-                return i, f"{op['op']}: kvspec returned {step.get('expect')!r}, kvimpl returned {got!r}"
-            if "view" in step and adapter.to_view().digest() != step["view"]:
-                return i, f"{op['op']}: view digest differs from kvspec's"
-            impl.check_invariants()
-            if device is not None:
-                check_device_tables(impl)
-        except Exception as exc:  # a crash or a broken invariant is a difference too
-            return i, f"{op['op']}: {type(exc).__name__}: {exc}"
-    return None
+    facade_steps = iter(i for i, step in enumerate(trace.steps) if step["op"] not in REQUEST_OPS)
+    current = [0]
+
+    def execute_op(a: KVCacheAdapter, book: RequestBook, op: Json) -> Json:
+        current[0] = next(facade_steps)
+        return execute_batched(impl, book, op) if batch and batchable(op) else execute(a, book, op)
+
+    def after_step(_: KVCacheAdapter) -> None:  # a broken invariant is a difference too
+        impl.check_invariants()
+        if device is not None:
+            check_device_tables(impl)
+
+    try:
+        result = replay(trace, lambda _config: adapter, execute_op=execute_op, after_step=after_step)
+    except Exception as exc:  # replay lets an exception of the view digest through: a difference too
+        return current[0], f"{trace.steps[current[0]]['op']}: view: {type(exc).__name__}: {exc}"
+    if result.ok:
+        return None
+    assert result.failed_step is not None, result  # a failed replay names its step
+    return result.failed_step, result.message
 
 
 def replay_merged(trace: Trace) -> tuple[int, str] | None:
@@ -158,12 +168,11 @@ def replay_merged(trace: Trace) -> tuple[int, str] | None:
                 )
                 got = [None if out is None else ids_to_json(out) for out in outs]
             for (i, _, _), out in zip(batch, got, strict=True):
-                if out != trace.steps[i].get("expect"):
-                    return (
-                        i,
-                        f"{kind} in a batch of {len(batch)}: kvspec {trace.steps[i].get('expect')!r}, kvimpl {out!r}",
-                    )
-            if "view" in trace.steps[last] and impl.to_view().digest() != trace.steps[last]["view"]:
+                _, expect, _ = split_step(trace.steps[i])
+                if out != expect:
+                    return i, f"{kind} in a batch of {len(batch)}: kvspec {expect!r}, kvimpl {out!r}"
+            _, _, view = split_step(trace.steps[last])
+            if view is not None and impl.to_view().digest() != view:
                 return last, f"view digest after a batch of {len(batch)} (steps {first}-{last}) differs from kvspec's"
             impl.check_invariants()
         except Exception as exc:  # a crash or a broken invariant is a difference too
@@ -173,11 +182,10 @@ def replay_merged(trace: Trace) -> tuple[int, str] | None:
         return None
 
     for i, step in enumerate(trace.steps):
-        op = {k: v for k, v in step.items() if k not in ("expect", "view")}
+        op, expect, view = split_step(step)
         if op["op"] in REQUEST_OPS:
             book.apply(op)
             continue
-        expect = step.get("expect")
         joins = batchable(op) and not isinstance(expect, dict) and all(op["rid"] != o["rid"] for _, o, _ in batch)
         if joins and batch and batch[0][1]["op"] != op["op"]:
             joins = False
@@ -194,7 +202,7 @@ def replay_merged(trace: Trace) -> tuple[int, str] | None:
             got = execute(cast(KVCacheAdapter, impl), book, op)
             if got != expect:
                 return i, f"{op['op']}: kvspec returned {expect!r}, kvimpl returned {got!r}"
-            if "view" in step and impl.to_view().digest() != step["view"]:
+            if view is not None and impl.to_view().digest() != view:
                 return i, f"{op['op']}: view digest differs from kvspec's"
             impl.check_invariants()
         except Exception as exc:  # a crash or a broken invariant is a difference too
@@ -256,7 +264,7 @@ def execute_batched(impl: ImplAdapter, book: RequestBook, op: Json) -> Json:
 
 
 def test_directed_replay() -> None:
-    """Every directed trace (``kvref/directed.py``) replays on kvimpl exactly as
+    """Every directed trace (:mod:`kvtools.directed`) replays on kvimpl exactly as
     recorded from kvspec, sequentially, with merged batches and with CPU
     device block tables (when torch is there)."""
     paths = sorted(DIRECTED_DIR.glob("*.jsonl"))
@@ -285,7 +293,9 @@ def test_api_edges() -> None:
     """Batched-API and device-API details the traces cannot express: a batch
     of mismatched lengths is refused whole; an int look-ahead means one for
     all; the device accessors default to group 0."""
-    cfg = KVCacheConfig(num_blocks=16, groups=(FullAttention(4), SlidingWindow(4, 8)), max_model_len=48)
+    cfg = KVCacheConfig(
+        num_blocks=16, groups=(FullAttention(4), SlidingWindow(4, 8)), max_model_len=48, profile=VLLM_0_25_1
+    )
     impl, spec = ImplAdapter(cfg, device=_device()), load_factory("spec")(cfg)
     book = RequestBook(cfg)
     for rid, prompt in (("a", [1, 2, 3, 4, 5]), ("b", [6, 7, 8])):
@@ -382,6 +392,7 @@ def _batch_config(shape: Shape, rng: random.Random) -> KVCacheConfig:
     groups = tuple(build_kind(k, bs, rng.randint(1, 3 * bs), spec_blocks) for k in shape.kinds)
     caching = shape.caching if shape.caching is not None else rng.random() < 0.75
     return KVCacheConfig(
+        profile=VLLM_0_25_1,
         num_blocks=rng.choice([8, 10, 12, 16, 24]),
         groups=groups,
         max_model_len=48,
@@ -541,9 +552,13 @@ def test_lockstep_edge(edge: str, monkeypatch: pytest.MonkeyPatch) -> None:
     names, rewrite = EDGE_CONFIGS[edge]
     drawn = stateful.configs
 
-    def configs(shapes: Sequence[Shape] = SHAPES) -> st.SearchStrategy[tuple[str, KVCacheConfig]]:
+    def configs(
+        shapes: Sequence[Shape] = SHAPES, profile: SemanticsProfile = VLLM_0_25_1
+    ) -> st.SearchStrategy[tuple[str, KVCacheConfig | str]]:
         chosen = [s for s in SHAPES if s.name in names]  # not ``shapes``: lockstep_kill passes names[0] only
-        return drawn(chosen).map(lambda nc: (f"{nc[0]}/{edge}", rewrite(nc[1])))
+        return drawn(chosen, profile).map(
+            lambda nc: (f"{nc[0]}/{edge}", nc[1] if isinstance(nc[1], str) else rewrite(nc[1]))
+        )
 
     monkeypatch.setattr(stateful, "configs", configs)
     with tempfile.TemporaryDirectory() as tmp:

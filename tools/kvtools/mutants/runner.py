@@ -1,27 +1,25 @@
-"""Generic mutants of kvimpl (mutmut), killed by kvref's lockstep kill test.
+"""The mutmut runner: stage kvimpl and the kill test, run mutmut, collect and shrink the results.
 
-``kvref mutants`` (or ``ci/mutants.sh``) stages kvimpl for mutmut, runs
-``mutmut run --max-children 1`` with ``tests/mutation`` as the kill test,
-and writes ``docs/reports/mutants.md`` (a table and a summary) and
-``docs/reports/mutants.json`` (one row per mutant: status, seconds, the kill test
-and the trace length).
+``python -m kvtools mutants`` (or ``ci/mutants.sh``) stages kvimpl for mutmut,
+runs ``mutmut run --max-children 1`` with ``tests/tools/mutation`` as the kill
+test, re-runs every lockstep kill with shrinking, and hands the rows to
+:mod:`kvtools.mutants.report`, which writes ``docs/reports/mutants.md`` and
+``docs/reports/mutants.json``.
 
 NOTE: why a staging folder. mutmut 3 names a mutant after its file path
 relative to the folder it runs in (stripping only ``src.``), records test hits
 under the module's import name, and removes that folder from ``sys.path``.
-Run at the repository root, our three source roots break all three: the
-mutants would be named ``impl.kvimpl...`` while the tests hit ``kvimpl...``
-(mutmut stops: "no recorded key matches any mutant key"), and ``kvref``
-(imported from the root) could no longer be imported. So the runner copies
-``impl/kvimpl`` to ``<workdir>/src/kvimpl`` and ``tests/mutation`` to
+Run at the repository root, our source roots break all three: the mutants
+would be named ``impl.kvimpl...`` while the tests hit ``kvimpl...`` (mutmut
+stops: "no recorded key matches any mutant key"), and ``kvref`` (imported
+from the root) could no longer be imported. So the runner copies
+``impl/kvimpl`` to ``<workdir>/src/kvimpl`` and ``tests/tools/mutation`` to
 ``<workdir>/tests/mutation``, writes a ``pyproject.toml`` there holding the
 repository's ``[tool.mutmut]`` table, and runs mutmut in ``<workdir>``;
-``kvspec`` and ``kvref`` still come from the editable install. impl/ is never
-touched. Results are cached in ``<workdir>/mutants`` (mutmut's own cache) and
-thrown away whenever kvimpl or the kill test changes.
-
-Equivalent mutants and known gaps are listed, with reasons, in
-``kvref/mutants_triage.toml`` keyed by mutmut's mutant name.
+``kvspec``, ``kvref`` and ``kvtools`` (the kill test's lockstep stage,
+:mod:`kvtools.killtest`) still come from the editable install. impl/ is
+never touched. Results are cached in ``<workdir>/mutants`` (mutmut's own
+cache) and thrown away whenever kvimpl or the kill test changes.
 """
 
 from __future__ import annotations
@@ -34,72 +32,47 @@ import hashlib
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
 import tomllib
-from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, settings
-from hypothesis.stateful import run_state_machine_as_test
+from kvref.lockstep import LockstepFailure
+from kvtools.killtest import lockstep_kill
+from kvtools.mutants.report import (
+    DETECTED,
+    STATUS,
+    TRIAGE,
+    apply_triage,
+    load_triage,
+    summarize,
+    write_markdown,
+)
 
-from kvref.adapters import load_factory
-from kvref.hypothesis_compat import seed_machine
-from kvref.lockstep import LockstepFailure, RunStats
-from kvref.shapes import SHAPES
-from kvref.stateful import MachineSetup, make_lockstep_machine
-from kvspec.profiles import VLLM_0_25_1
-
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MODULES = ("block_pool", "single_type_kv_cache_manager", "kv_cache_coordinator", "kv_cache_manager", "block_table")
 """kvimpl's modules in the order they are mutated (the core first)."""
 CORE = MODULES[:4]
-TRIAGE = Path(__file__).with_name("mutants_triage.toml")
-STATUS = {
-    1: "killed",
-    3: "killed",
-    0: "survived",
-    5: "no tests",
-    33: "no tests",
-    34: "skipped",
-    36: "timeout",
-    37: "caught by type check",
-    -24: "timeout",
-    24: "timeout",
-    152: "timeout",
-    255: "timeout",
-}
-"""mutmut 3.8's exit codes (``mutmut.stats.status_by_exit_code``); others are "suspicious"."""
-DETECTED = ("killed", "timeout")
-KILL_EXAMPLES = 12
-"""Lockstep machine runs per shape in the kill test (each up to ``KILL_STEPS`` rules)."""
-KILL_STEPS = 50
-KILL_SEED = 20_251_129
-"""Hypothesis seed of the kill test's lockstep run for the first shape (+ the shape's index)."""
-
-
-@dataclass(frozen=True)
-class Triage:
-    """Mutants judged equivalent (name -> reason) and known gaps (name -> what would catch it)."""
-
-    equivalent: dict[str, str]
-    gaps: dict[str, str]
-    notes: str = ""
+KILL_TEST = (
+    ROOT / "tests" / "tools" / "mutation",
+    ROOT / "tools" / "kvtools" / "killtest.py",
+    ROOT / "traces" / "golden",
+    ROOT / "traces" / "directed",
+)
+"""Everything the kill test runs: its folder, its lockstep stage and the trace corpora it replays."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``kvref mutants``: run mutmut over kvimpl and write the reports."""
-    args = build_parser(argparse.ArgumentParser(prog="kvref mutants")).parse_args(argv)
+    """``python -m kvtools mutants``: run mutmut over kvimpl and write the reports."""
+    args = build_parser(argparse.ArgumentParser(prog="python -m kvtools mutants")).parse_args(argv)
     return run(args)
 
 
 def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add ``kvref mutants``'s options to ``parser`` (shared with the CLI)."""
+    """Add the runner's options to ``parser``."""
     parser.add_argument(
         "--modules",
         default=",".join(CORE),
@@ -127,29 +100,29 @@ def run(args: argparse.Namespace) -> int:
     modules = [m.strip() for m in args.modules.split(",") if m.strip()]
     unknown = [m for m in modules if m not in MODULES]
     if unknown:
-        print(f"kvref mutants: unknown kvimpl modules {unknown}; choose from {', '.join(MODULES)}", file=sys.stderr)
+        print(f"kvtools mutants: unknown kvimpl modules {unknown}; choose from {', '.join(MODULES)}", file=sys.stderr)
         return 2
     work: Path = args.workdir.resolve()
     seconds = None
     if not args.report_only:
         if shutil.which("mutmut", path=str(Path(sys.executable).parent)) is None:
-            print("kvref mutants: mutmut is not installed (pip install -e '.[dev]')", file=sys.stderr)
+            print("kvtools mutants: mutmut is not installed (pip install -e '.[dev]')", file=sys.stderr)
             return 2
         tests_changed = stage(work, modules, fresh=args.fresh)
         names = list(args.names)
         if tests_changed and not names:
             # mutmut given names runs only those: name the unchecked ones too.
             names = [r["name"] for r in collect(work, modules) if r["status"] not in DETECTED]
-            print(f"kvref mutants: the kill test changed; running the {len(names)} mutants it has not detected")
+            print(f"kvtools mutants: the kill test changed; running the {len(names)} mutants it has not detected")
         start = time.monotonic()
         rc = run_mutmut(work, args.max_children, names)
         seconds = round(time.monotonic() - start, 1)
         if rc not in (0, 1):
-            print(f"kvref mutants: mutmut exited with {rc}; see {work / 'mutmut.log'}", file=sys.stderr)
+            print(f"kvtools mutants: mutmut exited with {rc}; see {work / 'mutmut.log'}", file=sys.stderr)
             return rc
     rows = collect(work, MODULES)  # everything mutmut has results for, not only this run's modules
     if not rows:
-        print(f"kvref mutants: no results under {work / 'mutants'}", file=sys.stderr)
+        print(f"kvtools mutants: no results under {work / 'mutants'}", file=sys.stderr)
         return 2
     previous = json.loads(args.json.read_text()).get("mutants", []) if args.json.exists() else []
     add_diffs(work, rows, {r["name"]: r["diff"] for r in previous if r.get("diff")})
@@ -167,58 +140,10 @@ def run(args: argparse.Namespace) -> int:
     args.json.write_text(json.dumps({"summary": summary, "mutants": rows}, indent=1, ensure_ascii=False) + "\n")
     write_markdown(rows, summary, args.markdown)
     print(
-        f"kvref mutants: {summary['total']} mutants, {summary['killed']} killed, {summary['timeout']} timeouts, "
+        f"kvtools mutants: {summary['total']} mutants, {summary['killed']} killed, {summary['timeout']} timeouts, "
         f"{summary['survived']} survived ({summary['equivalent']} equivalent), score {summary['score']}",
     )
     return 0
-
-
-def lockstep_kill(
-    shape: str,
-    failure_dir: Path,
-    shrink: bool = False,
-    seed_offset: int = 0,
-    examples: int = KILL_EXAMPLES,
-    skip_rules: Sequence[str] = (),
-) -> None:
-    """The kill test's lockstep stage for one shape: kvspec and kvimpl in
-    lockstep over ``KILL_EXAMPLES`` seeded machine runs.
-
-    ``skip_rules`` names machine rules (or helpers) made no-ops (for configurations they do
-    not fit). Without ``shrink`` (the kill test) the first failing run is reported as it
-    is; with it (the runner, after mutmut) Hypothesis shrinks it first. Either
-    way the failing history is in ``failure_dir`` (see :class:`kvref.lockstep.Lockstep`).
-
-    Raises:
-        LockstepFailure: On the first difference.
-    """
-    names = [s.name for s in SHAPES]
-    shapes = tuple(s for s in SHAPES if s.name == shape)
-    setup = MachineSetup(
-        [load_factory("spec"), load_factory("impl")], RunStats(), failure_dir, shapes=shapes, profile=VLLM_0_25_1
-    )
-    machine = make_lockstep_machine(setup)
-    if skip_rules:  # a plain method shadows the rule of the same name
-        machine = type(machine.__name__, (machine,), dict.fromkeys(skip_rules, _not_a_rule))
-    seed_machine(machine, KILL_SEED + names.index(shape) + seed_offset)
-    phases = [Phase.explicit, Phase.generate, *([Phase.shrink] if shrink else [])]
-    run_state_machine_as_test(
-        machine,
-        settings=settings(
-            max_examples=examples,
-            stateful_step_count=KILL_STEPS,
-            deadline=None,
-            database=None,
-            print_blob=False,
-            report_multiple_bugs=False,
-            suppress_health_check=list(HealthCheck),
-            phases=phases,
-        ),
-    )
-
-
-def _not_a_rule(*args: object, **kwargs: object) -> None:
-    """Stands in for a machine rule that a configuration cannot take."""
 
 
 # --- staging and running ----------------------------------------------------------------------
@@ -256,8 +181,9 @@ def stage(work: Path, modules: Sequence[str], fresh: bool) -> bool:
         if copied.exists() and not copied.with_name(f"{m}.py.meta").exists():
             copied.unlink()
             (work / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
-    # The kill test reads the trace corpora from the repository: they are part of it.
-    test = _fingerprint([tests, ROOT / "traces" / "golden", ROOT / "traces" / "directed"])
+    # The kill test runs its lockstep stage from kvtools and reads the trace corpora from the
+    # repository: they are part of it.
+    test = _fingerprint(KILL_TEST)
     tests_changed = test_stamp.exists() and test_stamp.read_text() != test
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for source, target in ((src, work / "src" / "kvimpl"), (tests, work / "tests" / "mutation")):
@@ -346,7 +272,7 @@ def shrink(work: Path, rows: list[dict[str, Any]], budget: float) -> None:
     with Hypothesis' shrink phase on, for at most ``budget`` seconds.
     """
     code = (
-        "import sys; from pathlib import Path; from kvtools.mutants import shrink_child; "
+        "import sys; from pathlib import Path; from kvtools.mutants.runner import shrink_child; "
         "sys.exit(shrink_child(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])))"
     )
     mutated = work / "mutants" / "src"
@@ -434,155 +360,3 @@ def add_diffs(work: Path, rows: list[dict[str, Any]], known: dict[str, str]) -> 
             for ln in diff
             if ln[:1] in "+-" and not ln.startswith(("+++", "---"))
         )
-
-
-def load_triage(path: Path) -> Triage:
-    """The triage file (missing: nothing triaged)."""
-    if not path.exists():
-        return Triage({}, {}, "")
-    data = tomllib.loads(path.read_text())
-    return Triage(dict(data.get("equivalent", {})), dict(data.get("gap", {})), str(data.get("notes", "")))
-
-
-def apply_triage(rows: list[dict[str, Any]], triage: Triage) -> None:
-    """Mark survivors listed as equivalent or as known gaps (a killed mutant listed there is flagged stale)."""
-    for row in rows:
-        name = row["name"]
-        if name in triage.equivalent:
-            row["triage"] = "equivalent" if row["status"] not in DETECTED else "stale: now killed"
-            row["reason"] = triage.equivalent[name]
-        elif name in triage.gaps:
-            row["triage"] = "gap" if row["status"] not in DETECTED else "stale: now killed"
-            row["reason"] = triage.gaps[name]
-
-
-def summarize(
-    rows: Sequence[dict[str, Any]], modules: Sequence[str], seconds: float | None, args: argparse.Namespace
-) -> dict[str, Any]:
-    """Totals, per-module counts, the score after triage and the median time to kill."""
-    counts = Counter(r["status"] for r in rows)
-    equivalent = sum(1 for r in rows if r.get("triage") == "equivalent")
-    detected = counts["killed"] + counts["timeout"]
-    checked = len(rows) - counts["not checked"]
-    scored = checked - equivalent
-    kill_times = [r["seconds"] for r in rows if r["status"] == "killed" and r["seconds"] is not None]
-    trace_ops = [r["trace_ops"] for r in rows if r["status"] == "killed" and r["trace_ops"] is not None]
-    shrunk = [r["shrunk_trace_ops"] for r in rows if r.get("shrunk_trace_ops") is not None]
-    present = [m for m in modules if any(r["module"] == m for r in rows)]
-    per_module = {m: dict(Counter(r["status"] for r in rows if r["module"] == m)) for m in present}
-    return {
-        "tool": "mutmut 3.8.1",
-        "modules": list(per_module),
-        "modules_requested": list(modules),
-        "per_module": per_module,
-        "total": len(rows),
-        "killed": counts["killed"],
-        "timeout": counts["timeout"],
-        "survived": counts["survived"],
-        "no_tests": counts["no tests"],
-        "not_checked": counts["not checked"],
-        "other": len(rows) - sum(counts[s] for s in ("killed", "timeout", "survived", "no tests", "not checked")),
-        "equivalent": equivalent,
-        "gaps": sum(1 for r in rows if r.get("triage") == "gap"),
-        "untriaged": sum(1 for r in rows if r["status"] not in (*DETECTED, "not checked") and "triage" not in r),
-        "score": f"{detected}/{scored} = {100 * detected / scored:.1f}%" if scored else "-",
-        "raw_score": f"{detected}/{checked} = {100 * detected / checked:.1f}%" if checked else "-",
-        "checked": checked,
-        "score_by_module": {m: _module_score(rows, m) for m in present},
-        "median_seconds_to_kill": round(statistics.median(kill_times), 2) if kill_times else None,
-        "median_trace_ops": statistics.median(trace_ops) if trace_ops else None,
-        "lockstep_kills_shrunk": len(shrunk),
-        "median_shrunk_trace_ops": statistics.median(shrunk) if shrunk else None,
-        "killed_by_stage": dict(Counter(r["stage"] or "unrecorded" for r in rows if r["status"] == "killed")),
-        "wall_seconds": seconds,
-        "max_children": args.max_children,
-    }
-
-
-def _module_score(rows: Sequence[dict[str, Any]], module: str) -> str:
-    mine = [r for r in rows if r["module"] == module and r["status"] != "not checked"]
-    detected = sum(1 for r in mine if r["status"] in DETECTED)
-    scored = len(mine) - sum(1 for r in mine if r.get("triage") == "equivalent")
-    return f"{detected}/{scored} = {100 * detected / scored:.1f}%" if scored else "-"
-
-
-def write_markdown(rows: Sequence[dict[str, Any]], s: dict[str, Any], path: Path) -> None:
-    """docs/reports/mutants.md: summary, per-module counts, survivors with their triage, then every mutant."""
-    lines = [
-        "# Generic mutants of kvimpl",
-        "",
-        f"The mutants {s['tool']} makes of kvimpl's {', '.join(f'`{m}.py`' for m in s['modules'])} (the module",
-        "table says how many were checked), each run against",
-        "the kill test `tests/mutation/test_kill.py`, which stops at the first difference from kvspec: the directed",
-        "traces (`traces/directed`: boundary values, caller errors, protocol defaults, pool-size sweeps) and the",
-        "golden traces replayed on kvimpl (kvspec's recorded outputs and view digests, kvimpl's invariants after",
-        "every step), again through the batched step API (batches of one, and runs of steps merged into",
-        "multi-request batches) and with CPU device block tables; a seeded scheduler loop whose every step is one",
-        "multi-request `allocate_slots_batch`, checked against kvspec's sequential calls; then seeded",
-        "kvspec-vs-kvimpl lockstep runs on configurations the machine never or rarely draws (block size 1, two",
-        "sink groups, pools of 1 to 3 and of at most 10 blocks) and on every configuration shape. Regenerate",
-        "with `kvref mutants`",
-        "(or `ci/mutants.sh`); equivalent mutants are triaged, with the reason, in `kvref/mutants_triage.toml`.",
-        "A mutant counts as detected when it is killed or times out (mutmut's CPU limit: an endless loop).",
-        "",
-        "## Summary",
-        "",
-        f"- mutants: **{s['total']}** ({', '.join(f'{m}: {sum(c.values())}' for m, c in s['per_module'].items())})",
-        f"- killed: **{s['killed']}**, timeouts (counted as detected): {s['timeout']}",
-        f"- survived: {s['survived']}, never run by the kill test (mutmut: no tests): {s['no_tests']}, "
-        f"not checked yet: {s['not_checked']}, other: {s['other']}",
-        f"- equivalent (triaged, with reasons): {s['equivalent']}; known gaps: {s['gaps']}; "
-        f"untriaged: {s['untriaged']}",
-        f"- **score after triage: {s['score']}** (detected / (checked - equivalent)); raw: {s['raw_score']}"
-        f" (detected / checked); {s['checked']} of {s['total']} mutants checked",
-        f"- median time to kill: {s['median_seconds_to_kill']} s (mutmut's per-mutant wall time, 1 worker);"
-        f" median trace length of the kills: {s['median_trace_ops']} operations",
-        f"- kills by stage: {', '.join(f'{k} {v}' for k, v in sorted(s['killed_by_stage'].items()))}",
-        f"- lockstep kills shrunk outside mutmut (`--shrink`): {s['lockstep_kills_shrunk']}, median "
-        f"{s['median_shrunk_trace_ops']} operations (the others did not fail again in a fresh process, see the notes)",
-        f"- wall time of this `mutmut run`: {s['wall_seconds']} s with {s['max_children']} worker(s)"
-        if s["wall_seconds"] is not None
-        else "- wall time: see the notes (this report was re-rendered from mutmut's cached results)",
-        "- kvimpl as mutated (sha256 of each module, first 12 hex digits): "
-        + ", ".join(f"`{m}.py` {h}" for m, h in s.get("kvimpl_sha256", {}).items()),
-        "",
-        "| module | mutants | killed | timeout | survived | no tests | not checked | score after triage |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for module, c in s["per_module"].items():
-        kinds = ("killed", "timeout", "survived", "no tests", "not checked")
-        cells = [str(sum(c.values())), *(str(c.get(k, 0)) for k in kinds), s["score_by_module"][module]]
-        lines.append(f"| `{module}.py` | " + " | ".join(cells) + " |")
-    if s.get("notes"):
-        lines += ["", "## Notes", "", *s["notes"].strip().splitlines()]
-    left = [r for r in rows if r["status"] not in (*DETECTED, "not checked")]
-    lines += ["", "## Not killed", "", "| mutant | status | triage | mutation | reason |", "|---|---|---|---|---|"]
-    for r in left:
-        diff = _cell(r.get("diff", "")).replace("\n", "<br>")
-        triage, reason = r.get("triage", "**untriaged**"), _cell(r.get("reason", ""))
-        lines.append(f"| `{r['name']}` | {r['status']} | {triage} | {diff} | {reason} |")
-    lines += [
-        "",
-        "## Every mutant",
-        "",
-        "Trace ops: for a replay kill, the golden-trace prefix up to the failing step; for a lockstep kill, the",
-        "operations of the failing (unshrunk) lockstep run.",
-        "",
-        "| mutant | status | seconds | killed by | trace ops | shrunk ops |",
-        "|---|---|---:|---|---:|---:|",
-    ]
-    for r in rows:
-        ops = "" if r["trace_ops"] is None else str(r["trace_ops"])
-        secs = "" if r["seconds"] is None else str(r["seconds"])
-        shrunk = "" if r.get("shrunk_trace_ops") is None else str(r["shrunk_trace_ops"])
-        lines.append(f"| `{r['name']}` | {r['status']} | {secs} | {r['killed_by'] or ''} | {ops} | {shrunk} |")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("`", "'")
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

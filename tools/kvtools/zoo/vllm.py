@@ -6,7 +6,7 @@ replaces ONE method on that adapter's own ``BlockPool`` or ``KVCacheManager``
 instance (the classes and every other object stay intact), so the kit can show
 it catches faults in the real code, not only in kvimpl::
 
-    kvref check --target kvtools.zoo_vllm:vllm_free_all_to_tail --against spec
+    kvref check --target kvtools.zoo.vllm:vllm_free_all_to_tail --against spec
 
 Needs vLLM 0.25.1 installed (``ci/install-vllm.sh``).
 """
@@ -38,7 +38,7 @@ def _broken(
     of its ``KVCacheManager`` (``on="manager"``) replaced by ``make(obj)``."""
     adapter = make_vllm_adapter(config)
     # The name stays "vllm": the kit explains vLLM 0.25.1's documented divergences from the spec
-    # (kvref/divergences.toml) only for an adapter of that name; renamed, they would pass for kills.
+    # (kit/kvref/divergences.toml) only for an adapter of that name; renamed, they would pass for kills.
     del name
     obj = adapter.manager.block_pool if on == "pool" else adapter.manager
     setattr(obj, method, make(obj))

@@ -1,0 +1,59 @@
+"""The directed-trace recorder: ``python -m kvtools directed [--check] [--out DIR]``.
+
+Records every scenario of every theme on kvspec and writes
+``traces/directed/<name>.jsonl``, deleting files that are no scenario's; with
+``--check`` it only compares the committed files with a fresh recording.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from kvtools.directed import allocation, arguments, boundary, hits
+from kvtools.directed.script import Scenario
+
+ROOT = Path(__file__).resolve().parents[3]
+DIRECTED_DIR = ROOT / "traces" / "directed"
+THEMES = (allocation, arguments, hits, boundary)
+"""The scenario modules (the trace files sort by scenario name, whatever the theme)."""
+
+
+def scenarios() -> list[Scenario]:
+    """Every directed scenario, in file-name order."""
+    return sorted((sc for theme in THEMES for sc in theme.scenarios()), key=lambda sc: sc.name)
+
+
+def write_all(out_dir: Path, check: bool) -> int:
+    """Record every scenario; write it (or, with ``check``, compare it). Returns the exit code."""
+    stale = []
+    names = set()
+    for sc in scenarios():
+        names.add(f"{sc.name}.jsonl")
+        text = sc.record().dumps()
+        path = out_dir / f"{sc.name}.jsonl"
+        if check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(path.name)
+        elif not path.exists() or path.read_text() != text:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    extra = sorted(p.name for p in out_dir.glob("*.jsonl") if p.name not in names)
+    if check and (stale or extra):
+        print(f"kvtools directed: out of date: {stale}; not a scenario: {extra}", file=sys.stderr)
+        return 1
+    for name in extra if not check else ():
+        (out_dir / name).unlink()
+    print(f"kvtools directed: {len(names)} scenarios {'match' if check else 'written to'} {out_dir}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Record (or, with ``--check``, compare) the directed traces; 1 when a file is out of date."""
+    parser = argparse.ArgumentParser(prog="python -m kvtools directed", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DIRECTED_DIR, help="output folder (default traces/directed)")
+    parser.add_argument("--check", action="store_true", help="only compare the committed files with a fresh recording")
+    args = parser.parse_args(argv)
+    return write_all(args.out, args.check)

@@ -1,0 +1,94 @@
+"""``python -m kvtools zoo``: hunt every (or the named) zoo entry and write the reports.
+
+Options: ``--budget`` seconds per entry (hunt plus shrink), ``--seed``,
+``--profile``, ``--json`` and ``--markdown`` (the report files), ``--update``
+(rerun only the named entries, keep the other rows), ``--vllm`` (the faults
+of :mod:`kvtools.zoo.vllm`), ``--rewrite`` (only re-render from the JSON),
+``--list``, ``--note`` and ``--no-shrink-cap``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from kvref.adapters.impl import ImplAdapter
+from kvspec.config import KVCacheConfig
+from kvtools.zoo import ZOO
+from kvtools.zoo.base import ZooEntry
+from kvtools.zoo.report import refresh, write_markdown
+from kvtools.zoo.runner import progress, run_entry
+from kvtools.zoo.vllm import VLLM_ZOO, VllmZooEntry
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the zoo; 0 when the reports were written, 2 for an unknown entry."""
+    args = build_parser().parse_args(argv)
+    if args.list:
+        for e in ZOO.values():
+            print(f"{e.name:32} {e.upstream:40} {e.description}")
+        return 0
+    unknown = [n for n in args.names if n not in ZOO]
+    if unknown:
+        print(f"unknown zoo entries: {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    rows = [refresh(r) for r in json.loads(args.json.read_text())] if args.rewrite else _hunt(args)
+    args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    write_markdown(rows, args.markdown, args.budget, args.seed, args.profile, args.note)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command's options."""
+    parser = argparse.ArgumentParser(prog="python -m kvtools zoo", description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="entries to run (default: all)")
+    parser.add_argument("--budget", type=float, default=60.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profile", default="ci")
+    parser.add_argument("--json", type=Path, default=Path("docs/reports/zoo.json"))
+    parser.add_argument("--markdown", type=Path, default=Path("docs/reports/bug-zoo.md"))
+    parser.add_argument("--list", action="store_true", help="print the registry and exit")
+    parser.add_argument("--update", action="store_true", help="rerun only the named entries, keep the other rows")
+    parser.add_argument("--vllm", action="store_true", help="run the kvtools.zoo.vllm faults (needs vLLM 0.25.1)")
+    parser.add_argument("--rewrite", action="store_true", help="only re-render the Markdown from the JSON")
+    parser.add_argument("--note", action="append", default=[], help="a paragraph for the report's preamble")
+    parser.add_argument(
+        "--no-shrink-cap", action="store_true", help="let Hypothesis shrink for as long as it likes (up to 300 s)"
+    )
+    return parser
+
+
+def _hunt(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Run the chosen entries; with ``--update``, merge them into the stored rows (registry order)."""
+    rows = []
+    for name in args.names or ([] if args.vllm else list(ZOO)):
+        row = run_entry(ZOO[name], args.budget, args.seed, args.profile, shrink_cap=not args.no_shrink_cap)
+        print(progress(row), file=sys.stderr)
+        rows.append(row)
+    if args.vllm:
+        for v in VLLM_ZOO.values():
+            row = run_entry(
+                _as_zoo_entry(v), args.budget, args.seed, args.profile, module="kvtools.zoo.vllm",
+                shrink_cap=not args.no_shrink_cap,
+            )  # fmt: skip
+            print(progress(row), file=sys.stderr)
+            rows.append(row)
+    if args.update and args.json.exists():
+        fresh = {r["name"]: r for r in rows}
+        old = {r["name"]: r for r in json.loads(args.json.read_text())}
+        order = [*ZOO, *(n for n in old if n not in ZOO), *(n for n in fresh if n not in ZOO and n not in old)]
+        rows = [fresh.get(n) or old[n] for n in order if n in fresh or n in old]
+    return rows
+
+
+def _as_zoo_entry(v: VllmZooEntry) -> ZooEntry:
+    """A vLLM fault as a row head for :func:`run_entry` (which loads the factory by its target name)."""
+    return ZooEntry(v.name, v.method, v.description, _no_factory, "")
+
+
+def _no_factory(config: KVCacheConfig) -> ImplAdapter:
+    raise NotImplementedError("vLLM zoo rows are run through their own module")

@@ -1,0 +1,104 @@
+"""The zoo's runner: hunt one entry with the kit's lockstep, as ``kvref check`` does.
+
+:func:`run_entry` calls :func:`kvref.check.run_lockstep`, the loop behind
+``kvref check``, in-process with the spec as the reference and the entry as
+the target, times the hunt and the shrink apart, and caps the shrink at what
+is left of the budget; it returns the entry's row of the kill table
+(:mod:`kvtools.zoo.report` renders the rows).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from kvref.adapters import load_factory
+from kvref.check import run_lockstep
+from kvref.hypothesis_compat import set_shrink_time_limit, shrink_time_limit
+from kvref.lockstep import RunStats
+from kvref.settings import load_profile
+from kvref.stateful import MachineSetup
+from kvspec.profiles import VLLM_0_25_1
+from kvtools.zoo.base import ZooEntry
+
+HUNT_STEPS = 1_000_000_000
+"""The zoo hunts until its time budget runs out (``--min-steps`` far beyond reach), not
+only for the profile's step goal (20,000 steps, about 12 s, on ``ci``)."""
+
+
+def run_entry(
+    entry: ZooEntry, budget: float, seed: int, profile: str, module: str = "kvtools.zoo", shrink_cap: bool = True
+) -> dict[str, Any]:
+    """Hunt one mutant as ``kvref check --target <module>:<name> --against spec
+    --profile <profile> --seed <seed> --budget <budget> --min-steps HUNT_STEPS``
+    does; return its row of the kill table.
+
+    Hunt time runs from the start to the first unexplained divergence, shrink
+    time from there to the end of the run (Hypothesis shrinks the failing
+    history before it reports). ``within_budget`` is True only when hunt plus
+    shrink took at most ``budget`` seconds.
+
+    With ``shrink_cap`` Hypothesis may shrink only for what is left of the
+    budget when the fault is found (its ``MAX_SHRINKING_SECONDS``, 300 by
+    default, is lowered for this run), so a late kill reports a longer trace
+    instead of overrunning the budget; ``shrink_capped`` says so in the row.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        factories = [load_factory("spec"), load_factory(f"{module}:{entry.name}")]
+        load_profile(profile)
+        setup = MachineSetup(factories, RunStats(), Path(tmp), profile=VLLM_0_25_1)
+        start = time.monotonic()
+        setup.stats.started = start
+        saved, cap = shrink_time_limit(), [shrink_time_limit()]
+
+        def lower_cap() -> None:
+            cap[0] = max(1, int(budget - (time.monotonic() - start)))
+            set_shrink_time_limit(cap[0])
+
+        setup.stats.on_first_failure = lower_cap if shrink_cap else None
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                killed = run_lockstep(setup, seed, HUNT_STEPS, budget) is not None
+        finally:
+            set_shrink_time_limit(saved)
+        seconds = time.monotonic() - start
+        stats = setup.stats
+        traces = sorted(Path(tmp).glob("failure-*.jsonl"))
+        lines = traces[0].read_text().splitlines() if traces else []
+    first = lines[0] if lines else ""
+    failure = str(json.loads(first).get("failure", "")) if first.startswith("{") else ""
+    hunt = (stats.first_failure_at - start) if killed and stats.first_failure_at is not None else seconds
+    return {
+        "name": entry.name,
+        "target": f"{module}:{entry.name}",
+        "upstream": entry.upstream,
+        "description": entry.description,
+        "killed": killed,
+        "exit_code": 1 if killed else 0,
+        "seconds": round(seconds, 1),
+        "hunt_seconds": round(hunt, 1),
+        "shrink_seconds": round(seconds - hunt, 1) if killed else None,
+        "within_budget": killed and seconds <= budget,
+        "shrink_capped": killed and shrink_cap and seconds - hunt >= cap[0],
+        "trace_length": len(lines) - 1 if lines else None,
+        "steps": stats.first_failure_steps if killed else stats.steps,
+        "steps_total": stats.steps,
+        "prefix_hits": stats.prefix_hits,
+        "failure": failure,
+        "catch": entry.catch,
+    }
+
+
+def progress(row: dict[str, Any]) -> str:
+    """One line about a finished hunt, for the terminal."""
+    if not row["killed"]:
+        return f"zoo: {row['name']}: SURVIVED {row['steps']} steps in {row['seconds']}s"
+    return (
+        f"zoo: {row['name']}: killed at step {row['steps']} (hunt {row['hunt_seconds']}s, shrink "
+        f"{row['shrink_seconds']}s, trace {row['trace_length']} ops)"
+    )
