@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run kvref check against every mutant of the upstream bug zoo (tools/kvtools/zoo.py), then (if vLLM
-# is installed) against the faults planted into real vLLM (tools/kvtools/zoo_vllm.py), and write
+# Run kvref check against every mutant of the upstream bug zoo (tools/kvtools/zoo/), then (if vLLM
+# is installed) against the faults planted into real vLLM (tools/kvtools/zoo/vllm.py), and write
 # docs/reports/bug-zoo.md (kill table) and docs/reports/zoo.json.
 #
 #   ci/mutation.sh                      # every entry, 60 s budget each (hunt + shrink), seed 0

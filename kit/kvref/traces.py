@@ -146,17 +146,22 @@ def replay(
             _, expect, view = split_step(trace.steps[index])
             if got != expect:
                 return ReplayResult(path, False, index + 1, index, f"{op['op']}: expected {expect!r}, got {got!r}")
-            if view is not None and adapter.to_view().digest() != view:
+            if view is not None and _guarded(index, op, lambda: adapter.to_view().digest()) != view:
                 return ReplayResult(path, False, index + 1, index, f"{op['op']}: view digest differs")
             if after_step is not None:
-                try:
-                    after_step(adapter)
-                except Exception as exc:
-                    raise StepCrashed(index, op, exc) from exc
+                _guarded(index, op, lambda: after_step(adapter))
     except StepCrashed as crash:
         cause, i = crash.cause, crash.index
         return ReplayResult(path, False, i + 1, i, f"{crash.op['op']}: crashed: {type(cause).__name__}: {cause}")
     return ReplayResult(path, True, len(trace.steps))
+
+
+def _guarded(index: int, op: Json, thunk: Callable[[], Json]) -> Json:
+    """``thunk()``; an exception becomes :class:`StepCrashed` for step ``index``."""
+    try:
+        return thunk()
+    except Exception as exc:
+        raise StepCrashed(index, op, exc) from exc
 
 
 def transcript(trace: Trace, factory: AdapterFactory) -> str:

@@ -7,7 +7,7 @@ sliding-window decode, external tokens, admission gates, common prefixes,
 cache masks, and a list of sharp edges (hit caps, duplicate keys, table
 aliasing, sink blocks, window 1, three-kind hybrids, EAGLE with Mamba).
 Only vLLM 0.25.1 behaviour is asserted.
-Where the spec deliberately differs from 0.25.1 (``kvref/divergences.toml``), the
+Where the spec deliberately differs from 0.25.1 (``kit/kvref/divergences.toml``), the
 test asserts the spec's value on the spec target and vLLM's on the vllm target,
 naming the divergence id.
 

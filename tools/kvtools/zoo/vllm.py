@@ -37,8 +37,9 @@ def _broken(
     """The vLLM adapter with ``method`` of its block pool (``on="pool"``) or
     of its ``KVCacheManager`` (``on="manager"``) replaced by ``make(obj)``."""
     adapter = make_vllm_adapter(config)
-    # The name stays "vllm": the kit explains vLLM 0.25.1's documented divergences from the spec
-    # (kit/kvref/divergences.toml) only for an adapter of that name; renamed, they would pass for kills.
+    # The adapter keeps its declared semantics (upstream vLLM 0.25.1): the kit explains vLLM's documented
+    # divergences from the spec (kit/kvref/divergences.toml) only for such a side; otherwise they would pass
+    # for kills.
     del name
     obj = adapter.manager.block_pool if on == "pool" else adapter.manager
     setattr(obj, method, make(obj))
