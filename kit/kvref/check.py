@@ -10,13 +10,18 @@ exactly as the command does.
 
 from __future__ import annotations
 
+import re
+import shutil
 import time
+from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvref.hypothesis_compat import seed_machine
+from kvref.lockstep import DivergenceClass
 from kvref.stateful import MachineSetup, make_lockstep_machine
 
 MIN_STEPS = {"dev": 2_000, "ci": 20_000, "nightly": 500_000, "crosshair": 200}
@@ -33,6 +38,7 @@ def run_lockstep(
     goal: int,
     budget: float | None = None,
     on_batch: Callable[[int], None] | None = None,
+    first_batch: int = 0,
 ) -> str | None:
     """Run batches until ``setup.stats.steps >= goal`` or ``budget`` seconds passed.
 
@@ -43,7 +49,8 @@ def run_lockstep(
     stats = setup.stats
     deadline = None if budget is None else time.monotonic() + budget
     machine = make_lockstep_machine(setup)
-    batch = 0
+    batch = first_batch
+    setup.next_batch = batch
     while stats.steps < goal and (deadline is None or time.monotonic() < deadline):
         seed_machine(machine, seed * SEED_STRIDE + batch)
         try:
@@ -54,8 +61,61 @@ def run_lockstep(
                 ),
             )
         except AssertionError as exc:
+            setup.next_batch = batch + 1
             return str(exc).splitlines()[0]
         batch += 1
+        setup.next_batch = batch
         if on_batch is not None:
             on_batch(stats.steps)
     return None
+
+
+def run_keep_going(
+    setup: MachineSetup,
+    seed: int,
+    goal: int,
+    out_dir: Path,
+    budget: float | None = None,
+    max_classes: int = 50,
+    on_batch: Callable[[int], None] | None = None,
+) -> list[DivergenceClass]:
+    """Like :func:`run_lockstep`, but go on after an unexplained divergence.
+
+    Each divergence is classified by the operation where it shows and the
+    aspect that differs (:class:`kvref.lockstep.DivergenceClass`). The first
+    one of a class is shrunk and its trace copied to ``out_dir`` as
+    ``<class>.jsonl``; from then on the class counts as known for the rest of
+    the run (a run that meets it again halts quietly, like one meeting a
+    registered halting divergence), and the hunt goes on until the step
+    goal, the budget or ``max_classes`` classes.
+
+    Returns:
+        The classes found, in the order they were found.
+    """
+    stats = setup.stats
+    stats.keep_going = True
+    deadline = None if budget is None else time.monotonic() + budget
+    batch = 0
+    while stats.steps < goal and len(stats.classes) < max_classes:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            break
+        steps_before = stats.steps
+        failure = run_lockstep(setup, seed, goal, left, on_batch, first_batch=batch)
+        batch = setup.next_batch
+        if failure is None:
+            break
+        key = stats.last_failure_key or "unknown"
+        trace = None
+        ops = 0
+        if stats.last_failure is not None and stats.last_failure.exists():
+            out_dir.mkdir(parents=True, exist_ok=True)
+            trace = out_dir / f"{re.sub(r'[^A-Za-z0-9_.+-]', '_', key)}.jsonl"
+            shutil.copyfile(stats.last_failure, trace)
+            ops = len(trace.read_text().splitlines()) - 1
+        found = stats.class_found_at.get(key, steps_before)
+        stats.classes[key] = DivergenceClass(
+            key, failure, trace, ops, found, shapes=Counter({stats.last_failure_shape: 1})
+        )
+        stats.unexplained -= 1  # counted as a class, not as a stop
+    return list(stats.classes.values())

@@ -1,8 +1,11 @@
-"""Known divergences from vLLM 0.25.1 and the matchers that recognise them.
+"""Known divergences from vLLM and the matchers that recognise them.
 
-The registry is ``divergences.toml`` beside this module. A matcher receives
-the configuration, the operation, vLLM's output and the spec-semantics output
-and returns True only if the difference is exactly the documented one.
+The registry is ``divergences.toml`` beside this module. Each entry names the
+releases it applies to (``introduced``, and ``fixed`` when a later release no
+longer shows it); only entries that apply to the configuration's semantics
+profile can explain a difference. A matcher receives the configuration, the
+operation, vLLM's output and the spec-semantics output and returns True only
+if the difference is exactly the documented one.
 """
 
 from __future__ import annotations
@@ -29,21 +32,40 @@ class Divergence:
     trace: str
     halts: bool
     """Whether the two states differ afterwards (the lockstep run stops)."""
+    introduced: str = "0.25.1"
+    """First vLLM release (of those kvref has profiles for) that shows it."""
+    fixed: str | None = None
+    """First release that no longer shows it (None: still present)."""
+
+    def applies_to(self, release: str) -> bool:
+        """Whether vLLM ``release`` shows this divergence."""
+        after = release_key(release) >= release_key(self.introduced)
+        return after and (self.fixed is None or release_key(release) < release_key(self.fixed))
+
+
+def release_key(release: str) -> tuple[int, ...]:
+    """``"0.27.1"`` -> ``(0, 27, 1)``, for ordering releases."""
+    return tuple(int(part) for part in release.split("."))
 
 
 def load_registry() -> dict[str, Divergence]:
     """Every entry of ``divergences.toml`` by id."""
     data = tomllib.loads((Path(__file__).parent / "divergences.toml").read_text())
     return {
-        d["id"]: Divergence(d["id"], d["title"], d["operation"], d["invariant"], d["trace"], d["halts"])
+        d["id"]: Divergence(
+            d["id"], d["title"], d["operation"], d["invariant"], d["trace"], d["halts"],
+            d.get("introduced", "0.25.1"), d.get("fixed"),
+        )
         for d in data["divergence"]
     }  # fmt: skip
 
 
 def explain(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> str | None:
-    """The id of the known divergence that explains ``vllm_out != spec_out``, or None."""
+    """The id of the known divergence of ``cfg.profile``'s release that
+    explains ``vllm_out != spec_out``, or None."""
+    registry = load_registry()
     for div_id, matcher in MATCHERS.items():
-        if matcher(cfg, op, vllm_out, spec_out, pending):
+        if registry[div_id].applies_to(cfg.profile.release) and matcher(cfg, op, vllm_out, spec_out, pending):
             return div_id
     return None
 

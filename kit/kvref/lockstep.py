@@ -65,6 +65,35 @@ class RunStats:
     """Drawn configurations the profile or an adapter refused, by error class."""
     refused_reasons: Counter[str] = field(default_factory=Counter)
     """The same, by shape and message."""
+    keep_going: bool = False
+    """Collect divergence classes instead of stopping at the first (see :class:`DivergenceClass`)."""
+    classes: dict[str, DivergenceClass] = field(default_factory=dict)
+    """Divergence classes found so far, by key; a run that meets a known one halts quietly."""
+    last_failure_key: str | None = None
+    """Class key of the last unexplained divergence."""
+    class_found_at: dict[str, int] = field(default_factory=dict)
+    """Steps run when each divergence class was first met."""
+    last_failure_shape: str = ""
+    """Configuration shape of the last unexplained divergence."""
+
+
+@dataclass
+class DivergenceClass:
+    """One class of unexplained divergence: the operation where it shows and
+    the aspect that differs (``output``, ``view:<field>``, ``crash``,
+    ``invariant``, ``events``, ``unchanged``), with its shortest trace."""
+
+    key: str
+    message: str
+    trace: Path | None
+    trace_ops: int
+    steps_to_find: int
+    occurrences: int = 1
+    shapes: Counter[str] = field(default_factory=Counter)
+
+
+class _Halted(Exception):
+    """A run met an already known divergence class: it stops comparing."""
 
 
 class Lockstep:
@@ -80,6 +109,7 @@ class Lockstep:
     ) -> None:
         """Construct every adapter (reference first)."""
         self.config = config
+        self.config_name = config_name or "custom"
         self.stats = stats
         self.failure_dir = failure_dir
         self.book = RequestBook(config)
@@ -109,8 +139,15 @@ class Lockstep:
         after the call as before it (caller errors must change nothing).
         """
         assert op["op"] not in REQUEST_OPS
-        before = [a.to_view() for a in self.adapters]
         outs: list[Json] = []
+        try:
+            return self._call(op, expect_unchanged, outs)
+        except _Halted:
+            self.halted = True
+            return outs[0] if outs else None
+
+    def _call(self, op: Json, expect_unchanged: bool, outs: list[Json]) -> Json:
+        before = [a.to_view() for a in self.adapters]
         crashes: list[str] = []
         for a in self.adapters:
             try:
@@ -122,35 +159,37 @@ class Lockstep:
         entry = {**op, "expect": outs[0]}
         self.log.append(entry)
         if crashes and (len(crashes) == len(self.adapters) or len(self.adapters) == 1):
-            self._fail("; ".join(crashes))
+            self._fail("; ".join(crashes), op, "crash")
         ref_view = self.adapters[0].to_view()
         entry["view"] = ref_view.digest()
         for a, out in zip(self.adapters[1:], outs[1:], strict=True):
             if out != outs[0] and not self._explained(op, a, outs[0], out):
                 detail = "; ".join(crashes)
-                self._fail(f"{a.name} returned {out!r}, {self.adapters[0].name} returned {outs[0]!r} {detail}".strip())
+                message = f"{a.name} returned {out!r}, {self.adapters[0].name} returned {outs[0]!r} {detail}"
+                self._fail(message.strip(), op, "crash" if crashes else "output")
         if self.halted:
             return outs[0]
         for a in self.adapters[1:]:
             diff = diff_views(ref_view, a.to_view())
             if diff:
-                self._fail(f"views differ after {op['op']} ({a.name}): " + "; ".join(diff))
+                field_name = diff[0].split(":", 1)[0]
+                self._fail(f"views differ after {op['op']} ({a.name}): " + "; ".join(diff), op, f"view:{field_name}")
         for a, old in zip(self.adapters, before, strict=True):
             new = a.to_view()
             if expect_unchanged and a is self.adapters[0] and isinstance(outs[0], dict) and "error" in outs[0]:
                 self.stats.invalid_calls[f"{op['op']}:{outs[0]['error']}"] += 1
             if expect_unchanged and diff_views(old, new):
-                self._fail(f"{a.name}: {op['op']} raised {outs[0]!r} but changed the state")
+                self._fail(f"{a.name}: {op['op']} raised {outs[0]!r} but changed the state", op, "unchanged")
             if not inv_tables_append_only(old, new):
-                self._fail(f"{a.name}: {op['op']} rewrote a table entry (tables must be append-only)")
+                self._fail(f"{a.name}: {op['op']} rewrote a table entry (tables must be append-only)", op, "invariant")
             if not inv_hash_lifetime(old, new, op["op"]):
-                self._fail(f"{a.name}: {op['op']} dropped a cached hash it may not drop")
+                self._fail(f"{a.name}: {op['op']} dropped a cached hash it may not drop", op, "invariant")
         self._check_invariants(op)
         if op["op"] == "take_events":
-            self._check_event_logs(outs)
+            self._check_event_logs(op, outs)
         return outs[0]
 
-    def _check_event_logs(self, outs: list[Json]) -> None:
+    def _check_event_logs(self, op: Json, outs: list[Json]) -> None:
         """Feed each adapter's drained events to its consumer index, then
         compare the index with the adapter's cache map."""
         for a, log, out in zip(self.adapters, self.event_logs, outs, strict=True):
@@ -158,7 +197,8 @@ class Lockstep:
                 continue
             problem = log.consume(out) or log.compare(a.to_view())
             if problem:
-                self._fail(f"{a.name}: the event stream is not a faithful log of the prefix cache: {problem}")
+                message = f"{a.name}: the event stream is not a faithful log of the prefix cache: {problem}"
+                self._fail(message, op, "events")
             self.stats.event_log_checks += 1
 
     def _explained(self, op: Json, other: KVCacheAdapter, ref_out: Json, out: Json) -> bool:
@@ -185,10 +225,25 @@ class Lockstep:
             try:
                 check()
             except AssertionError as exc:
-                self._fail(f"{a.name} broke an invariant after {op['op']}: {exc}")
+                self._fail(f"{a.name} broke an invariant after {op['op']}: {exc}", op, "invariant")
             self.stats.invariant_checks += 1
 
-    def _fail(self, message: str) -> None:
+    def _fail(self, message: str, op: Json, aspect: str) -> None:
+        """Record an unexplained divergence of ``aspect`` at ``op``: write the
+        history as a trace and raise :class:`LockstepFailure`; with
+        ``keep_going``, a divergence of an already known class only halts the
+        run (an output difference not even that: the run goes on while the
+        states agree)."""
+        key = f"{op['op']}/{aspect}"
+        known = self.stats.classes.get(key)
+        if self.stats.keep_going and known is not None:
+            known.occurrences += 1
+            known.shapes[self.config_name] += 1
+            if aspect == "output":
+                return  # the states may still agree: the views are compared next
+            raise _Halted
+        self.stats.last_failure_key, self.stats.last_failure_shape = key, self.config_name
+        self.stats.class_found_at.setdefault(key, self.stats.steps)
         self.stats.unexplained += 1
         if self.stats.first_failure_at is None:
             self.stats.first_failure_at = time.monotonic()
@@ -196,7 +251,7 @@ class Lockstep:
             if self.stats.on_first_failure is not None:
                 self.stats.on_first_failure()
         path = self.failure_dir / f"failure-{os.getpid()}.jsonl"
-        Trace(self.config, self.log, {"failure": message}).write(path)
+        Trace(self.config, self.log, {"failure": message, "shape": self.config_name}).write(path)
         self.stats.last_failure = path
         raise LockstepFailure(message, path)
 

@@ -113,6 +113,8 @@ class MachineSetup:
     """Traces already written (a run identical to an earlier one is not written again)."""
     profile: SemanticsProfile = NEWEST
     """The semantics profile every drawn configuration follows."""
+    next_batch: int = 0
+    """The seeded batch a continued run starts with (kept by :mod:`kvref.check`)."""
 
 
 def make_lockstep_machine(setup: MachineSetup) -> type[RuleBasedStateMachine]:

@@ -1,6 +1,7 @@
 """The ``kvref`` command: one module per subcommand.
 
-``check`` (lockstep state machines), ``replay`` (stored traces), ``soak``
+``check`` (lockstep state machines), ``drift`` (how the installed vLLM
+differs from a semantics profile), ``replay`` (stored traces), ``soak``
 (a long scripted run), ``bench`` (timing against real vLLM) and ``traces
 record`` (new traces from lockstep runs).
 """
@@ -11,14 +12,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from kvref.cli import bench, check, replay, soak, traces
+from kvref.cli import bench, check, drift, replay, soak, traces
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``kvref`` argument parser with every subcommand."""
     parser = argparse.ArgumentParser(prog="kvref", description="Conformance kit for paged KV-cache managers.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (check, replay, soak, bench, traces):
+    for module in (check, drift, replay, soak, bench, traces):
         module.add_parser(sub)
     return parser
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -11,8 +12,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from kvref.adapters import AdapterFactory, load_factory, semantics_of
-from kvref.check import MIN_STEPS, run_lockstep
-from kvref.lockstep import RunStats
+from kvref.check import MIN_STEPS, run_keep_going, run_lockstep
+from kvref.lockstep import DivergenceClass, RunStats
 from kvref.settings import load_profile
 from kvref.shapes import SHAPES
 from kvref.stateful import MachineSetup, default_failure_dir
@@ -23,6 +24,17 @@ from kvspec.profiles import NEWEST, PROFILES, SemanticsProfile, profile_named
 def add_parser(sub: Any) -> None:
     """Register ``check`` on the subcommand parser ``sub``."""
     check = sub.add_parser("check", help="run the lockstep state machines")
+    add_lockstep_arguments(check)
+    check.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="collect every distinct divergence class (each shrunk, its trace in --out) instead of stopping",
+    )
+    check.set_defaults(run=run)
+
+
+def add_lockstep_arguments(check: argparse.ArgumentParser) -> None:
+    """The options ``check`` and ``drift`` share."""
     check.add_argument("--target", default=None, help="impl, spec, vllm or module:factory")
     check.add_argument(
         "--against",
@@ -39,7 +51,8 @@ def add_parser(sub: Any) -> None:
         metavar="PROFILE",
         help="semantics profile, e.g. vllm-0.33.0 (default: the one real vLLM declares, else the newest)",
     )
-    check.set_defaults(run=run)
+    check.add_argument("--out", type=Path, default=Path("kvref-classes"), help="traces of the divergence classes")
+    check.add_argument("--max-classes", type=int, default=30, help="stop after this many divergence classes")
 
 
 def _vllm_installed() -> bool:
@@ -78,6 +91,12 @@ def choose_targets(target: str | None, against: str | None) -> tuple[str, str | 
 
 def run(args: argparse.Namespace) -> int:
     """Run lockstep batches until the step goal or the time budget is reached."""
+    return run_check(args, keep_going=args.keep_going, allow_mismatch=False)
+
+
+def run_check(args: argparse.Namespace, keep_going: bool, allow_mismatch: bool) -> int:
+    """``kvref check`` (and ``kvref drift``, which allows a profile other than
+    the one real vLLM declares and always keeps going)."""
     console = Console(stderr=True)
     if args.against == "none":
         target, against, why = args.target or "spec", None, "self-check chosen on the command line"
@@ -96,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         except Exception as exc:
             console.print(f"[red]cannot construct adapter {name!r} under {profile.name}[/]: {exc}")
             return 2
-        if declared.upstream and declared.profile != profile.name:
+        if declared.upstream and declared.profile != profile.name and not allow_mismatch:
             console.print(
                 f"[red]adapter {name!r} behaves like {declared.profile}[/], not {profile.name}: "
                 f"check it with --semantics {declared.profile}"
@@ -112,9 +131,20 @@ def run(args: argparse.Namespace) -> int:
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"))
     with Progress(*columns, TimeElapsedColumn(), console=console) as progress:
         task = progress.add_task("lockstep", total=goal)
-        failure = run_lockstep(
-            setup, args.seed, goal, args.budget, lambda steps: progress.update(task, completed=min(steps, goal))
-        )
+
+        def advance(steps: int) -> None:
+            progress.update(task, completed=min(steps, goal))
+
+        if keep_going:
+            classes = run_keep_going(setup, args.seed, goal, args.out, args.budget, args.max_classes, advance)
+            failure = None
+        else:
+            classes = []
+            failure = run_lockstep(setup, args.seed, goal, args.budget, advance)
+    if keep_going:
+        _report(setup.stats, target, against, console, bool(classes), profile)
+        _report_classes(classes, console)
+        return 1 if classes else (3 if setup.stats.steps == 0 else 0)
     if failure is not None:
         console.print(f"[red]unexplained divergence[/]: {failure}")
     _report(setup.stats, target, against, console, failure is not None, profile)
@@ -150,6 +180,19 @@ def choose_profile(name: str | None, factories: list[AdapterFactory]) -> Semanti
                 )
             return PROFILES[declared.profile]
     return NEWEST
+
+
+def _report_classes(classes: list[DivergenceClass], console: Console) -> None:
+    """The table of distinct divergence classes of a keep-going run."""
+    table = Table(title=f"{len(classes)} distinct divergence class(es)")
+    for col in ("class (operation/aspect)", "first seen", "shortest trace", "ops", "after steps", "seen"):
+        table.add_column(col)
+    for c in classes:
+        shapes = ", ".join(sorted(c.shapes))
+        first = c.message if len(c.message) <= 90 else c.message[:87] + "..."
+        table.add_row(c.key, f"{first} [{shapes}]", str(c.trace or "-"), str(c.trace_ops), str(c.steps_to_find),
+                      f"{c.occurrences}x")  # fmt: skip
+    Console(width=max(Console().width, 160)).print(table)
 
 
 def _probe_config(profile: SemanticsProfile) -> KVCacheConfig:
