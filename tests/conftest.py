@@ -13,8 +13,15 @@ import os
 import pytest
 
 from kvref.adapters.vllm_adapter import VllmAdapter, vllm_available
+from kvref.settings import load_profile
 
 TARGETS = [t for t in os.environ.get("KVREF_TARGETS", "spec,impl,vllm").split(",") if t]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """This project's tests run under kvref's Hypothesis profile
+    (``HYPOTHESIS_PROFILE``, default ``dev``)."""
+    load_profile()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

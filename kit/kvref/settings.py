@@ -35,7 +35,19 @@ def register_profiles() -> None:
             stateful_step_count=values["stateful_step_count"],
             backend=backend,
             phases=[p for p in Phase if p is not Phase.explain],
+            database=None,
         )
+
+
+def profile_settings(name: str | None = None) -> settings:
+    """The settings of profile ``name`` (default: ``HYPOTHESIS_PROFILE`` or
+    ``dev``) as a value, for one test, without loading it globally."""
+    register_profiles()
+    pin_drawn_constants()
+    chosen = name or os.environ.get("HYPOTHESIS_PROFILE", "dev")
+    if chosen not in PROFILES:
+        raise ValueError(f"unknown profile {chosen!r}; choose one of {', '.join(PROFILES)}")
+    return settings.get_profile(f"kvref-{chosen}")
 
 
 def load_profile(name: str | None = None) -> str:
