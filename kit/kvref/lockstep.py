@@ -18,6 +18,7 @@ from typing import Any
 
 from kvref.adapters import AdapterFactory, KVCacheAdapter, semantics_of
 from kvref.divergences import explain, load_registry
+from kvref.exits import DEFAULT_OP_TIMEOUT, AdapterHang, InputError, watchdog
 from kvref.ops import REQUEST_OPS, RequestBook, execute
 from kvref.traces import Trace
 from kvspec.config import KVCacheConfig
@@ -106,9 +107,12 @@ class Lockstep:
         stats: RunStats,
         failure_dir: Path,
         config_name: str = "",
+        op_timeout: float | None = DEFAULT_OP_TIMEOUT,
     ) -> None:
-        """Construct every adapter (reference first)."""
+        """Construct every adapter (reference first); every construction and
+        every operation runs under a watchdog of ``op_timeout`` seconds."""
         self.config = config
+        self.op_timeout = op_timeout
         self.config_name = config_name or "custom"
         self.stats = stats
         self.failure_dir = failure_dir
@@ -119,7 +123,10 @@ class Lockstep:
         self.adapters: list[KVCacheAdapter] = []
         self.event_logs: list[EventLog | None] = []
         for factory in factories:
-            adapter = factory(config)
+            with watchdog(op_timeout, f"constructing {getattr(factory, '__name__', 'an adapter')}"):
+                adapter = factory(config)
+            if adapter is None:
+                raise InputError(f"the factory {getattr(factory, '__name__', factory)!r} returned None, not an adapter")
             if getattr(adapter, "construction_workaround", None) == "sinkfull-ctor":
                 stats.known["sinkfull-ctor"] += 1
             self.adapters.append(adapter)
@@ -151,7 +158,11 @@ class Lockstep:
         crashes: list[str] = []
         for a in self.adapters:
             try:
-                outs.append(execute(a, self.book, op))
+                with watchdog(self.op_timeout, f"{a.name}.{op['op']}"):
+                    outs.append(execute(a, self.book, op))
+            except AdapterHang as hang:
+                self._write_trace(f"hang: {hang}")
+                raise AdapterHang(f"{hang}; trace so far: {self.stats.last_failure}") from None
             except Exception as exc:
                 outs.append({"crash": type(exc).__name__})
                 crashes.append(f"{a.name} crashed: {type(exc).__name__}: {exc}")
@@ -250,10 +261,15 @@ class Lockstep:
             self.stats.first_failure_steps = self.stats.steps
             if self.stats.on_first_failure is not None:
                 self.stats.on_first_failure()
+        path = self._write_trace(message)
+        raise LockstepFailure(message, path)
+
+    def _write_trace(self, message: str) -> Path:
+        """Write the history so far as a trace for ``message``."""
         path = self.failure_dir / f"failure-{os.getpid()}.jsonl"
         Trace(self.config, self.log, {"failure": message, "shape": self.config_name}).write(path)
         self.stats.last_failure = path
-        raise LockstepFailure(message, path)
+        return path
 
 
 class EventLog:

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from kvref.adapters import AdapterFactory
+from kvref.exits import DEFAULT_OP_TIMEOUT
 from kvref.lockstep import Lockstep, RunStats
 from kvref.scheduler import ReqState, Scheduler
 from kvref.shapes import SHAPES, Shape, build_kinds, shape_weight
@@ -115,6 +116,8 @@ class MachineSetup:
     """The semantics profile every drawn configuration follows."""
     next_batch: int = 0
     """The seeded batch a continued run starts with (kept by :mod:`kvref.check`)."""
+    op_timeout: float | None = DEFAULT_OP_TIMEOUT
+    """Watchdog seconds per adapter operation (:func:`kvref.exits.watchdog`)."""
 
 
 def make_lockstep_machine(setup: MachineSetup) -> type[RuleBasedStateMachine]:
@@ -156,7 +159,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             reject()
         self.cfg, self.shape = cfg, name
         try:
-            self.lock = Lockstep(cfg, self.SETUP.factories, stats, self.SETUP.failure_dir, name)
+            self.lock = Lockstep(
+                cfg, self.SETUP.factories, stats, self.SETUP.failure_dir, name, self.SETUP.op_timeout
+            )
         except UnsupportedByProfileError as exc:
             stats.refused_configs["UnsupportedByProfileError"] += 1
             stats.refused_reasons[f"{name}: {exc}"] += 1

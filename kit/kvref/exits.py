@@ -1,0 +1,68 @@
+"""Exit codes of the ``kvref`` command, input errors and the adapter watchdog.
+
+=====  ============================================================================
+code   meaning
+=====  ============================================================================
+0      everything checked agreed (or was explained by a registered divergence)
+1      an unexplained divergence (a trace was written), or a replay did not go as
+       the trace expects
+2      bad usage or input: an option, a trace file, a target, a configuration
+3      nothing was checked: no lockstep step, no trace step, no engine ran
+4      an adapter operation exceeded the watchdog (``--op-timeout``)
+130    interrupted (Ctrl-C); the summary so far and any trace written are printed
+=====  ============================================================================
+
+When several apply, the first of 2, 4, 1, 3 in that order wins.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+OK = 0
+DIVERGENCE = 1
+USAGE = 2
+NOTHING_CHECKED = 3
+HANG = 4
+INTERRUPTED = 130
+
+DEFAULT_OP_TIMEOUT = 120.0
+"""Seconds one adapter operation may take before the watchdog fires."""
+
+
+class InputError(ValueError):
+    """A bad input, described in one line: the file (and line) and the broken condition."""
+
+
+class AdapterHang(BaseException):
+    """An adapter operation ran past the watchdog.
+
+    Derives from ``BaseException`` so that no ``except Exception`` in an
+    adapter or in Hypothesis swallows it, and Hypothesis does not try to
+    shrink a history whose every replay would hang again.
+    """
+
+
+@contextmanager
+def watchdog(seconds: float | None, what: str) -> Iterator[None]:
+    """Raise :class:`AdapterHang` in the calling thread if the body takes
+    longer than ``seconds`` (None or 0: no limit; only in the main thread,
+    where POSIX interval timers deliver their signal)."""
+    if not seconds or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def fire(signum: int, frame: FrameType | None) -> None:
+        raise AdapterHang(f"{what} did not return within {seconds:g} s (watchdog, --op-timeout)")
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
