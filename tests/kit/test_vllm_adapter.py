@@ -1,6 +1,8 @@
-"""The vLLM adapter drives the real vLLM 0.25.1 KVCacheManager correctly.
+"""The vLLM adapter drives the real vLLM KVCacheManager correctly.
 
-Skipped as a whole when vLLM 0.25.1 is not installed.
+Skipped as a whole when no vLLM release the adapter drives is installed. The
+exact-behaviour tests pin vLLM 0.25.1 (the release kvspec models) and run only
+on it; :class:`TestEraSmoke` runs on every release, one test per API era.
 """
 
 from __future__ import annotations
@@ -17,9 +19,19 @@ from typing import Any
 
 import pytest
 
-from kvref.adapters import KVCacheAdapter
-from kvref.adapters import vllm_adapter as va
-from kvref.adapters.vllm_adapter import VllmAdapter, make_vllm_adapter, vllm_available
+import kvref.adapters.vllm as va
+from kvref.adapters import DeclaredSemantics, KVCacheAdapter, load_factory
+from kvref.adapters.vllm import (
+    ERAS,
+    MODELLED_VLLM_VERSION,
+    Unsupported,
+    VllmAdapter,
+    VllmApi,
+    era_for,
+    installed_vllm_version,
+    make_vllm_adapter,
+    vllm_available,
+)
 from kvspec.config import (
     MLA,
     AttentionKind,
@@ -51,11 +63,19 @@ from kvspec.stats import PrefixCacheStats
 
 if not vllm_available():
     pytest.skip(
-        "vLLM 0.25.1 is not installed (install it with `bash ci/setup.sh --with-vllm`)",
+        "no supported vLLM is installed (install 0.25.1 with `bash ci/setup.sh --with-vllm`)",
         allow_module_level=True,
     )
 
 ROOT = Path(__file__).resolve().parents[2]
+RELEASE = va.loaded_api().version
+
+
+@pytest.fixture(autouse=True)
+def release_gate() -> None:
+    """Exact-behaviour tests pin the modelled release (overridden by TestEraSmoke)."""
+    if RELEASE != MODELLED_VLLM_VERSION:
+        pytest.skip(f"pins vLLM {MODELLED_VLLM_VERSION}; vLLM {RELEASE} is installed")
 
 
 # ----------------------------------------------------------------- helpers
@@ -83,21 +103,34 @@ def computed(req: Request, n: int) -> Request:
 # ----------------------------------------------------------------- availability
 
 
-def test_importing_the_adapter_does_not_import_vllm() -> None:
+@pytest.mark.parametrize("module", ["kvref.adapters.vllm", "kvref.adapters.vllm_adapter"])
+def test_importing_the_adapter_does_not_import_vllm(module: str) -> None:
     code = (
-        "import sys, kvref.adapters.vllm_adapter as m\n"
+        f"import sys, {module} as m\n"
         "assert 'vllm' not in sys.modules and 'torch' not in sys.modules\n"
         "assert issubclass(m.VllmUnavailable, RuntimeError)\n"
+        "assert m.installed_vllm_version() is not None\n"
+        "assert 'vllm' not in sys.modules and 'torch' not in sys.modules\n"
     )
     env = dict(os.environ, PYTHONPATH=f"{ROOT / 'spec'}{os.pathsep}{ROOT / 'kit'}")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
 
 
-def test_wrong_version_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_former_module_is_the_same_adapter() -> None:
+    old = importlib.import_module("kvref.adapters.vllm_adapter")
+    assert old.VllmAdapter is VllmAdapter
+    assert old.make_vllm_adapter is make_vllm_adapter
+    assert old.vllm_available is vllm_available
+    assert old.REQUIRED_VLLM_VERSION == MODELLED_VLLM_VERSION
+    assert isinstance(load_factory("vllm")(config((FullAttention(4),))), VllmAdapter)
+
+
+@pytest.mark.parametrize("version", ["0.15.2", "0.34.0", "1.0.0", "unknown"])
+def test_undriven_version_is_unavailable(monkeypatch: pytest.MonkeyPatch, version: str) -> None:
     vllm = importlib.import_module("vllm")
     monkeypatch.setattr(va, "_LOADED", None)
-    monkeypatch.setattr(vllm, "__version__", "0.16.0")
+    monkeypatch.setattr(vllm, "__version__", version)
     assert not vllm_available()
     with pytest.raises(va.VllmUnavailable, match=r"bash ci/setup\.sh --with-vllm"):
         make_vllm_adapter(config((FullAttention(4),)))
@@ -106,8 +139,47 @@ def test_wrong_version_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_failed_import_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(va, "_LOADED", None)
     monkeypatch.setitem(sys.modules, "vllm", None)
-    with pytest.raises(va.VllmUnavailable, match=r"vLLM 0\.25\.1 is not installed"):
+    with pytest.raises(va.VllmUnavailable, match=r"no supported vLLM is installed"):
         make_vllm_adapter(config((FullAttention(4),)))
+
+
+def test_semantics_name_the_installed_release() -> None:
+    adapter = make_vllm_adapter(config((FullAttention(4),)))
+    assert adapter.semantics == DeclaredSemantics(profile="vllm-0.25.1", upstream=True)
+    assert adapter.semantics.known == ()
+    assert installed_vllm_version() == "0.25.1"
+    assert adapter.api.version == "0.25.1"
+    assert type(adapter.api) is VllmApi
+
+
+def test_every_release_maps_to_one_era() -> None:
+    assert era_for("0.25.1") is VllmApi
+    assert era_for("0.25.1.dev3+g1234") is VllmApi
+    eras = [e.era for e in ERAS]
+    assert len(set(eras)) == len(eras)
+    assert [e.since for e in ERAS] == sorted(e.since for e in ERAS)
+    for era in ERAS:
+        assert all(era_for(v) is era for v in era.verified), era.era
+
+
+def test_public_driving_methods() -> None:
+    cfg = config((FullAttention(4),))
+    adapter = make_vllm_adapter(cfg)
+    adapter.apply_globals()
+    vreq = adapter.new_vllm_request(hasher(cfg).new_request("x", list(range(9))))
+    assert vreq.request_id == "x"
+    assert len(vreq.block_hashes) == 2
+    assert adapter.vllm_status("RUNNING") is importlib.import_module("vllm.v1.request").RequestStatus.RUNNING
+    blocks, n = adapter.manager.get_computed_blocks(vreq)
+    assert n == 0
+    assert adapter.to_view().tables == ()  # the request is not mirrored
+
+
+def test_record_prefix_cache_stats_is_unsupported_here() -> None:
+    cfg = config((FullAttention(4),), log_stats=True)
+    adapter = make_vllm_adapter(cfg)
+    with pytest.raises(Unsupported, match=r"vLLM 0\.25\.1 has no KVCacheManager\.record_prefix_cache_stats"):
+        adapter.record_prefix_cache_stats(hasher(cfg).new_request("a", [1] * 8), 0)
 
 
 # ----------------------------------------------------------------- construction
@@ -226,10 +298,10 @@ def test_sinkfull_in_a_hybrid() -> None:
     assert adapter.to_view().free_queue == tuple(range(2, 10))
 
 
-# ----------------------------------------------------------------- appendix A traces
+# ----------------------------------------------------------------- small scenarios
 
 
-def test_appendix_a1_free_order_and_hit() -> None:
+def test_free_order_and_hit() -> None:
     cfg = config((FullAttention(4),), num_blocks=8)
     adapter = make_vllm_adapter(cfg)
     h = hasher(cfg)
@@ -262,7 +334,7 @@ def test_cached_keys_are_digest_plus_group_id() -> None:
     assert [key for key, _ in view.cached] == sorted(key for key, _ in view.cached)
 
 
-def test_a6_full_sequence_gate() -> None:
+def test_full_sequence_gate() -> None:
     prompt = list(range(100))
     fa_cfg = config((FullAttention(4),), num_blocks=8, max_num_batched_tokens=8)
     fa = make_vllm_adapter(fa_cfg)
@@ -275,7 +347,7 @@ def test_a6_full_sequence_gate() -> None:
     assert swa.allocate_slots(req, 8, full_sequence_must_fit=True) == ((1, 2),)
 
 
-def test_a6_watermark_and_reserved_blocks() -> None:
+def test_watermark_and_reserved_blocks() -> None:
     cfg = config((FullAttention(4),), num_blocks=10, watermark=0.3)
     h = hasher(cfg)
     assert make_vllm_adapter(cfg).allocate_slots(h.new_request("a", [1] * 24), 24) is not None
@@ -290,7 +362,7 @@ def test_a6_watermark_and_reserved_blocks() -> None:
     assert make_vllm_adapter(plain).allocate_slots(long_req, 28, reserved_blocks=2) is not None
 
 
-def test_a6_mamba_same_step_hit_is_deferred() -> None:
+def test_mamba_same_step_hit_is_deferred() -> None:
     cfg = config((Mamba(4, "all"),))
     adapter = make_vllm_adapter(cfg)
     h = hasher(cfg)
@@ -305,7 +377,7 @@ def test_a6_mamba_same_step_hit_is_deferred() -> None:
     assert dict(adapter.to_view().ref_cnt)[2] == 2
 
 
-def test_a7_common_prefix() -> None:
+def test_common_prefix() -> None:
     cfg = config((FullAttention(4),))
     adapter = make_vllm_adapter(cfg)
     h = hasher(cfg)

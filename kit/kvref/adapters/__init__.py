@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from kvspec.config import KVCacheConfig
@@ -17,6 +18,15 @@ from kvspec.events import KVCacheEvent
 from kvspec.request import Request
 from kvspec.stats import PrefixCacheStats
 from kvspec.view import BlockIds, KVView
+
+
+@dataclass(frozen=True)
+class DeclaredSemantics:
+    """What an adapter claims to implement."""
+
+    profile: str
+    upstream: bool
+    known: tuple[str, ...] = ()
 
 
 @runtime_checkable
