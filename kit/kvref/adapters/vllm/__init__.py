@@ -97,7 +97,7 @@ def loaded_api() -> VllmApi:
         raise VllmUnavailable(f"{_INSTALL_HINT} (import vllm failed: {exc!r})") from exc
     version = str(getattr(vllm, "__version__", None))
     try:
-        api = load_api(vllm, version)
+        api = load_api(version)
     except VllmUnavailable as exc:
         raise VllmUnavailable(f"{_INSTALL_HINT} ({exc})") from exc
     _LOADED = api

@@ -239,11 +239,7 @@ class VllmAdapter:
 
     def _group_hashes(self, vreq: Any, group: int) -> list[Any]:
         """The request's block hashes at group ``group``'s block size."""
-        fine = self.api.block_hashes(vreq)
-        k = self._block_sizes[group] // self._hbs
-        if k == 1:
-            return fine
-        return [fine[(j + 1) * k - 1] for j in range(len(fine) // k)]
+        return self.api.block_hashes(vreq, self._hbs, self._block_sizes[group])
 
     def _check_block_ids(self, ids: Iterable[int]) -> None:
         for i in ids:

@@ -50,7 +50,9 @@ def build_manager(api: VllmApi, config: KVCacheConfig, hash_block_size: int) -> 
 
     Raises:
         Unsupported: If ``config`` needs a parameter the release lacks.
+        ConfigError: If the release cannot construct ``config``.
     """
+    api.check_config(config)
     groups = [
         api.group_spec(f"layer.{i}", make_attention_spec(api, kind), i in config.eagle_groups)
         for i, kind in enumerate(config.groups)

@@ -14,6 +14,9 @@ release lacks a method or parameter, its era raises :class:`.Unsupported`
 naming the release and the method instead of emulating it. Behaviour
 differences between releases belong to the spec's semantics profiles.
 
+NOTE: This module is long on purpose: it is the one place that names vLLM's
+internals, so that a reader (or a fork) finds every dependency on vLLM here.
+
 NOTE: vLLM and torch are untyped here: everything coming from them is ``Any``
 and stays inside this package.
 """
@@ -27,7 +30,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, ClassVar, Final
 
-from kvspec.config import AttentionKind, KVCacheConfig
+from kvspec.config import AttentionKind, KVCacheConfig, Mamba
+from kvspec.errors import ConfigError
 
 from .errors import Unsupported, VllmUnavailable
 
@@ -68,18 +72,16 @@ def era_for(version: str) -> type[VllmApi]:
     return max(candidates, key=lambda e: e.since)
 
 
-def load_api(vllm: Any, version: str) -> VllmApi:
+def load_api(version: str) -> VllmApi:
     """Import the modules of ``version``'s era and bind them to an era object.
 
     Args:
-        vllm: The imported top-level ``vllm`` module (already imported by the caller).
-        version: Its ``__version__``.
+        version: The ``__version__`` of the imported ``vllm``.
 
     Raises:
         VllmUnavailable: If the release is not driven or a module fails to import.
     """
     era = era_for(version)
-    del vllm  # imported by the caller only to read its version
     loaded: dict[str, Any] = {}
     for key, path in era.modules.items():
         try:
@@ -176,11 +178,10 @@ class VllmApi:
     """kvref config value -> ``KVCacheManager(kv_cache_config, **kw)`` keyword
     (None: the release has no such parameter; see :attr:`manager_arg_defaults`)."""
 
-    manager_arg_defaults: ClassVar[Mapping[str, Any]] = _frozen(
-        {"scheduler_block_size": None, "max_num_batched_tokens": None, "watermark": 0.0}
-    )
-    """Values a missing ``KVCacheManager`` parameter tolerates (None for
-    ``scheduler_block_size``: it is derived from the groups, never chosen)."""
+    manager_arg_defaults: ClassVar[Mapping[str, Any]] = _frozen({"max_num_batched_tokens": None, "watermark": 0.0})
+    """The value a missing ``KVCacheManager`` parameter tolerates. A missing
+    ``scheduler_block_size`` is always tolerated: it is derived from the
+    groups, never chosen."""
 
     allocate_args: ClassVar[Mapping[str, Any]] = _frozen(
         {
@@ -348,6 +349,14 @@ class VllmApi:
             raise self.unsupported("KVCacheGroupSpec.is_eagle_group", "eagle_groups cannot be flagged")
         return self.kci.KVCacheGroupSpec(**kwargs)
 
+    def check_config(self, config: KVCacheConfig) -> None:
+        """Configuration errors the release reports by failing an assertion.
+
+        Raises:
+            ConfigError: For a configuration the release cannot construct.
+        """
+        del config
+
     def kv_cache_config(self, num_blocks: int, groups: Sequence[Any]) -> Any:
         """``vllm.v1.kv_cache_interface.KVCacheConfig`` without tensors."""
         return self.kci.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=list(groups))
@@ -374,7 +383,7 @@ class VllmApi:
             keyword = self.manager_args[name]
             if keyword is not None:
                 kwargs[keyword] = value
-            elif name != "scheduler_block_size" and value != self.manager_arg_defaults[name]:
+            elif name in self.manager_arg_defaults and value != self.manager_arg_defaults[name]:
                 raise self.unsupported(f"KVCacheManager({name}=...)", f"the config sets {name}={value!r}")
         return kwargs
 
@@ -547,9 +556,16 @@ class VllmApi:
         """``Request.num_tokens``."""
         return int(vreq.num_tokens)
 
-    def block_hashes(self, vreq: Any) -> list[Any]:
-        """``Request.block_hashes`` (at the hash block size)."""
-        return list(vreq.block_hashes)
+    def block_hashes(self, vreq: Any, hash_block_size: int, block_size: int) -> list[Any]:
+        """``Request.block_hashes`` at ``block_size``, as vLLM's coordinators see them.
+
+        At a coarser block size this is vLLM's own
+        ``kv_cache_utils.BlockHashListWithBlockSize`` over the fine hashes.
+        """
+        fine = list(vreq.block_hashes)
+        if block_size == hash_block_size:
+            return fine
+        return list(self.ku.BlockHashListWithBlockSize(fine, hash_block_size, block_size))
 
     def embeds_tensor(self, data: bytearray, rows: int, width: int) -> Any:
         """A float16 ``(rows, width // 2)`` tensor over ``data`` (uint8 if ``width`` is odd)."""
@@ -683,5 +699,134 @@ class VllmApi:
         return {name: getattr(stats, name) for name in self.stats_fields}
 
 
-ERAS: tuple[type[VllmApi], ...] = (VllmApi,)
+# --------------------------------------------------------------------------
+# The other eras: each overrides only what its releases changed
+# --------------------------------------------------------------------------
+
+
+class VllmApi016(VllmApi):
+    """vLLM 0.16 era (0.16.0; releases up to 0.24 are assumed to match, unverified).
+
+    Against the 0.25 era: ``KVCacheManager`` has no ``scheduler_block_size``,
+    ``max_num_batched_tokens`` or ``watermark``; ``allocate_slots`` has no
+    ``full_sequence_must_fit``, ``reserved_blocks`` or ``has_scheduled_reqs``;
+    ``remove_skipped_blocks`` has no ``num_prompt_tokens``; there is no
+    ``pop_blocks_for_free``, ``take_new_block_ids`` or ``new_step_starts``;
+    ``KVCacheGroupSpec`` has no ``is_eagle_group``; ``Request`` requires
+    ``eos_token_id``; events carry no ``extra_keys``, ``group_idx`` or spec kind;
+    no retention-interval variable; ``SinkFullAttentionManager`` constructs unaided.
+    """
+
+    era = "0.16"
+    since = (0, 16, 0)
+    verified: ClassVar[tuple[str, ...]] = ("0.16.0",)
+    env = EnvNames(
+        int_block_hashes="VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES",
+        hash_seed="PYTHONHASHSEED",
+        retention_interval=None,
+        logging_level="VLLM_LOGGING_LEVEL",
+    )
+    manager_args = _frozen(
+        {**VllmApi.manager_args, "scheduler_block_size": None, "max_num_batched_tokens": None, "watermark": None}
+    )
+    allocate_args = _frozen(
+        {
+            k: v
+            for k, v in VllmApi.allocate_args.items()
+            if k not in ("full_sequence_must_fit", "reserved_blocks", "has_scheduled_reqs")
+        }
+    )
+    missing_methods = frozenset({"pop_blocks_for_free", "take_new_block_ids", "new_step_starts"})
+    group_spec_fields = _frozen({**VllmApi.group_spec_fields, "is_eagle_group": None})
+    request_args = _frozen({"eos_token_id": None})
+    block_stored_fields: ClassVar[tuple[str, ...]] = VllmApi.block_stored_fields[:7]
+    block_removed_fields: ClassVar[tuple[str, ...]] = ("block_hashes", "medium")
+    sinkfull_ctor_defect = None
+
+    def remove_skipped_blocks(
+        self, manager: Any, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None
+    ) -> None:
+        """``remove_skipped_blocks(request_id, total_computed_tokens)``.
+
+        Raises:
+            Unsupported: If ``num_prompt_tokens`` is given.
+        """
+        if num_prompt_tokens is not None:
+            raise self.unsupported(
+                "KVCacheManager.remove_skipped_blocks(num_prompt_tokens=...)",
+                f"asked for num_prompt_tokens={num_prompt_tokens}",
+            )
+        manager.remove_skipped_blocks(request_id, total_computed_tokens)
+
+
+class VllmApi026(VllmApi):
+    """vLLM 0.26 era: ``max_num_batched_tokens`` is renamed ``max_in_flight_tokens``;
+    ``get_computed_blocks`` also returns the shared-prefix boundary; the SinkFull
+    constructor defect now names ``needs_kv_cache_zeroing``."""
+
+    era = "0.26"
+    since = (0, 26, 0)
+    verified: ClassVar[tuple[str, ...]] = ("0.26.0",)
+    manager_args = _frozen({**VllmApi.manager_args, "max_num_batched_tokens": "max_in_flight_tokens"})
+    lookup_returns_boundary = True
+    sinkfull_ctor_defect = "needs_kv_cache_zeroing"
+
+
+class VllmApi027(VllmApi026):
+    """vLLM 0.27 era (0.27.0 to 0.28.x): the lookup no longer records prefix-cache
+    statistics; the caller records them with ``record_prefix_cache_stats``."""
+
+    era = "0.27"
+    since = (0, 27, 0)
+    verified: ClassVar[tuple[str, ...]] = ("0.27.1", "0.28.0")
+    caller_records_stats = True
+
+
+class VllmApi029(VllmApi027):
+    """vLLM 0.29 era: the retention interval is a ``KVCacheConfig`` field; no
+    environment variable is read for it any more."""
+
+    era = "0.29"
+    since = (0, 29, 0)
+    verified: ClassVar[tuple[str, ...]] = ("0.29.0",)
+    env = EnvNames(
+        int_block_hashes="VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES",
+        hash_seed="PYTHONHASHSEED",
+        retention_interval=None,
+        logging_level="VLLM_LOGGING_LEVEL",
+    )
+
+
+class VllmApi030(VllmApi029):
+    """vLLM 0.30 era (0.30.0 to 0.32.x): ``SinkFullAttentionManager.__init__``
+    no longer reserves sink blocks (its signature defect remains)."""
+
+    era = "0.30"
+    since = (0, 30, 0)
+    verified: ClassVar[tuple[str, ...]] = ("0.30.0", "0.31.0", "0.32.0")
+    sinkfull_reserves_sink_blocks = False
+
+
+class VllmApi033(VllmApi030):
+    """vLLM 0.33 era: constructing a cached Mamba group in a mode other than
+    ``align`` fails an assertion, reported here as :class:`kvspec.errors.ConfigError`."""
+
+    era = "0.33"
+    since = (0, 33, 0)
+    verified: ClassVar[tuple[str, ...]] = ("0.33.0",)
+
+    def check_config(self, config: KVCacheConfig) -> None:
+        """Reject a cached Mamba group whose mode is not ``align`` (vLLM asserts)."""
+        super().check_config(config)
+        if not config.enable_caching:
+            return
+        for g, kind in enumerate(config.groups):
+            if isinstance(kind, Mamba) and kind.mode != "align":
+                raise ConfigError(
+                    f"group {g}: vLLM {self.version} caches Mamba state only in mode 'align', "
+                    f"not {kind.mode!r} (turn prefix caching off or use 'align')"
+                )
+
+
+ERAS: tuple[type[VllmApi], ...] = (VllmApi016, VllmApi, VllmApi026, VllmApi027, VllmApi029, VllmApi030, VllmApi033)
 """Every era, oldest first."""
