@@ -20,6 +20,9 @@ What the adapter adds on top of vLLM, and nothing more:
   can coexist in one process. The variable names belong to the era.
 
 Every vLLM internal is reached through the era object (:mod:`.eras`).
+
+NOTE: The module is above the usual length because the pre-validation needs
+the adapter's mirrors and tables; split off, it would reach into them.
 """
 
 from __future__ import annotations

@@ -4,11 +4,12 @@ Each kvspec attention kind becomes the vLLM ``KVCacheSpec`` of the era's
 :attr:`~.eras.VllmApi.spec_classes` table, one ``KVCacheGroupSpec`` per group,
 and the manager gets the era's constructor keywords.
 
-NOTE: **SinkFull construction shim.** vLLM 0.25.1 cannot construct a manager
-with a ``SinkFullAttentionSpec`` group: the factory passes keywords that
-``SinkFullAttentionManager.__init__`` does not accept (``TypeError``:
-unexpected keyword ``scheduler_block_size``). For such configs only, and only
-when the era names that defect, construction is retried with
+NOTE: **SinkFull construction shim.** vLLM 0.25.1 to 0.33.0 cannot construct a
+manager with a ``SinkFullAttentionSpec`` group: the factory passes keywords
+that ``SinkFullAttentionManager.__init__`` does not accept (``TypeError``:
+unexpected keyword ``scheduler_block_size`` in 0.25, ``needs_kv_cache_zeroing``
+from 0.26 on; 0.16.0 constructs it unaided). For such configs only, and only
+when the error names the era's defect, construction is retried with
 ``SinkFullAttentionManager.__init__`` temporarily replaced by
 :func:`_sinkfull_init`; the original is restored right after, so every later
 operation runs unmodified vLLM code, and the adapter records
