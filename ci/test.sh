@@ -14,7 +14,7 @@ timed "pytest (HYPOTHESIS_PROFILE=$HYPOTHESIS_PROFILE)" pytest -q
 # ---------------------------------------------------------------------------
 # Lockstep: the spec against real vLLM 0.25.1 (>= 20,000 steps with the ci
 # profile); without vLLM, the spec's self-check (invariants, error contract).
-if python -c "from kvref.adapters.vllm_adapter import vllm_available as a; raise SystemExit(0 if a() else 1)"; then
+if python -c "from kvref.adapters.vllm import vllm_available as a; raise SystemExit(0 if a() else 1)"; then
     timed "lockstep (spec vs vllm)" kvref check --target spec --against vllm --profile ci --seed 0
 else
     timed "lockstep (spec self-check)" kvref check --target spec --profile ci --seed 0
@@ -36,7 +36,7 @@ timed "replay directed (spec)" replay 'traces/directed/*.jsonl' spec
 timed "replay golden (impl)" replay 'traces/golden/*.jsonl' impl
 timed "replay directed (impl)" replay 'traces/directed/*.jsonl' impl
 timed "replay divergences (impl)" replay 'traces/divergences/*.jsonl' impl
-if python -c "from kvref.adapters.vllm_adapter import vllm_available as a; raise SystemExit(0 if a() else 1)"; then
+if python -c "from kvref.adapters.vllm import vllm_available as a; raise SystemExit(0 if a() else 1)"; then
     timed "replay golden (vllm)" replay 'traces/golden/*.jsonl' vllm
     timed "replay divergences (vllm)" replay 'traces/divergences/*.jsonl' vllm
     timed "replay directed (vllm)" replay 'traces/directed/*.jsonl' vllm

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from kvref.adapters.vllm_adapter import VllmAdapter, vllm_available
+from kvref.adapters.vllm import installed_vllm_version, vllm_available
 from kvref.settings import load_profile
 
 TARGETS = [t for t in os.environ.get("KVREF_TARGETS", "spec,impl,vllm").split(",") if t]
@@ -44,7 +44,7 @@ def target(request: pytest.FixtureRequest) -> str:
         if not vllm_available():
             pytest.skip("vLLM is not installed (bash ci/setup.sh --with-vllm)")
         marker = request.node.get_closest_marker("semantics")
-        installed = VllmAdapter.semantics.profile
+        installed = f"vllm-{installed_vllm_version()}"
         if marker is not None and marker.args[0] != installed:
             pytest.skip(f"pins {marker.args[0]}; the installed vLLM is {installed}")
     return name

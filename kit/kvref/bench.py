@@ -308,13 +308,20 @@ class BatchedImplEngine(KvrefEngine):
 
 
 class VllmEngine(_Sequential):
-    """Real vLLM 0.25.1 through its own objects (no kvref adapter in the timed path)."""
+    """Real vLLM through its own objects (no kvref adapter in the timed path).
+
+    The adapter builds the manager and the requests (its public
+    :meth:`~kvref.adapters.vllm.VllmAdapter.apply_globals`,
+    :meth:`~kvref.adapters.vllm.VllmAdapter.new_vllm_request` and
+    :meth:`~kvref.adapters.vllm.VllmAdapter.vllm_status`); the timed calls go to
+    vLLM's ``KVCacheManager`` directly.
+    """
 
     def __init__(self, config: KVCacheConfig) -> None:
         """Build vLLM's manager the way kvref's vLLM adapter does."""
-        from kvref.adapters.vllm_adapter import make_vllm_adapter  # noqa: PLC0415 - imports vLLM
+        from kvref.adapters.vllm import VllmAdapter, make_vllm_adapter  # noqa: PLC0415 - imports vLLM
 
-        self.adapter: Any = make_vllm_adapter(config)
+        self.adapter: VllmAdapter = make_vllm_adapter(config)
         self.name = "vllm"
         self.seconds = 0.0
         self.alloc_seconds = 0.0
@@ -323,22 +330,24 @@ class VllmEngine(_Sequential):
         self.run_seconds = 0.0
         self.run_allocs = 0
         self.manager: Any = self.adapter.manager
-        self._status = self.adapter._v.request.RequestStatus
+        self._running: Any = self.adapter.vllm_status("RUNNING")
+        self._preempted: Any = self.adapter.vllm_status("PREEMPTED")
         self.reqs: dict[str, Any] = {}
         self.hits: dict[str, Any] = {}
 
     def add(self, rid: str, prompt: list[int]) -> None:
         """A vLLM Request hashed by vLLM's own hasher (built as the adapter does)."""
-        self.adapter._apply_globals()
+        self.adapter.apply_globals()
         value = Request(RequestId(rid), tuple(prompt), len(prompt), ())
-        self.reqs[rid] = self.adapter._new_vreq(value)
+        self.reqs[rid] = self.adapter.new_vllm_request(value)
 
     def lookup(self, rid: str) -> tuple[Ids, int]:
         """Timed ``get_computed_blocks``; the KVCacheBlocks object is kept for allocation."""
         req = self.reqs[rid]
         t = time.perf_counter()
-        blocks, n = self.manager.get_computed_blocks(req)
+        out = self.manager.get_computed_blocks(req)
         self.seconds += time.perf_counter() - t
+        blocks, n = out[0], out[1]  # later releases append the shared-prefix boundary
         self.hits[rid] = blocks
         return tuple(tuple(b.block_id for b in g) for g in blocks.blocks), n
 
@@ -361,7 +370,7 @@ class VllmEngine(_Sequential):
         if token is not None:
             req.append_output_token_ids(token)
         req.num_computed_tokens = computed
-        req.status = self._status.RUNNING if running else self._status.PREEMPTED
+        req.status = self._running if running else self._preempted
 
     def free(self, rid: str) -> None:
         """Timed ``free``."""
@@ -502,9 +511,9 @@ def available_engines(
             engines["impl-batched"] = lambda: BatchedImplEngine(
                 "impl-batched", ImplManager(config), hasher, groups=g, min_block_size=bs
             )
-    from kvref.adapters.vllm_adapter import vllm_available  # noqa: PLC0415
+    from kvref.adapters.vllm import installed_vllm_version, vllm_available  # noqa: PLC0415
 
-    if vllm_available():
+    if vllm_available() and installed_vllm_version() == config.profile.release:
         engines["vllm"] = lambda: VllmEngine(config)
     for name, factory in (extra or {}).items():
         engines[name] = lambda f=factory, n=name: KvrefEngine(n, f(config), hasher)  # type: ignore[misc]

@@ -1,6 +1,8 @@
-"""The vLLM adapter drives the real vLLM 0.25.1 KVCacheManager correctly.
+"""The vLLM adapter drives the real vLLM KVCacheManager correctly.
 
-Skipped as a whole when vLLM 0.25.1 is not installed.
+Skipped as a whole when no vLLM release the adapter drives is installed. The
+exact-behaviour tests pin vLLM 0.25.1 (the release kvspec models) and run only
+on it; :class:`TestEraSmoke` runs on every release, one test per API era.
 """
 
 from __future__ import annotations
@@ -13,13 +15,23 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
-from kvref.adapters import KVCacheAdapter
-from kvref.adapters import vllm_adapter as va
-from kvref.adapters.vllm_adapter import VllmAdapter, make_vllm_adapter, vllm_available
+import kvref.adapters.vllm as va
+from kvref.adapters import DeclaredSemantics, KVCacheAdapter
+from kvref.adapters.vllm import (
+    ERAS,
+    MODELLED_VLLM_VERSION,
+    Unsupported,
+    VllmAdapter,
+    VllmApi,
+    era_for,
+    installed_vllm_version,
+    make_vllm_adapter,
+    vllm_available,
+)
 from kvspec.config import (
     MLA,
     AttentionKind,
@@ -33,6 +45,7 @@ from kvspec.config import (
 )
 from kvspec.errors import (
     CacheBeyondAllocationError,
+    ConfigError,
     DoubleFreeError,
     ExceedsMaxModelLenError,
     GroupCountError,
@@ -52,11 +65,28 @@ from kvspec.stats import PrefixCacheStats
 
 if not vllm_available():
     pytest.skip(
-        "vLLM 0.25.1 is not installed (install it with `bash ci/setup.sh --with-vllm`)",
+        "no supported vLLM is installed (install 0.25.1 with `bash ci/setup.sh --with-vllm`)",
         allow_module_level=True,
     )
 
 ROOT = Path(__file__).resolve().parents[2]
+RELEASE = va.loaded_api().version
+
+
+TestFunction = TypeVar("TestFunction", bound=Callable[..., None])
+
+
+def any_release(test: TestFunction) -> TestFunction:
+    """Mark a test that holds on every release the adapter drives."""
+    setattr(test, "any_release", True)  # noqa: B010 - read back by release_gate
+    return test
+
+
+@pytest.fixture(autouse=True)
+def release_gate(request: pytest.FixtureRequest) -> None:
+    """Exact-behaviour tests pin the modelled release; ``@any_release`` ones run everywhere."""
+    if RELEASE != MODELLED_VLLM_VERSION and not getattr(request.function, "any_release", False):
+        pytest.skip(f"pins vLLM {MODELLED_VLLM_VERSION}; vLLM {RELEASE} is installed")
 
 
 # ----------------------------------------------------------------- helpers
@@ -85,31 +115,78 @@ def computed(req: Request, n: int) -> Request:
 # ----------------------------------------------------------------- availability
 
 
-def test_importing_the_adapter_does_not_import_vllm() -> None:
+@any_release
+@pytest.mark.parametrize("module", ["kvref.adapters.vllm"])
+def test_importing_the_adapter_does_not_import_vllm(module: str) -> None:
     code = (
-        "import sys, kvref.adapters.vllm_adapter as m\n"
+        f"import sys, {module} as m\n"
         "assert 'vllm' not in sys.modules and 'torch' not in sys.modules\n"
         "assert issubclass(m.VllmUnavailable, RuntimeError)\n"
+        "assert m.installed_vllm_version() is not None\n"
+        "assert 'vllm' not in sys.modules and 'torch' not in sys.modules\n"
     )
     env = dict(os.environ, PYTHONPATH=f"{ROOT / 'spec'}{os.pathsep}{ROOT / 'kit'}")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
 
 
-def test_wrong_version_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+@any_release
+@pytest.mark.parametrize("version", ["0.15.2", "0.34.0", "1.0.0", "unknown"])
+def test_undriven_version_is_unavailable(monkeypatch: pytest.MonkeyPatch, version: str) -> None:
     vllm = importlib.import_module("vllm")
     monkeypatch.setattr(va, "_LOADED", None)
-    monkeypatch.setattr(vllm, "__version__", "0.16.0")
+    monkeypatch.setattr(vllm, "__version__", version)
     assert not vllm_available()
     with pytest.raises(va.VllmUnavailable, match=r"bash ci/setup\.sh --with-vllm"):
         make_vllm_adapter(config((FullAttention(4),)))
 
 
+@any_release
 def test_failed_import_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(va, "_LOADED", None)
     monkeypatch.setitem(sys.modules, "vllm", None)
-    with pytest.raises(va.VllmUnavailable, match=r"vLLM 0\.25\.1 is not installed"):
+    with pytest.raises(va.VllmUnavailable, match=r"no supported vLLM is installed"):
         make_vllm_adapter(config((FullAttention(4),)))
+
+
+def test_semantics_name_the_installed_release() -> None:
+    adapter = make_vllm_adapter(config((FullAttention(4),)))
+    assert adapter.semantics == DeclaredSemantics(profile="vllm-0.25.1", upstream=True)
+    assert adapter.semantics.known == ()
+    assert installed_vllm_version() == "0.25.1"
+    assert adapter.api.version == "0.25.1"
+    assert type(adapter.api) is VllmApi
+
+
+@any_release
+def test_every_release_maps_to_one_era() -> None:
+    assert era_for("0.25.1") is VllmApi
+    assert era_for("0.25.1.dev3+g1234") is VllmApi
+    eras = [e.era for e in ERAS]
+    assert len(set(eras)) == len(eras)
+    assert [e.since for e in ERAS] == sorted(e.since for e in ERAS)
+    for era in ERAS:
+        assert all(era_for(v) is era for v in era.verified), era.era
+
+
+def test_public_driving_methods() -> None:
+    cfg = config((FullAttention(4),))
+    adapter = make_vllm_adapter(cfg)
+    adapter.apply_globals()
+    vreq = adapter.new_vllm_request(hasher(cfg).new_request("x", list(range(9))))
+    assert vreq.request_id == "x"
+    assert len(vreq.block_hashes) == 2
+    assert adapter.vllm_status("RUNNING") is importlib.import_module("vllm.v1.request").RequestStatus.RUNNING
+    out = adapter.manager.get_computed_blocks(vreq)
+    assert out[1] == 0
+    assert adapter.to_view().tables == ()  # the request is not mirrored
+
+
+def test_record_prefix_cache_stats_is_unsupported_here() -> None:
+    cfg = config((FullAttention(4),), log_stats=True)
+    adapter = make_vllm_adapter(cfg)
+    with pytest.raises(Unsupported, match=r"vLLM 0\.25\.1 has no KVCacheManager\.record_prefix_cache_stats"):
+        adapter.record_prefix_cache_stats(hasher(cfg).new_request("a", [1] * 8), 0)
 
 
 # ----------------------------------------------------------------- construction
@@ -228,10 +305,10 @@ def test_sinkfull_in_a_hybrid() -> None:
     assert adapter.to_view().free_queue == tuple(range(2, 10))
 
 
-# ----------------------------------------------------------------- appendix A traces
+# ----------------------------------------------------------------- small scenarios
 
 
-def test_appendix_a1_free_order_and_hit() -> None:
+def test_free_order_and_hit() -> None:
     cfg = config((FullAttention(4),), num_blocks=8)
     adapter = make_vllm_adapter(cfg)
     h = hasher(cfg)
@@ -264,7 +341,7 @@ def test_cached_keys_are_digest_plus_group_id() -> None:
     assert [key for key, _ in view.cached] == sorted(key for key, _ in view.cached)
 
 
-def test_a6_full_sequence_gate() -> None:
+def test_full_sequence_gate() -> None:
     prompt = list(range(100))
     fa_cfg = config((FullAttention(4),), num_blocks=8, max_num_batched_tokens=8)
     fa = make_vllm_adapter(fa_cfg)
@@ -277,7 +354,7 @@ def test_a6_full_sequence_gate() -> None:
     assert swa.allocate_slots(req, 8, full_sequence_must_fit=True) == ((1, 2),)
 
 
-def test_a6_watermark_and_reserved_blocks() -> None:
+def test_watermark_and_reserved_blocks() -> None:
     cfg = config((FullAttention(4),), num_blocks=10, watermark=0.3)
     h = hasher(cfg)
     assert make_vllm_adapter(cfg).allocate_slots(h.new_request("a", [1] * 24), 24) is not None
@@ -292,7 +369,7 @@ def test_a6_watermark_and_reserved_blocks() -> None:
     assert make_vllm_adapter(plain).allocate_slots(long_req, 28, reserved_blocks=2) is not None
 
 
-def test_a6_mamba_same_step_hit_is_deferred() -> None:
+def test_mamba_same_step_hit_is_deferred() -> None:
     cfg = config((Mamba(4, "all"),))
     adapter = make_vllm_adapter(cfg)
     h = hasher(cfg)
@@ -307,7 +384,7 @@ def test_a6_mamba_same_step_hit_is_deferred() -> None:
     assert dict(adapter.to_view().ref_cnt)[2] == 2
 
 
-def test_a7_common_prefix() -> None:
+def test_common_prefix() -> None:
     cfg = config((FullAttention(4),))
     adapter = make_vllm_adapter(cfg)
     h = hasher(cfg)
@@ -684,3 +761,163 @@ def test_preempted_lookups_are_counted_separately() -> None:
         ((),),
         0,
     )
+
+
+# ----------------------------------------------------------------- one smoke test per API era
+
+
+def _era_param(era: type[VllmApi]) -> Any:
+    """``era``, skipped unless the installed release belongs to it."""
+    here = era_for(RELEASE) is era
+    reason = f"era {era.era} ({', '.join(era.verified)}); vLLM {RELEASE} is installed"
+    return pytest.param(era, id=f"era-{era.era}", marks=pytest.mark.skipif(not here, reason=reason))
+
+
+ERA_PARAMS = [_era_param(e) for e in ERAS]
+
+
+def _expect_unsupported(method: str, call: Callable[[], object]) -> None:
+    with pytest.raises(Unsupported, match=rf"^vLLM {RELEASE} has no KVCacheManager\.{method}") as info:
+        call()
+    assert (info.value.release, info.value.method) == (RELEASE, f"KVCacheManager.{method}")
+
+
+class TestEraSmoke:
+    """The adapter constructs, drives and views the installed release through its era.
+
+    Release-independent facts only (what every release shares); exact
+    behaviour differences between releases are the spec profiles' business.
+    """
+
+    @any_release
+    @pytest.mark.parametrize("era", ERA_PARAMS)
+    def test_the_installed_release_has_this_era(self, era: type[VllmApi]) -> None:
+        adapter = make_vllm_adapter(config((FullAttention(4),)))
+        assert type(adapter.api) is era
+        assert adapter.semantics == DeclaredSemantics(profile=f"vllm-{RELEASE}", upstream=True)
+        assert installed_vllm_version() == RELEASE
+
+    @any_release
+    @pytest.mark.parametrize("era", ERA_PARAMS)
+    def test_every_kind_constructs(self, era: type[VllmApi]) -> None:
+        kinds: list[tuple[AttentionKind, ...]] = [(k,) for k, _, _ in SINGLE_KINDS] + [g for g, _, _ in HYBRIDS]
+        for groups in kinds:
+            caching = not any(isinstance(k, CrossAttention) for k in groups)
+            cfg = config(groups, enable_caching=caching)
+            mamba_modes = {k.mode for k in groups if isinstance(k, Mamba)}
+            if era.since >= (0, 33, 0) and mamba_modes - {"align"}:
+                with pytest.raises(ConfigError, match="only in mode 'align'"):
+                    make_vllm_adapter(cfg)
+                continue
+            adapter = make_vllm_adapter(cfg)
+            assert adapter.construction_workaround is None
+            view = adapter.to_view()
+            assert view.free_queue == tuple(range(1, 16)), groups
+            assert (view.ref_cnt, view.cached, view.tables, view.usage) == ((), (), (), 0.0)
+
+    @any_release
+    @pytest.mark.parametrize("era", ERA_PARAMS)
+    def test_sinkfull_constructs(self, era: type[VllmApi]) -> None:
+        adapter = make_vllm_adapter(config((SinkFullAttention(4, 8),), num_blocks=10))
+        expected = None if era.sinkfull_ctor_defect is None else "sinkfull-ctor"
+        assert adapter.construction_workaround == expected
+        sink = (1, 2) if era.sinkfull_reserves_sink_blocks else ()
+        assert adapter.to_view().free_queue == tuple(b for b in range(1, 10) if b not in sink)
+        req = hasher(adapter.config).new_request("a", list(range(9)))
+        table = adapter.allocate_slots(req, 9)
+        assert table is not None
+        assert len(table[0]) == 3
+        assert not set(table[0]) & set(sink)
+
+    @any_release
+    @pytest.mark.parametrize("era", ERA_PARAMS)
+    def test_facade_round_trip(self, era: type[VllmApi]) -> None:
+        cfg = config(
+            (FullAttention(4), SlidingWindow(4, 8)), num_blocks=32, enable_kv_cache_events=True, log_stats=True
+        )
+        adapter = make_vllm_adapter(cfg)
+        h = hasher(cfg)
+        a = h.new_request("a", list(range(10)))
+        assert adapter.get_computed_blocks(a) == (((), ()), 0)
+        new = adapter.allocate_slots(a, 10)
+        assert new is not None
+        assert [len(g) for g in new] == [3, 3]
+        assert adapter.get_block_ids("a") == new
+        assert adapter.to_view().tables == (("a", new),)
+        stored = [e for e in adapter.take_events() if isinstance(e, BlockStored)]
+        assert stored
+        assert all(len(e.token_ids) == 8 for e in stored)
+        assert len(adapter.to_view().cached) >= 2
+        adapter.make_prefix_cache_stats()  # drained: the release may have counted "a"'s lookup
+
+        b = h.new_request("b", list(range(10)))
+        hits, n = adapter.get_computed_blocks(b)
+        assert n == 8
+        assert hits[0] == new[0][:2]
+        if era.caller_records_stats:
+            assert adapter.make_prefix_cache_stats() == PrefixCacheStats()
+            adapter.record_prefix_cache_stats(b, n)
+        else:
+            _expect_unsupported("record_prefix_cache_stats", lambda: adapter.record_prefix_cache_stats(b, n))
+        assert adapter.make_prefix_cache_stats() == PrefixCacheStats(requests=1, queries=10, hits=8)
+        got = adapter.allocate_slots(b, 2, n, hits)
+        assert got is not None
+        ref_cnt = dict(adapter.to_view().ref_cnt)
+        assert all(ref_cnt[i] == 2 for i in hits[0])
+        assert len(adapter.get_num_common_prefix_blocks("a")) == 2
+        adapter.remove_skipped_blocks("a", 10)
+        assert 0 < adapter.usage < 1
+
+        if "pop_blocks_for_free" in era.missing_methods:
+            _expect_unsupported("pop_blocks_for_free", lambda: adapter.pop_blocks_for_free("b"))
+            adapter.free("b")
+        else:
+            popped = adapter.pop_blocks_for_free("b")
+            assert set(popped) - {0}
+            adapter.free_blocks(tuple(reversed(popped)))
+        for method in ("take_new_block_ids", "new_step_starts"):
+            call = getattr(adapter, method)
+            if method in era.missing_methods:
+                _expect_unsupported(method, call)
+            else:
+                call()
+        adapter.evict_blocks(hits[0])
+        removed = [e for e in adapter.take_events() if isinstance(e, BlockRemoved)]
+        assert len(removed) == 2
+        assert adapter.reset_prefix_cache() is False  # "a" still holds blocks
+        adapter.free("a")
+        assert adapter.reset_prefix_cache() is True
+        assert adapter.take_events()[-1:] == [AllBlocksCleared()]
+        view = adapter.to_view()
+        assert (view.ref_cnt, view.cached, view.tables, view.usage) == ((), (), (), 0.0)
+        assert sorted(view.free_queue) == list(range(1, 32))
+
+    @any_release
+    @pytest.mark.parametrize("era", ERA_PARAMS)
+    def test_missing_parameters_are_unsupported(self, era: type[VllmApi]) -> None:
+        cfg = config((FullAttention(4),))
+        adapter = make_vllm_adapter(cfg)
+        req = hasher(cfg).new_request("a", list(range(8)))
+        before = adapter.to_view()
+        allocations: dict[str, Callable[[], object]] = {
+            "full_sequence_must_fit": lambda: adapter.allocate_slots(req, 8, full_sequence_must_fit=True),
+            "reserved_blocks": lambda: adapter.allocate_slots(req, 8, reserved_blocks=1),
+            "has_scheduled_reqs": lambda: adapter.allocate_slots(req, 8, has_scheduled_reqs=False),
+        }
+        for name, call in allocations.items():
+            if name in era.allocate_args:
+                continue
+            with pytest.raises(Unsupported, match=rf"^vLLM {RELEASE} has no KVCacheManager\.allocate_slots\({name}"):
+                call()
+            assert adapter.to_view() == before
+        configs = {
+            "watermark": replace(cfg, watermark=0.1),
+            "max_num_batched_tokens": replace(cfg, max_num_batched_tokens=16),
+        }
+        for name, changed in configs.items():
+            if era.manager_args[name] is None:
+                with pytest.raises(Unsupported, match=rf"^vLLM {RELEASE} has no KVCacheManager\({name}"):
+                    make_vllm_adapter(changed)
+            else:
+                make_vllm_adapter(changed)
+        assert adapter.allocate_slots(req, 8) is not None

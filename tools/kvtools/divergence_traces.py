@@ -44,9 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvtools divergence-traces", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only compare and verify the committed files")
     args = parser.parse_args(argv)
-    from kvref.adapters.vllm_adapter import vllm_available  # noqa: PLC0415 - imports vLLM lazily
+    from kvref.adapters.vllm import installed_vllm_version, vllm_available  # noqa: PLC0415 - imports vLLM lazily
 
-    with_vllm = vllm_available()
+    with_vllm = vllm_available() and installed_vllm_version() == VLLM_0_25_1.release
     registry = load_registry()
     table = {sc.name: sc for sc in scenarios()}
     if set(table) != set(registry):

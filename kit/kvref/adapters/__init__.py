@@ -162,7 +162,7 @@ def load_factory(target: str) -> AdapterFactory:
     """
     builtin = {
         "spec": "kvref.adapters.spec:make_spec_adapter",
-        "vllm": "kvref.adapters.vllm_adapter:make_vllm_adapter",
+        "vllm": "kvref.adapters.vllm:make_vllm_adapter",
         "impl": "kvref.adapters.impl:make_impl_adapter",
     }
     path = builtin.get(target, target)

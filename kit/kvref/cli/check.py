@@ -56,7 +56,7 @@ def add_lockstep_arguments(check: argparse.ArgumentParser) -> None:
 
 
 def _vllm_installed() -> bool:
-    from kvref.adapters.vllm_adapter import vllm_available  # noqa: PLC0415 - imports vLLM lazily
+    from kvref.adapters.vllm import vllm_available  # noqa: PLC0415 - imports vLLM lazily
 
     return vllm_available()
 

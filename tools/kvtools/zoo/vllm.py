@@ -1,7 +1,7 @@
 """Real vLLM 0.25.1, re-broken: one method of the installed vLLM's block pool
 patched at run time inside an adapter factory.
 
-Each factory wraps :func:`kvref.adapters.vllm_adapter.make_vllm_adapter` and
+Each factory wraps :func:`kvref.adapters.vllm.make_vllm_adapter` and
 replaces ONE method on that adapter's own ``BlockPool`` or ``KVCacheManager``
 instance (the classes and every other object stay intact), so the kit can show
 it catches faults in the real code, not only in kvimpl::
@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvref.adapters.vllm_adapter import VllmAdapter, make_vllm_adapter
+from kvref.adapters.vllm import VllmAdapter, make_vllm_adapter
 from kvspec.config import KVCacheConfig
 
 

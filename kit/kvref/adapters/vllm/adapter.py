@@ -1,0 +1,532 @@
+"""The adapter proper: kvref's facade over a real vLLM ``KVCacheManager``.
+
+What the adapter adds on top of vLLM, and nothing more:
+
+* **Request mirroring.** kvref passes immutable :class:`kvspec.request.Request`
+  values; the adapter keeps one vLLM ``Request`` per request id, created from
+  the prompt and advanced by appending output tokens one at a time (exactly
+  like vLLM's scheduler), so vLLM computes every block hash itself. The
+  kvspec ``block_hashes`` are never handed to vLLM.
+* **Caller-error pre-validation.** kvref's contract is that a caller error
+  raises the named :mod:`kvspec.errors` class before any state change. vLLM
+  sometimes asserts half-way through an operation or silently corrupts its
+  bookkeeping, so the adapter checks the documented caller errors against
+  vLLM's own state first (the ``_check_*`` methods). Everything vLLM raises
+  that is not a documented caller error propagates unchanged.
+* **Process globals.** vLLM derives ``NONE_HASH`` from a process environment
+  variable and reads the event hash format from another; the adapter
+  re-applies its own values before each operation that may hash or emit
+  events (:meth:`VllmAdapter.apply_globals`), so adapters with different seeds
+  can coexist in one process. The variable names belong to the era.
+
+Every vLLM internal is reached through the era object (:mod:`.eras`).
+
+NOTE: The module is above the usual length because the pre-validation needs
+the adapter's mirrors and tables; split off, it would reach into them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from kvref.adapters import DeclaredSemantics
+from kvspec.config import FULL_TYPE_KINDS, KVCacheConfig
+from kvspec.errors import (
+    CacheBeyondAllocationError,
+    DoubleFreeError,
+    ExceedsMaxModelLenError,
+    GroupCountError,
+    InvalidBlockIdError,
+    InvalidTokenCountError,
+    StaleHitError,
+    UnexpectedPrefixHitError,
+    UnknownRequestError,
+)
+from kvspec.events import KVCacheEvent
+from kvspec.hashing import ExtraKeySource
+from kvspec.request import Request, RequestStatus
+from kvspec.stats import PrefixCacheStats
+from kvspec.view import BlockIds, KVView
+
+from .construct import build_manager
+from .eras import VllmApi
+from .view import convert_event, convert_stats, group_ids, ids_of, to_view
+
+_MAX_TOKENS: Final = 1_000_000
+
+_STATUS_NAMES: Final[dict[RequestStatus, str]] = {
+    RequestStatus.WAITING: "WAITING",
+    RequestStatus.RUNNING: "RUNNING",
+    RequestStatus.PREEMPTED: "PREEMPTED",
+    RequestStatus.WAITING_FOR_REMOTE_KVS: "WAITING_FOR_REMOTE_KVS",
+    RequestStatus.FINISHED: "FINISHED_STOPPED",
+}
+"""kvspec request status -> vLLM ``RequestStatus`` member name."""
+
+
+class VllmAdapter:
+    """:class:`kvref.adapters.KVCacheAdapter` over a real vLLM ``KVCacheManager``.
+
+    Attributes:
+        name: ``"vllm"``.
+        config: The kvspec configuration.
+        api: The era object through which every vLLM internal is reached.
+        semantics: ``vllm-<installed version>``, upstream (its known defects included).
+        manager: The real vLLM ``KVCacheManager`` (for debugging; do not mutate).
+        construction_workaround: ``"sinkfull-ctor"`` if the SinkFull shim was
+            needed to construct the manager, else None.
+    """
+
+    name: str = "vllm"
+
+    def __init__(self, config: KVCacheConfig, api: VllmApi) -> None:
+        """Build a fresh vLLM manager for ``config`` with the era ``api``.
+
+        Raises:
+            Unsupported: If ``config`` needs a parameter the release lacks.
+        """
+        self.config = config
+        self.api = api
+        self.semantics = DeclaredSemantics(profile=f"vllm-{api.version}", upstream=True)
+        self._seed = config.hash_seed
+        self._int_flag = "1" if config.int_block_hashes else "0"
+        self._hash_fn: Any = api.hash_fn(config.hash_function)
+        self._hbs = config.resolved_hash_block_size()
+        self._num_blocks = config.num_blocks
+        self._num_groups = len(config.groups)
+
+        env = api.env
+        if env.retention_interval is not None:
+            os.environ.pop(env.retention_interval, None)
+        os.environ[env.int_block_hashes] = self._int_flag
+        os.environ[env.hash_seed] = self._seed
+        api.init_none_hash(self._hash_fn)
+        self._none_hash: Any = api.none_hash()
+        self._hasher: Any = api.request_block_hasher(self._hbs, self._hash_fn)
+
+        self.manager: Any
+        self.construction_workaround: str | None
+        self.manager, self.construction_workaround = build_manager(api, config, self._hbs)
+        self._pool: Any = api.block_pool(self.manager)
+        self._managers: tuple[Any, ...] = api.single_type_managers(self.manager)
+        self._block_sizes: tuple[int, ...] = tuple(api.manager_block_size(m) for m in self._managers)
+        self._is_cross: tuple[bool, ...] = tuple(api.is_cross_attention(m) for m in self._managers)
+
+        self._mirrors: dict[str, _Mirror] = {}
+        self._last_hits: dict[str, tuple[BlockIds, Any]] = {}
+        self._pending: Counter[int] = Counter()
+
+    # ------------------------------------------------------------ driving vLLM directly
+
+    def apply_globals(self) -> None:
+        """Re-install this adapter's ``NONE_HASH`` and event-hash format.
+
+        Call it before driving :attr:`manager` directly (as the bench does) in a
+        process that may hold other vLLM adapters; the facade methods call it
+        themselves.
+        """
+        env = os.environ
+        names = self.api.env
+        if env.get(names.int_block_hashes) != self._int_flag:
+            env[names.int_block_hashes] = self._int_flag
+        if env.get(names.hash_seed) != self._seed or self.api.none_hash() != self._none_hash:
+            env[names.hash_seed] = self._seed
+            self.api.init_none_hash(self._hash_fn)
+
+    def new_vllm_request(self, request: Request) -> Any:
+        """A new vLLM ``Request`` for ``request``'s prompt, hashed by vLLM's own hasher.
+
+        The result is not mirrored: the caller owns it and advances it itself
+        (output tokens, ``num_computed_tokens``, status). Call
+        :meth:`apply_globals` first.
+
+        Raises:
+            ValueError: If ``request.extra.prompt_embeds`` rows are empty or ragged.
+        """
+        extra = request.extra
+        prompt_ids: list[int] | None = list(request.all_token_ids[: request.num_prompt_tokens])
+        embeds: Any = None
+        if extra.prompt_embeds is not None:
+            embeds = self._embeds_tensor(extra.prompt_embeds)
+            prompt_ids = None
+        lora = None if extra.lora is None else (extra.lora.name, extra.lora.adapter_id)
+        return self.api.new_request(
+            request_id=request.request_id,
+            prompt_token_ids=prompt_ids,
+            prompt_embeds=embeds,
+            lora=lora,
+            mm_features=[(f.identifier, f.offset, f.length) for f in extra.mm_features],
+            cache_salt=extra.cache_salt,
+            skip_reading_prefix_cache=request.skip_reading_prefix_cache,
+            max_tokens=_MAX_TOKENS,
+            block_hasher=self._hasher,
+        )
+
+    def vllm_status(self, name: str) -> Any:
+        """vLLM's ``RequestStatus`` member ``name`` (e.g. ``"RUNNING"``)."""
+        return self.api.status(name)
+
+    # ------------------------------------------------------------ requests
+
+    def _embeds_tensor(self, rows: tuple[bytes, ...]) -> Any:
+        """A float16 ``(n, len(row) // 2)`` tensor whose bytes are the rows'."""
+        if not rows:
+            raise ValueError("prompt_embeds has no rows")
+        width = len(rows[0])
+        if any(len(r) != width for r in rows):
+            raise ValueError("prompt_embeds rows must all have the same length")
+        # An odd row length cannot be float16; the era falls back to uint8 (same bytes).
+        return self.api.embeds_tensor(bytearray(b"".join(rows)), len(rows), width)
+
+    def _sync(self, request: Request) -> Any:
+        """The vLLM request for ``request``, advanced to match it."""
+        rid = request.request_id
+        tokens = request.all_token_ids
+        mirror = self._mirrors.get(rid)
+        if mirror is not None and mirror.tokens is not tokens:
+            have = len(mirror.tokens)
+            if (
+                mirror.num_prompt_tokens != request.num_prompt_tokens
+                or len(tokens) < have
+                or tokens[:have] != mirror.tokens
+                or (mirror.extra is not request.extra and mirror.extra != request.extra)
+            ):
+                mirror = None  # a different request reusing the id
+                self._last_hits.pop(rid, None)
+        if mirror is None:
+            mirror = _Mirror(
+                vreq=self.new_vllm_request(request),
+                tokens=tokens[: request.num_prompt_tokens],
+                num_prompt_tokens=request.num_prompt_tokens,
+                extra=request.extra,
+            )
+            self._mirrors[rid] = mirror
+        vreq = mirror.vreq
+        if mirror.tokens is not tokens:
+            # One token at a time, like the scheduler: each call runs the hasher.
+            for tok in tokens[len(mirror.tokens) :]:
+                self.api.append_output_token(vreq, tok)
+            mirror.tokens = tokens
+        self.api.set_request_state(
+            vreq,
+            num_computed_tokens=request.num_computed_tokens,
+            status=self.api.status(_STATUS_NAMES[request.status]),
+            num_preemptions=request.num_preemptions,
+            skip_reading_prefix_cache=request.skip_reading_prefix_cache,
+        )
+        return vreq
+
+    def _ref(self, request_id: str) -> Any:
+        mirror = self._mirrors.get(request_id)
+        return mirror.vreq if mirror is not None else _RidOnly(request_id)
+
+    def _forget(self, request_id: str) -> None:
+        self._mirrors.pop(request_id, None)
+        self._last_hits.pop(request_id, None)
+
+    # ------------------------------------------------------------ state queries
+
+    def _table_len(self, group: int, request_id: str) -> int:
+        table = self.api.req_to_blocks(self._managers[group]).get(request_id)
+        return 0 if table is None else len(table)
+
+    def _has_table(self, request_id: str) -> bool:
+        return any(self._table_len(g, request_id) for g in range(self._num_groups))
+
+    def _is_allocated(self, request_id: str) -> bool:
+        return self._has_table(request_id) or any(request_id in self.api.num_cached_block(m) for m in self._managers)
+
+    def _group_hashes(self, vreq: Any, group: int) -> list[Any]:
+        """The request's block hashes at group ``group``'s block size."""
+        return self.api.block_hashes(vreq, self._hbs, self._block_sizes[group])
+
+    def _check_block_ids(self, ids: Iterable[int]) -> None:
+        for i in ids:
+            if not 0 <= i < self._num_blocks:
+                raise InvalidBlockIdError(f"block id {i} is outside 0 .. {self._num_blocks - 1}")
+
+    # ------------------------------------------------------------ facade
+
+    def get_computed_blocks(self, request: Request) -> tuple[BlockIds, int]:
+        """Longest prefix-cache hit (no state change)."""
+        self.apply_globals()
+        vreq = self._sync(request)
+        blocks, num_tokens = self.api.get_computed_blocks(self.manager, vreq)
+        ids = group_ids(self.api, blocks)
+        self._last_hits[request.request_id] = (ids, blocks)
+        return ids, num_tokens
+
+    def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
+        """Record a lookup in the prefix-cache statistics, as vLLM's scheduler does at admission.
+
+        Raises:
+            Unsupported: On releases whose lookup records the statistics itself.
+        """
+        vreq = self._sync(request)
+        self.api.record_prefix_cache_stats(self.manager, vreq, num_hits)
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: BlockIds | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+    ) -> BlockIds | None:
+        """Blocks newly allocated per group, or None if they do not fit."""
+        self.apply_globals()
+        vreq = self._sync(request)
+        rid = request.request_id
+        hits: BlockIds | None = None if new_computed_blocks is None else tuple(tuple(g) for g in new_computed_blocks)
+        self._check_allocate(
+            request,
+            num_new_tokens,
+            num_new_computed_tokens,
+            hits,
+            num_lookahead_tokens,
+            num_external_computed_tokens,
+            num_encoder_tokens,
+            reserved_blocks,
+        )
+        self._check_allocate_hits(vreq, rid, hits)
+        ncb: Any = None
+        if hits is not None and any(hits):
+            last = self._last_hits.get(rid)
+            if last is not None and last[0] == hits:
+                ncb = last[1]  # the very object vLLM returned (identity matters)
+            else:
+                pool_blocks = self.api.pool_blocks(self._pool)
+                ncb = self.api.kv_cache_blocks([pool_blocks[i] for i in g] for g in hits)
+        result = self.api.allocate_slots(
+            self.manager,
+            vreq,
+            num_new_tokens,
+            {
+                "num_new_computed_tokens": num_new_computed_tokens,
+                "new_computed_blocks": ncb,
+                "num_lookahead_tokens": num_lookahead_tokens,
+                "num_external_computed_tokens": num_external_computed_tokens,
+                "delay_cache_blocks": delay_cache_blocks,
+                "num_encoder_tokens": num_encoder_tokens,
+                "full_sequence_must_fit": full_sequence_must_fit,
+                "reserved_blocks": reserved_blocks,
+                "has_scheduled_reqs": has_scheduled_reqs,
+            },
+        )
+        if result is None:
+            return None
+        self._last_hits.pop(rid, None)
+        return group_ids(self.api, result)
+
+    def _check_allocate(
+        self,
+        request: Request,
+        n: int,
+        h: int,
+        hits: BlockIds | None,
+        k: int,
+        e: int,
+        enc: int,
+        reserved: int,
+    ) -> None:
+        """Caller errors of ``allocate_slots`` that need no hit lookup, in kvref's precedence order."""
+        c = request.num_computed_tokens
+        counts = {
+            "num_new_tokens": n,
+            "num_new_computed_tokens": h,
+            "num_lookahead_tokens": k,
+            "num_external_computed_tokens": e,
+            "num_encoder_tokens": enc,
+            "reserved_blocks": reserved,
+            "request.num_computed_tokens": c,
+        }
+        for what, value in counts.items():
+            if value < 0:
+                raise InvalidTokenCountError(f"{what} is negative ({value})")
+        if n == 0 and e == 0:
+            raise InvalidTokenCountError(
+                "num_new_tokens must be greater than 0 when there are no external computed tokens"
+            )
+        if hits is not None and len(hits) != self._num_groups:
+            raise GroupCountError(f"new_computed_blocks has {len(hits)} groups, the config has {self._num_groups}")
+        max_len = self.config.max_model_len
+        rid = request.request_id
+        if c + h + e + n > max_len:
+            raise ExceedsMaxModelLenError(
+                f"request {rid!r}: {c} computed + {h} hit + {e} external + "
+                f"{n} new tokens exceed max_model_len {max_len}"
+            )
+        has_hits = hits is not None and any(hits)
+        if (has_hits or e > 0) and self._is_allocated(rid):
+            raise UnexpectedPrefixHitError(
+                f"request {rid!r} already holds blocks; prefix hits and external tokens "
+                "are only accepted on its first allocation"
+            )
+
+    def _check_allocate_hits(self, vreq: Any, rid: str, hits: BlockIds | None) -> None:
+        """Caller errors of the hits passed to ``allocate_slots`` (after :meth:`_check_allocate`)."""
+        if hits is None or not any(hits):
+            return
+        for group in hits:
+            self._check_block_ids(group)
+        # vLLM asserts on hits with caching off and accepts a null block in a
+        # full-attention hit (leaving a table no hit search could produce): both are
+        # caller errors in the protocol (kvspec's _validate_hits).
+        if not self.config.enable_caching:
+            raise StaleHitError(f"request {rid!r}: prefix caching is off, so it can have no hit")
+        for g, kind in enumerate(self.config.groups):
+            if isinstance(kind, FULL_TYPE_KINDS) and 0 in hits[g]:
+                raise StaleHitError(f"request {rid!r}: the null block in group {g}'s full-attention hit")
+        blocks = self.api.pool_blocks(self._pool)
+        for g, group in enumerate(hits):
+            if not any(group):
+                continue
+            hashes = self._group_hashes(vreq, g)
+            for i, bid in enumerate(group):
+                if bid == 0:
+                    continue
+                if i >= len(hashes) or self.api.block_hash(blocks[bid]) != self.api.block_key(hashes[i], g):
+                    raise StaleHitError(
+                        f"request {rid!r}: block {bid} (group {g}, index {i}) is no longer "
+                        "cached under the hash the request expects"
+                    )
+
+    def free(self, request_id: str) -> None:
+        """Free every block of the request, each group's table reversed."""
+        self.api.free(self.manager, self._ref(request_id))
+        self._forget(request_id)
+
+    def pop_blocks_for_free(self, request_id: str) -> tuple[int, ...]:
+        """Drop the request's bookkeeping; return its blocks, groups concatenated."""
+        ids = ids_of(self.api, self.api.pop_blocks_for_free(self.manager, self._ref(request_id)))
+        self._pending.update(i for i in ids if i != 0)
+        self._forget(request_id)
+        return ids
+
+    def free_blocks(self, block_ids: Sequence[int]) -> None:
+        """Deferred free of popped blocks (upstream: ``block_pool.free_blocks``)."""
+        ids = list(block_ids)
+        self._check_block_ids(ids)
+        wanted = Counter(i for i in ids if i != 0)
+        for bid, times in sorted(wanted.items()):
+            if self._pending[bid] < times:
+                raise DoubleFreeError(
+                    f"block {bid} freed {times} time(s) but only {self._pending[bid]} "
+                    "pending reference(s) came from pop_blocks_for_free"
+                )
+        blocks = self.api.pool_blocks(self._pool)
+        self.api.free_pool_blocks(self._pool, [blocks[i] for i in ids])
+        self._pending.subtract(wanted)
+        for bid in wanted:
+            if self._pending[bid] <= 0:
+                del self._pending[bid]
+
+    def remove_skipped_blocks(
+        self, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        """Free blocks no longer needed by attention (outside the window)."""
+        if total_computed_tokens < 0:
+            raise InvalidTokenCountError(f"total_computed_tokens is negative ({total_computed_tokens})")
+        self.api.remove_skipped_blocks(self.manager, request_id, total_computed_tokens, num_prompt_tokens)
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Drop the given blocks from the prefix cache, ascending id order."""
+        ids = sorted(set(block_ids))
+        self._check_block_ids(ids)
+        self.apply_globals()
+        for bid in ids:
+            # vLLM iterates a set (undefined order); kvref fixes ascending order.
+            self.api.evict_blocks(self.manager, {bid})
+
+    def reset_prefix_cache(self) -> bool:
+        """Clear the prefix cache if only the null block is in use."""
+        self.apply_globals()
+        return self.api.reset_prefix_cache(self.manager)
+
+    def get_num_common_prefix_blocks(self, request_id: str) -> tuple[int, ...]:
+        """Common-prefix block count per group."""
+        if not self._has_table(request_id):
+            # vLLM would create a phantom (empty) table that skews later answers.
+            raise UnknownRequestError(f"request {request_id!r} holds no blocks")
+        return self.api.get_num_common_prefix_blocks(self.manager, request_id)
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """Drain the event queue (BlockStored annotated with kind and window)."""
+        return [convert_event(self.api, ev) for ev in self.api.take_events(self.manager)]
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Hash the request's full blocks up to ``num_computed_tokens``."""
+        if not self.config.enable_caching:
+            return  # vLLM ignores the call
+        self.apply_globals()
+        vreq = self._sync(request)
+        n = num_computed_tokens
+        if n < 0:
+            raise InvalidTokenCountError(f"num_computed_tokens is negative ({n})")
+        num_tokens = self.api.num_tokens(vreq)
+        if n > num_tokens:
+            raise CacheBeyondAllocationError(
+                f"request {request.request_id!r}: cannot cache {n} tokens, it has {num_tokens}"
+            )
+        for g in range(self._num_groups):
+            if self._is_cross[g]:
+                continue
+            have = self._table_len(g, request.request_id)
+            if n // self._block_sizes[g] > have:
+                raise CacheBeyondAllocationError(
+                    f"request {request.request_id!r}: {n} tokens need "
+                    f"{n // self._block_sizes[g]} blocks in group {g}, it holds {have}"
+                )
+        self.api.cache_blocks(self.manager, vreq, n)
+
+    def take_new_block_ids(self) -> list[int]:
+        """Drain the ids of fresh full-attention blocks."""
+        return self.api.take_new_block_ids(self.manager)
+
+    def new_step_starts(self) -> None:
+        """A scheduler step begins."""
+        self.api.new_step_starts(self.manager)
+
+    def get_block_ids(self, request_id: str) -> BlockIds:
+        """The request's tables (empty per group if unknown)."""
+        return self.api.get_block_ids(self.manager, request_id)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of non-null blocks in use."""
+        return self.api.usage(self.manager)
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """Take the prefix-cache statistics (None unless ``log_stats``)."""
+        return convert_stats(self.api.make_prefix_cache_stats(self.manager))
+
+    def to_view(self) -> KVView:
+        """The normalized observable state."""
+        return to_view(self.api, self._pool, self._managers)
+
+
+@dataclass(slots=True)
+class _RidOnly:
+    """Stand-in for a vLLM ``Request`` where vLLM only reads ``request_id``."""
+
+    request_id: str
+
+
+@dataclass(slots=True)
+class _Mirror:
+    """The vLLM request mirroring one kvspec request id."""
+
+    vreq: Any
+    tokens: tuple[int, ...]  # the kvspec all_token_ids last synced
+    num_prompt_tokens: int
+    extra: ExtraKeySource

@@ -1,0 +1,832 @@
+"""Every vLLM internal the adapter touches, one object per API era.
+
+An *API era* is a run of vLLM releases whose internals the adapter reaches the
+same way: the same module paths, constructor keywords, private attributes,
+return shapes and environment variables. Each era is one class here; the base
+class :class:`VllmApi` is the 0.25 era (the release kvspec models), and every
+other era is a subclass that overrides only what its releases changed. The rest
+of the package (:mod:`.adapter`, :mod:`.construct`, :mod:`.view`) reaches vLLM
+only through an instance of one of these classes, so supporting another release
+means adding (or amending) one era here.
+
+NOTE: An era describes how to *drive* a release, never how it behaves: where a
+release lacks a method or parameter, its era raises :class:`.Unsupported`
+naming the release and the method instead of emulating it. Behaviour
+differences between releases belong to the spec's semantics profiles.
+
+NOTE: This module is long on purpose: it is the one place that names vLLM's
+internals, so that a reader (or a fork) finds every dependency on vLLM here.
+
+NOTE: vLLM and torch are untyped here: everything coming from them is ``Any``
+and stays inside this package.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, ClassVar, Final
+
+from kvspec.config import AttentionKind, KVCacheConfig, Mamba
+from kvspec.errors import ConfigError
+
+from .errors import Unsupported, VllmUnavailable
+
+Version = tuple[int, int, int]
+
+OLDEST: Final[Version] = (0, 16, 0)
+"""The oldest release the adapter drives."""
+BEYOND: Final[Version] = (0, 34, 0)
+"""The first release the adapter no longer claims to drive."""
+
+
+def parse_version(text: str) -> Version | None:
+    """``"0.25.1"`` (or ``"0.25.1.dev3+g1234"``) -> ``(0, 25, 1)``; None if unparsable."""
+    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+    if match is None:
+        return None
+    major, minor, patch = match.groups()
+    return int(major), int(minor), int(patch or 0)
+
+
+def era_for(version: str) -> type[VllmApi]:
+    """The era class that drives vLLM ``version``.
+
+    The newest era whose first release is not after ``version``.
+
+    Raises:
+        VllmUnavailable: If ``version`` is outside the releases the adapter drives.
+    """
+    parsed = parse_version(version)
+    if parsed is None or not OLDEST <= parsed < BEYOND:
+        raise VllmUnavailable(
+            f"vLLM {version} is not a release the adapter drives "
+            f"({_dotted(OLDEST)} up to, not including, {_dotted(BEYOND)})"
+        )
+    candidates = [e for e in ERAS if e.since <= parsed]
+    if not candidates:
+        raise VllmUnavailable(f"vLLM {version} predates every API era ({', '.join(e.era for e in ERAS)})")
+    return max(candidates, key=lambda e: e.since)
+
+
+def load_api(version: str) -> VllmApi:
+    """Import the modules of ``version``'s era and bind them to an era object.
+
+    Args:
+        version: The ``__version__`` of the imported ``vllm``.
+
+    Raises:
+        VllmUnavailable: If the release is not driven or a module fails to import.
+    """
+    era = era_for(version)
+    loaded: dict[str, Any] = {}
+    for key, path in era.modules.items():
+        try:
+            loaded[key] = importlib.import_module(path)
+        except Exception as exc:  # ImportError, or anything torch/vLLM raise on import
+            raise VllmUnavailable(f"vLLM {version}: importing {path} failed: {exc!r}") from exc
+    return era(version, loaded)
+
+
+@dataclass(frozen=True, slots=True)
+class EnvNames:
+    """The process environment variables an era's vLLM reads.
+
+    Attributes:
+        int_block_hashes: Events carry 64-bit ints ("1") or bytes ("0").
+        hash_seed: The string ``NONE_HASH`` is derived from.
+        retention_interval: Prefix-cache retention interval; None where the
+            release reads no such variable.
+        logging_level: vLLM's log level (set to ERROR unless the user set it).
+    """
+
+    int_block_hashes: str
+    hash_seed: str
+    retention_interval: str | None
+    logging_level: str
+
+
+def _frozen(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType(dict(mapping))
+
+
+def _dotted(version: Version) -> str:
+    return ".".join(str(x) for x in version)
+
+
+# --------------------------------------------------------------------------
+# The 0.25 era (the base of every era)
+# --------------------------------------------------------------------------
+
+
+class VllmApi:
+    """vLLM internals as of the 0.25 era (vLLM 0.25.x), the base of every era.
+
+    Class attributes are the era's tables (names only); methods reach the
+    bound modules. A subclass overrides a table entry or a method where its
+    releases differ.
+
+    Attributes:
+        version: The installed vLLM version.
+    """
+
+    era: ClassVar[str] = "0.25"
+    since: ClassVar[Version] = (0, 25, 0)
+    verified: ClassVar[tuple[str, ...]] = ("0.25.1",)
+    """Releases this era was run against."""
+
+    modules: ClassVar[Mapping[str, str]] = _frozen(
+        {
+            "torch": "torch",
+            "kci": "vllm.v1.kv_cache_interface",
+            "kcm": "vllm.v1.core.kv_cache_manager",
+            "ku": "vllm.v1.core.kv_cache_utils",
+            "stm": "vllm.v1.core.single_type_kv_cache_manager",
+            "hashing": "vllm.utils.hashing",
+            "request": "vllm.v1.request",
+            "sampling": "vllm.sampling_params",
+            "lora": "vllm.lora.request",
+            "mm": "vllm.multimodal.inputs",
+            "events": "vllm.distributed.kv_events",
+        }
+    )
+    """Short name -> module path of every vLLM (and torch) module used."""
+
+    env: ClassVar[EnvNames] = EnvNames(
+        int_block_hashes="VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES",
+        hash_seed="PYTHONHASHSEED",
+        retention_interval="VLLM_PREFIX_CACHE_RETENTION_INTERVAL",
+        logging_level="VLLM_LOGGING_LEVEL",
+    )
+
+    manager_args: ClassVar[Mapping[str, str | None]] = _frozen(
+        {
+            "max_model_len": "max_model_len",
+            "scheduler_block_size": "scheduler_block_size",
+            "hash_block_size": "hash_block_size",
+            "max_num_batched_tokens": "max_num_batched_tokens",
+            "enable_caching": "enable_caching",
+            "use_eagle": "use_eagle",
+            "log_stats": "log_stats",
+            "enable_kv_cache_events": "enable_kv_cache_events",
+            "watermark": "watermark",
+        }
+    )
+    """kvref config value -> ``KVCacheManager(kv_cache_config, **kw)`` keyword
+    (None: the release has no such parameter; see :attr:`manager_arg_defaults`)."""
+
+    manager_arg_defaults: ClassVar[Mapping[str, Any]] = _frozen({"max_num_batched_tokens": None, "watermark": 0.0})
+    """The value a missing ``KVCacheManager`` parameter tolerates. A missing
+    ``scheduler_block_size`` is always tolerated: it is derived from the
+    groups, never chosen."""
+
+    allocate_args: ClassVar[Mapping[str, Any]] = _frozen(
+        {
+            "num_new_computed_tokens": 0,
+            "new_computed_blocks": None,
+            "num_lookahead_tokens": 0,
+            "num_external_computed_tokens": 0,
+            "delay_cache_blocks": False,
+            "num_encoder_tokens": 0,
+            "full_sequence_must_fit": False,
+            "reserved_blocks": 0,
+            "has_scheduled_reqs": True,
+        }
+    )
+    """The keywords ``allocate_slots(request, num_new_tokens, ...)`` accepts, with
+    the value that means "not used" (a release lacking one accepts only that)."""
+
+    missing_methods: ClassVar[frozenset[str]] = frozenset()
+    """``KVCacheManager`` facade methods the release does not have."""
+
+    spec_classes: ClassVar[Mapping[str, str]] = _frozen(
+        {
+            "FullAttention": "FullAttentionSpec",
+            "MLA": "MLAAttentionSpec",
+            "SlidingWindow": "SlidingWindowSpec",
+            "ChunkedLocal": "ChunkedLocalAttentionSpec",
+            "Mamba": "MambaSpec",
+            "CrossAttention": "CrossAttentionSpec",
+            "SinkFullAttention": "SinkFullAttentionSpec",
+        }
+    )
+    """kvspec attention kind -> ``vllm.v1.kv_cache_interface`` spec class."""
+
+    spec_fields: ClassVar[Mapping[str, str]] = _frozen(
+        {
+            "block_size": "block_size",
+            "num_kv_heads": "num_kv_heads",
+            "head_size": "head_size",
+            "dtype": "dtype",
+            "window": "sliding_window",
+            "chunk": "attention_chunk_size",
+            "sink_len": "sink_len",
+            "shapes": "shapes",
+            "dtypes": "dtypes",
+            "mode": "mamba_cache_mode",
+            "num_speculative_blocks": "num_speculative_blocks",
+        }
+    )
+    """kvspec kind field (or head setting) -> spec constructor keyword."""
+
+    group_spec_fields: ClassVar[Mapping[str, str | None]] = _frozen(
+        {"layer_names": "layer_names", "kv_cache_spec": "kv_cache_spec", "is_eagle_group": "is_eagle_group"}
+    )
+    """``KVCacheGroupSpec`` keywords (None: the release has no such field)."""
+
+    request_args: ClassVar[Mapping[str, Any]] = _frozen({})
+    """Extra keywords the release's ``Request(...)`` requires (name -> value)."""
+
+    block_stored_fields: ClassVar[tuple[str, ...]] = (
+        "block_hashes",
+        "parent_block_hash",
+        "token_ids",
+        "block_size",
+        "lora_id",
+        "medium",
+        "lora_name",
+        "extra_keys",
+        "group_idx",
+        "kv_cache_spec_kind",
+        "kv_cache_spec_sliding_window",
+    )
+    """``BlockStored`` fields the release has (kvspec's others stay None)."""
+
+    block_removed_fields: ClassVar[tuple[str, ...]] = ("block_hashes", "medium", "group_idx")
+    """``BlockRemoved`` fields the release has."""
+
+    stats_fields: ClassVar[tuple[str, ...]] = (
+        "reset",
+        "requests",
+        "queries",
+        "hits",
+        "preempted_requests",
+        "preempted_queries",
+        "preempted_hits",
+    )
+    """``PrefixCacheStats`` fields read (all of kvspec's)."""
+
+    sinkfull_ctor_defect: ClassVar[str | None] = "scheduler_block_size"
+    """Text of the ``TypeError`` with which the release's own
+    ``SinkFullAttentionManager.__init__`` refuses the factory's keywords
+    (None: the release constructs it unaided)."""
+
+    sinkfull_reserves_sink_blocks: ClassVar[bool] = True
+    """Whether the release's ``SinkFullAttentionManager.__init__`` pops
+    ``sink_len // block_size`` blocks from the free queue into ``sink_blocks``."""
+
+    lookup_returns_boundary: ClassVar[bool] = False
+    """``get_computed_blocks`` returns ``(blocks, num_tokens, shared_prefix_boundary)``;
+    the scheduler stores the boundary on the request, and so does the adapter."""
+
+    caller_records_stats: ClassVar[bool] = False
+    """The lookup no longer records prefix-cache statistics; the scheduler calls
+    ``record_prefix_cache_stats(request, num_hits)`` at admission."""
+
+    def __init__(self, version: str, modules: Mapping[str, Any]) -> None:
+        """Bind the era to the imported modules (keys of :attr:`modules`)."""
+        self.version = version
+        self.torch: Any = modules["torch"]
+        self.kci: Any = modules["kci"]
+        self.kcm: Any = modules["kcm"]
+        self.ku: Any = modules["ku"]
+        self.stm: Any = modules["stm"]
+        self.hashing: Any = modules["hashing"]
+        self.request: Any = modules["request"]
+        self.sampling: Any = modules["sampling"]
+        self.lora: Any = modules["lora"]
+        self.mm: Any = modules["mm"]
+        self.events: Any = modules["events"]
+
+    def unsupported(self, method: str, detail: str = "") -> Unsupported:
+        """The error for ``method`` missing from this release."""
+        return Unsupported(self.version, method, detail)
+
+    # ------------------------------------------------------------ hashing
+
+    def hash_fn(self, name: str) -> Any:
+        """``vllm.utils.hashing.get_hash_fn_by_name``."""
+        return self.hashing.get_hash_fn_by_name(name)
+
+    def init_none_hash(self, hash_fn: Any) -> None:
+        """``kv_cache_utils.init_none_hash`` (reads the hash-seed variable)."""
+        self.ku.init_none_hash(hash_fn)
+
+    def none_hash(self) -> Any:
+        """``kv_cache_utils.NONE_HASH`` (None before the first ``init_none_hash``)."""
+        return getattr(self.ku, "NONE_HASH", None)
+
+    def request_block_hasher(self, hash_block_size: int, hash_fn: Any) -> Any:
+        """``kv_cache_utils.get_request_block_hasher``."""
+        return self.ku.get_request_block_hasher(hash_block_size, hash_fn)
+
+    def block_key(self, block_hash: Any, group: int) -> Any:
+        """``kv_cache_utils.make_block_hash_with_group_id``: the prefix-cache key."""
+        return self.ku.make_block_hash_with_group_id(block_hash, group)
+
+    # ------------------------------------------------------------ construction
+
+    def attention_spec(self, kind: AttentionKind, fields: Mapping[str, Any]) -> Any:
+        """The ``KVCacheSpec`` of ``kind`` from kvspec-named ``fields``."""
+        cls = getattr(self.kci, self.spec_classes[type(kind).__name__])
+        return cls(**{self.spec_fields[k]: v for k, v in fields.items()})
+
+    def group_spec(self, layer: str, spec: Any, is_eagle_group: bool) -> Any:
+        """``KVCacheGroupSpec`` of one group.
+
+        Raises:
+            Unsupported: For an EAGLE group on a release without ``is_eagle_group``.
+        """
+        names = self.group_spec_fields
+        kwargs: dict[str, Any] = {str(names["layer_names"]): [layer], str(names["kv_cache_spec"]): spec}
+        flag = names["is_eagle_group"]
+        if flag is not None:
+            kwargs[flag] = is_eagle_group
+        elif is_eagle_group:
+            raise self.unsupported("KVCacheGroupSpec.is_eagle_group", "eagle_groups cannot be flagged")
+        return self.kci.KVCacheGroupSpec(**kwargs)
+
+    def check_config(self, config: KVCacheConfig) -> None:
+        """Configuration errors the release reports by failing an assertion.
+
+        Raises:
+            ConfigError: For a configuration the release cannot construct.
+        """
+        del config
+
+    def kv_cache_config(self, num_blocks: int, groups: Sequence[Any]) -> Any:
+        """``vllm.v1.kv_cache_interface.KVCacheConfig`` without tensors."""
+        return self.kci.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=list(groups))
+
+    def manager_kwargs(self, config: KVCacheConfig, hash_block_size: int) -> dict[str, Any]:
+        """``KVCacheManager`` keywords for ``config``.
+
+        Raises:
+            Unsupported: If ``config`` sets a value the release has no parameter for.
+        """
+        values: dict[str, Any] = {
+            "max_model_len": config.max_model_len,
+            "scheduler_block_size": config.scheduler_block_size,
+            "hash_block_size": hash_block_size,
+            "max_num_batched_tokens": config.max_num_batched_tokens,
+            "enable_caching": config.enable_caching,
+            "use_eagle": config.use_eagle,
+            "log_stats": config.log_stats,
+            "enable_kv_cache_events": config.enable_kv_cache_events,
+            "watermark": config.watermark,
+        }
+        kwargs: dict[str, Any] = {}
+        for name, value in values.items():
+            keyword = self.manager_args[name]
+            if keyword is not None:
+                kwargs[keyword] = value
+            elif name in self.manager_arg_defaults and value != self.manager_arg_defaults[name]:
+                raise self.unsupported(f"KVCacheManager({name}=...)", f"the config sets {name}={value!r}")
+        return kwargs
+
+    def new_manager(self, kv_cache_config: Any, kwargs: Mapping[str, Any]) -> Any:
+        """``KVCacheManager(kv_cache_config, **kwargs)``."""
+        return self.kcm.KVCacheManager(kv_cache_config, **kwargs)
+
+    def sinkfull_manager_class(self) -> Any:
+        """``single_type_kv_cache_manager.SinkFullAttentionManager``."""
+        return self.stm.SinkFullAttentionManager
+
+    def reserve_sink_blocks(self, manager: Any, spec: Any) -> None:
+        """The body of the release's ``SinkFullAttentionManager.__init__`` after
+        the base class's: check ``sink_len``, then (if the release does) pop the
+        sink blocks from the head of the free queue (ref_cnt stays 0)."""
+        sink_len = spec.sink_len
+        block_size = manager.block_size
+        assert sink_len is not None and sink_len > 0 and sink_len % block_size == 0
+        if self.sinkfull_reserves_sink_blocks:
+            manager.sink_blocks = manager.block_pool.free_block_queue.popleft_n(sink_len // block_size)
+
+    # ------------------------------------------------------------ manager internals
+
+    def block_pool(self, manager: Any) -> Any:
+        """``KVCacheManager.block_pool``."""
+        return manager.block_pool
+
+    def single_type_managers(self, manager: Any) -> tuple[Any, ...]:
+        """``KVCacheManager.coordinator.single_type_managers``, one per group."""
+        return tuple(manager.coordinator.single_type_managers)
+
+    def is_cross_attention(self, single: Any) -> bool:
+        """Whether a single-type manager is a ``CrossAttentionManager``."""
+        return isinstance(single, self.stm.CrossAttentionManager)
+
+    def manager_block_size(self, single: Any) -> int:
+        """``SingleTypeKVCacheManager.block_size``."""
+        return int(single.block_size)
+
+    def req_to_blocks(self, single: Any) -> Mapping[str, Sequence[Any]]:
+        """``SingleTypeKVCacheManager.req_to_blocks``: request id -> its blocks."""
+        result: Mapping[str, Sequence[Any]] = single.req_to_blocks
+        return result
+
+    def num_cached_block(self, single: Any) -> Mapping[str, int]:
+        """``SingleTypeKVCacheManager.num_cached_block``: request id -> hashed blocks."""
+        result: Mapping[str, int] = single.num_cached_block
+        return result
+
+    def pool_blocks(self, pool: Any) -> Sequence[Any]:
+        """``BlockPool.blocks``: every ``KVCacheBlock``, indexed by block id."""
+        result: Sequence[Any] = pool.blocks
+        return result
+
+    def free_queue(self, pool: Any) -> list[Any]:
+        """``BlockPool.free_block_queue.get_all_free_blocks()``, head first."""
+        result: list[Any] = pool.free_block_queue.get_all_free_blocks()
+        return result
+
+    def cached_entries(self, pool: Any) -> Iterator[tuple[Any, tuple[int, ...]]]:
+        """``BlockPool.cached_block_hash_to_block._cache``: key -> block ids.
+
+        A key maps to one ``KVCacheBlock`` or to a dict of them (duplicates,
+        in insertion order).
+        """
+        block_cls = self.ku.KVCacheBlock
+        for key, entry in pool.cached_block_hash_to_block._cache.items():
+            if isinstance(entry, block_cls):
+                yield key, (int(entry.block_id),)
+            else:
+                yield key, tuple(int(b.block_id) for b in entry.values())
+
+    def pool_usage(self, pool: Any) -> float:
+        """``BlockPool.get_usage()``."""
+        return float(pool.get_usage())
+
+    def block_id(self, block: Any) -> int:
+        """``KVCacheBlock.block_id``."""
+        return int(block.block_id)
+
+    def ref_cnt(self, block: Any) -> int:
+        """``KVCacheBlock.ref_cnt``."""
+        return int(block.ref_cnt)
+
+    def block_hash(self, block: Any) -> Any:
+        """``KVCacheBlock.block_hash``: its prefix-cache key, or None."""
+        return block.block_hash
+
+    def block_groups(self, blocks: Any) -> tuple[Any, ...]:
+        """``KVCacheBlocks.blocks``: the blocks per group."""
+        return tuple(blocks.blocks)
+
+    def kv_cache_blocks(self, groups: Iterable[list[Any]]) -> Any:
+        """A ``KVCacheBlocks`` of the given block lists (one per group)."""
+        return self.kcm.KVCacheBlocks(tuple(groups))
+
+    # ------------------------------------------------------------ requests
+
+    def new_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int] | None,
+        prompt_embeds: Any,
+        lora: tuple[str, int] | None,
+        mm_features: Sequence[tuple[str, int, int]],
+        cache_salt: str | None,
+        skip_reading_prefix_cache: bool,
+        max_tokens: int,
+        block_hasher: Any,
+    ) -> Any:
+        """``vllm.v1.request.Request`` hashed by ``block_hasher``.
+
+        Args:
+            request_id: The request id.
+            prompt_token_ids: The prompt (None with ``prompt_embeds``).
+            prompt_embeds: A tensor of prompt embeddings, or None.
+            lora: ``(lora_name, lora_int_id)`` of a LoRA adapter, or None.
+            mm_features: ``(identifier, offset, length)`` per image placeholder.
+            cache_salt: The cache salt, or None.
+            skip_reading_prefix_cache: The sampling parameter of that name.
+            max_tokens: The sampling parameter of that name.
+            block_hasher: From :meth:`request_block_hasher`.
+        """
+        lora_request = None
+        if lora is not None:
+            lora_request = self.lora.LoRARequest(lora_name=lora[0], lora_int_id=lora[1], lora_path="/nonexistent")
+        features = [
+            self.mm.MultiModalFeatureSpec(
+                data=None,
+                modality="image",
+                identifier=identifier,
+                mm_position=self.mm.PlaceholderRange(offset=offset, length=length),
+            )
+            for identifier, offset, length in mm_features
+        ]
+        sampling = self.sampling.SamplingParams(
+            max_tokens=max_tokens, skip_reading_prefix_cache=skip_reading_prefix_cache
+        )
+        return self.request.Request(
+            request_id=request_id,
+            prompt_token_ids=prompt_token_ids,
+            sampling_params=sampling,
+            pooling_params=None,
+            prompt_embeds=prompt_embeds,
+            mm_features=features or None,
+            lora_request=lora_request,
+            cache_salt=cache_salt,
+            block_hasher=block_hasher,
+            **self.request_args,
+        )
+
+    def status(self, name: str) -> Any:
+        """``vllm.v1.request.RequestStatus.<name>``."""
+        return getattr(self.request.RequestStatus, name)
+
+    def append_output_token(self, vreq: Any, token: int) -> None:
+        """``Request.append_output_token_ids`` (runs the block hasher)."""
+        vreq.append_output_token_ids(token)
+
+    def set_request_state(
+        self, vreq: Any, num_computed_tokens: int, status: Any, num_preemptions: int, skip_reading_prefix_cache: bool
+    ) -> None:
+        """Set the scheduler-owned fields of a ``Request``."""
+        vreq.num_computed_tokens = num_computed_tokens
+        vreq.status = status
+        vreq.num_preemptions = num_preemptions
+        vreq.skip_reading_prefix_cache = skip_reading_prefix_cache
+
+    def num_tokens(self, vreq: Any) -> int:
+        """``Request.num_tokens``."""
+        return int(vreq.num_tokens)
+
+    def block_hashes(self, vreq: Any, hash_block_size: int, block_size: int) -> list[Any]:
+        """``Request.block_hashes`` at ``block_size``, as vLLM's coordinators see them.
+
+        At a coarser block size this is vLLM's own
+        ``kv_cache_utils.BlockHashListWithBlockSize`` over the fine hashes.
+        """
+        fine = list(vreq.block_hashes)
+        if block_size == hash_block_size:
+            return fine
+        return list(self.ku.BlockHashListWithBlockSize(fine, hash_block_size, block_size))
+
+    def embeds_tensor(self, data: bytearray, rows: int, width: int) -> Any:
+        """A float16 ``(rows, width // 2)`` tensor over ``data`` (uint8 if ``width`` is odd)."""
+        torch = self.torch
+        if width % 2 == 0 and width > 0:
+            return torch.frombuffer(data, dtype=torch.float16).reshape(rows, width // 2).clone()
+        return torch.frombuffer(data, dtype=torch.uint8).reshape(rows, width).clone()
+
+    # ------------------------------------------------------------ facade
+
+    def _check_method(self, name: str) -> None:
+        if name in self.missing_methods:
+            raise self.unsupported(f"KVCacheManager.{name}")
+
+    def get_computed_blocks(self, manager: Any, vreq: Any) -> tuple[Any, int]:
+        """``get_computed_blocks(request)`` -> ``(KVCacheBlocks, num_computed_tokens)``.
+
+        Where the release also returns the shared-prefix boundary, it is stored
+        on the request, as vLLM's scheduler does.
+        """
+        out = manager.get_computed_blocks(vreq)
+        if self.lookup_returns_boundary:
+            blocks, num_tokens, boundary = out
+            vreq.shared_prefix_boundary = boundary
+            return blocks, int(num_tokens)
+        blocks, num_tokens = out
+        return blocks, int(num_tokens)
+
+    def record_prefix_cache_stats(self, manager: Any, vreq: Any, num_hits: int) -> None:
+        """``record_prefix_cache_stats(request, num_hits)`` (the scheduler's call at admission).
+
+        Raises:
+            Unsupported: Before the 0.27 era (the lookup itself records them).
+        """
+        if not self.caller_records_stats:
+            raise self.unsupported(
+                "KVCacheManager.record_prefix_cache_stats", "get_computed_blocks records the statistics itself"
+            )
+        manager.record_prefix_cache_stats(vreq, num_hits)
+
+    def allocate_slots(self, manager: Any, vreq: Any, num_new_tokens: int, kwargs: Mapping[str, Any]) -> Any:
+        """``allocate_slots(request, num_new_tokens, **kwargs)``.
+
+        Raises:
+            Unsupported: For a keyword the release lacks, given a value other than "not used".
+        """
+        accepted = self.allocate_args
+        passed: dict[str, Any] = {}
+        for name, value in kwargs.items():
+            if name in accepted:
+                passed[name] = value
+            elif value != VllmApi.allocate_args[name]:
+                raise self.unsupported(f"KVCacheManager.allocate_slots({name}=...)", f"asked for {name}={value!r}")
+        return manager.allocate_slots(vreq, num_new_tokens, **passed)
+
+    def free(self, manager: Any, vreq: Any) -> None:
+        """``free(request)``."""
+        manager.free(vreq)
+
+    def pop_blocks_for_free(self, manager: Any, vreq: Any) -> list[Any]:
+        """``pop_blocks_for_free(request)``: the blocks, groups concatenated."""
+        self._check_method("pop_blocks_for_free")
+        result: list[Any] = list(manager.pop_blocks_for_free(vreq))
+        return result
+
+    def free_pool_blocks(self, pool: Any, blocks: list[Any]) -> None:
+        """``BlockPool.free_blocks(ordered_blocks)``."""
+        pool.free_blocks(blocks)
+
+    def remove_skipped_blocks(
+        self, manager: Any, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None
+    ) -> None:
+        """``remove_skipped_blocks(request_id, total_computed_tokens, num_prompt_tokens)``."""
+        manager.remove_skipped_blocks(request_id, total_computed_tokens, num_prompt_tokens)
+
+    def evict_blocks(self, manager: Any, block_ids: set[int]) -> None:
+        """``evict_blocks(block_ids)``."""
+        manager.evict_blocks(block_ids)
+
+    def reset_prefix_cache(self, manager: Any) -> bool:
+        """``reset_prefix_cache()``."""
+        return bool(manager.reset_prefix_cache())
+
+    def get_num_common_prefix_blocks(self, manager: Any, request_id: str) -> tuple[int, ...]:
+        """``get_num_common_prefix_blocks(running_request_id)``, one count per group."""
+        return tuple(int(x) for x in manager.get_num_common_prefix_blocks(request_id))
+
+    def take_events(self, manager: Any) -> list[Any]:
+        """``take_events()``."""
+        result: list[Any] = list(manager.take_events())
+        return result
+
+    def event_type(self, event: Any) -> str:
+        """``"stored"``, ``"removed"``, ``"cleared"`` or ``"other"`` for a vLLM KV-cache event."""
+        ev = self.events
+        if isinstance(event, ev.BlockStored):
+            return "stored"
+        if isinstance(event, ev.BlockRemoved):
+            return "removed"
+        if isinstance(event, ev.AllBlocksCleared):
+            return "cleared"
+        return "other"
+
+    def cache_blocks(self, manager: Any, vreq: Any, num_computed_tokens: int) -> None:
+        """``cache_blocks(request, num_computed_tokens)``."""
+        manager.cache_blocks(vreq, num_computed_tokens)
+
+    def take_new_block_ids(self, manager: Any) -> list[int]:
+        """``take_new_block_ids()``."""
+        self._check_method("take_new_block_ids")
+        return [int(i) for i in manager.take_new_block_ids()]
+
+    def new_step_starts(self, manager: Any) -> None:
+        """``new_step_starts()``."""
+        self._check_method("new_step_starts")
+        manager.new_step_starts()
+
+    def get_block_ids(self, manager: Any, request_id: str) -> tuple[tuple[int, ...], ...]:
+        """``get_block_ids(request_id)``, one tuple per group."""
+        return tuple(tuple(int(i) for i in g) for g in manager.get_block_ids(request_id))
+
+    def usage(self, manager: Any) -> float:
+        """``KVCacheManager.usage``."""
+        return float(manager.usage)
+
+    def make_prefix_cache_stats(self, manager: Any) -> dict[str, Any] | None:
+        """``make_prefix_cache_stats()`` as a dict of :attr:`stats_fields`, or None."""
+        stats = manager.make_prefix_cache_stats()
+        if stats is None:
+            return None
+        return {name: getattr(stats, name) for name in self.stats_fields}
+
+
+# --------------------------------------------------------------------------
+# The other eras: each overrides only what its releases changed
+# --------------------------------------------------------------------------
+
+
+class VllmApi016(VllmApi):
+    """vLLM 0.16 era (0.16.0; releases up to 0.24 are assumed to match, unverified).
+
+    Against the 0.25 era: ``KVCacheManager`` has no ``scheduler_block_size``,
+    ``max_num_batched_tokens`` or ``watermark``; ``allocate_slots`` has no
+    ``full_sequence_must_fit``, ``reserved_blocks`` or ``has_scheduled_reqs``;
+    ``remove_skipped_blocks`` has no ``num_prompt_tokens``; there is no
+    ``pop_blocks_for_free``, ``take_new_block_ids`` or ``new_step_starts``;
+    ``KVCacheGroupSpec`` has no ``is_eagle_group``; ``Request`` requires
+    ``eos_token_id``; events carry no ``extra_keys``, ``group_idx`` or spec kind;
+    no retention-interval variable; ``SinkFullAttentionManager`` constructs unaided.
+    """
+
+    era = "0.16"
+    since = (0, 16, 0)
+    verified: ClassVar[tuple[str, ...]] = ("0.16.0",)
+    env = EnvNames(
+        int_block_hashes="VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES",
+        hash_seed="PYTHONHASHSEED",
+        retention_interval=None,
+        logging_level="VLLM_LOGGING_LEVEL",
+    )
+    manager_args = _frozen(
+        {**VllmApi.manager_args, "scheduler_block_size": None, "max_num_batched_tokens": None, "watermark": None}
+    )
+    allocate_args = _frozen(
+        {
+            k: v
+            for k, v in VllmApi.allocate_args.items()
+            if k not in ("full_sequence_must_fit", "reserved_blocks", "has_scheduled_reqs")
+        }
+    )
+    missing_methods = frozenset({"pop_blocks_for_free", "take_new_block_ids", "new_step_starts"})
+    group_spec_fields = _frozen({**VllmApi.group_spec_fields, "is_eagle_group": None})
+    request_args = _frozen({"eos_token_id": None})
+    block_stored_fields: ClassVar[tuple[str, ...]] = VllmApi.block_stored_fields[:7]
+    block_removed_fields: ClassVar[tuple[str, ...]] = ("block_hashes", "medium")
+    sinkfull_ctor_defect = None
+
+    def remove_skipped_blocks(
+        self, manager: Any, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None
+    ) -> None:
+        """``remove_skipped_blocks(request_id, total_computed_tokens)``.
+
+        Raises:
+            Unsupported: If ``num_prompt_tokens`` is given.
+        """
+        if num_prompt_tokens is not None:
+            raise self.unsupported(
+                "KVCacheManager.remove_skipped_blocks(num_prompt_tokens=...)",
+                f"asked for num_prompt_tokens={num_prompt_tokens}",
+            )
+        manager.remove_skipped_blocks(request_id, total_computed_tokens)
+
+
+class VllmApi026(VllmApi):
+    """vLLM 0.26 era: ``max_num_batched_tokens`` is renamed ``max_in_flight_tokens``;
+    ``get_computed_blocks`` also returns the shared-prefix boundary; the SinkFull
+    constructor defect now names ``needs_kv_cache_zeroing``."""
+
+    era = "0.26"
+    since = (0, 26, 0)
+    verified: ClassVar[tuple[str, ...]] = ("0.26.0",)
+    manager_args = _frozen({**VllmApi.manager_args, "max_num_batched_tokens": "max_in_flight_tokens"})
+    lookup_returns_boundary = True
+    sinkfull_ctor_defect = "needs_kv_cache_zeroing"
+
+
+class VllmApi027(VllmApi026):
+    """vLLM 0.27 era (0.27.0 to 0.28.x): the lookup no longer records prefix-cache
+    statistics; the caller records them with ``record_prefix_cache_stats``."""
+
+    era = "0.27"
+    since = (0, 27, 0)
+    verified: ClassVar[tuple[str, ...]] = ("0.27.1", "0.28.0")
+    caller_records_stats = True
+
+
+class VllmApi029(VllmApi027):
+    """vLLM 0.29 era: the retention interval is a ``KVCacheConfig`` field; no
+    environment variable is read for it any more."""
+
+    era = "0.29"
+    since = (0, 29, 0)
+    verified: ClassVar[tuple[str, ...]] = ("0.29.0",)
+    env = EnvNames(
+        int_block_hashes="VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES",
+        hash_seed="PYTHONHASHSEED",
+        retention_interval=None,
+        logging_level="VLLM_LOGGING_LEVEL",
+    )
+
+
+class VllmApi030(VllmApi029):
+    """vLLM 0.30 era (0.30.0 to 0.32.x): ``SinkFullAttentionManager.__init__``
+    no longer reserves sink blocks (its signature defect remains)."""
+
+    era = "0.30"
+    since = (0, 30, 0)
+    verified: ClassVar[tuple[str, ...]] = ("0.30.0", "0.31.0", "0.32.0")
+    sinkfull_reserves_sink_blocks = False
+
+
+class VllmApi033(VllmApi030):
+    """vLLM 0.33 era: constructing a cached Mamba group in a mode other than
+    ``align`` fails an assertion, reported here as :class:`kvspec.errors.ConfigError`."""
+
+    era = "0.33"
+    since = (0, 33, 0)
+    verified: ClassVar[tuple[str, ...]] = ("0.33.0",)
+
+    def check_config(self, config: KVCacheConfig) -> None:
+        """Reject a cached Mamba group whose mode is not ``align`` (vLLM asserts)."""
+        super().check_config(config)
+        if not config.enable_caching:
+            return
+        for g, kind in enumerate(config.groups):
+            if isinstance(kind, Mamba) and kind.mode != "align":
+                raise ConfigError(
+                    f"group {g}: vLLM {self.version} caches Mamba state only in mode 'align', "
+                    f"not {kind.mode!r} (turn prefix caching off or use 'align')"
+                )
+
+
+ERAS: tuple[type[VllmApi], ...] = (VllmApi016, VllmApi, VllmApi026, VllmApi027, VllmApi029, VllmApi030, VllmApi033)
+"""Every era, oldest first."""
