@@ -43,9 +43,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kvref.adapters import AdapterFactory
+from kvref.exits import InputError
 from kvref.scheduler import ReqState, schedule_chunk
 from kvref.shapes import BENCH_MIXES, build_kinds, shape_named
-from kvspec.config import AttentionKind, KVCacheConfig
+from kvspec.config import AttentionKind, KVCacheConfig, SlidingWindow
 from kvspec.profiles import VLLM_0_25_1, SemanticsProfile
 from kvspec.request import Request, RequestBlockHasher, RequestId, RequestStatus
 
@@ -491,6 +492,32 @@ def run(engine: Engine, w: Workload) -> RunResult:
     return res
 
 
+def check_workload(w: Workload) -> None:
+    """Refuse a workload that cannot make progress.
+
+    The loop admits the oldest waiting request when it fits; a request that
+    can never fit (the pool holds fewer blocks than its longest sequence
+    needs in every group) would stay at the head of the queue forever.
+
+    Raises:
+        InputError: Naming the pool size and the blocks one request needs.
+    """
+    if w.num_requests < 1 or w.max_running < 1 or w.chunk < 1:
+        raise InputError("the workload needs at least one request, one running slot and a chunk of one token")
+    longest = min(w.prompt_len[1] + w.decode_len[1], w.max_model_len())
+    need = 0
+    for kind in w.groups():
+        tokens = longest
+        if isinstance(kind, SlidingWindow):  # only the window (and the chunk being computed) is held
+            tokens = min(longest, kind.window - 1 + w.chunk)
+        need += -(-tokens // kind.block_size) + (1 if isinstance(kind, SlidingWindow) else 0)
+    if w.num_blocks - 1 < need:
+        raise InputError(
+            f"--blocks {w.num_blocks}: the pool ({w.num_blocks - 1} usable blocks) cannot hold one request of "
+            f"{longest} tokens, which needs up to {need} blocks in all groups; use --blocks {need + 1} or more"
+        )
+
+
 def available_engines(
     config: KVCacheConfig, extra: Mapping[str, AdapterFactory] | None = None
 ) -> dict[str, Callable[[], Engine]]:
@@ -552,14 +579,24 @@ def bench(
     only: Sequence[str] | None = None,
     skip: Sequence[str] = (),
     extra: Mapping[str, AdapterFactory] | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> list[BenchRow]:
     """Median µs per allocation and per request-step of each engine over
     ``repeats`` runs (round-robin across engines, a full GC before each run),
-    after checking that all engines produced the same block ids."""
+    after checking that all engines produced the same block ids.
+
+    Raises:
+        InputError: For an engine that is not available, or a workload that
+            cannot make progress (:func:`check_workload`).
+    """
+    check_workload(w)
     builders = available_engines(w.config(), extra)
+    unknown = sorted(set(only or ()) - set(builders))
+    if unknown:
+        raise InputError(f"engine(s) {', '.join(unknown)} not available here; available: {', '.join(builders)}")
     names = [n for n in builders if (only is None or n in only) and n not in skip]
     if not names:
-        raise ValueError(f"no engine to time: asked for {list(only or ())}, available {list(builders)}")
+        raise InputError(f"no engine to time: asked for {list(only or ())}, available {list(builders)}")
     per_alloc: dict[str, list[float]] = {n: [] for n in names}
     per_step: dict[str, list[float]] = {n: [] for n in names}
     per_run: dict[str, list[float]] = {n: [] for n in names}
@@ -567,6 +604,8 @@ def bench(
     reference: RunResult | None = None
     for _ in range(repeats):
         for name in names:  # round-robin, so machine noise hits every engine alike
+            if progress is not None:
+                progress(name)
             engine = builders[name]()
             gc.collect()
             result = run(engine, w)

@@ -33,10 +33,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvref.adapters import KVCacheAdapter, load_factory
+from kvref.exits import InputError
 from kvref.ops import RequestBook, execute
 from kvref.scheduler import Scheduler
 from kvref.shapes import SOAK_LANES, build_kinds, shape_named
 from kvspec.config import KVCacheConfig
+from kvspec.errors import ConfigError, UnsupportedByProfileError
+from kvspec.profiles import NEWEST, SemanticsProfile
 
 Json = Any
 VOCAB = 4
@@ -60,6 +63,8 @@ class SoakResult:
     rss_at_10pct_kib: int
     rss_end_kib: int
     peak_rss_kib: int
+    lanes: int = 0
+    refused: tuple[str, ...] = ()
 
     @property
     def ops_per_second(self) -> float:
@@ -67,13 +72,17 @@ class SoakResult:
         return self.ops / max(self.seconds, 1e-9)
 
 
-def soak_configs() -> list[tuple[str, KVCacheConfig]]:
+def soak_configs(profile: SemanticsProfile = NEWEST) -> list[tuple[str, KVCacheConfig | str]]:
     """The lanes' configurations (:data:`kvref.shapes.SOAK_LANES`): single
-    kinds, hybrids, EAGLE, sinks, no caching."""
-    out = []
+    kinds, hybrids, EAGLE, sinks, no caching; under ``profile``, the reason
+    instead of a configuration for a lane the profile refuses."""
+    out: list[tuple[str, KVCacheConfig | str]] = []
     for lane, shape, bs, window, fields in SOAK_LANES:
         kw: dict[str, Any] = {"num_blocks": 64, "max_model_len": 64, **fields}
-        out.append((lane, KVCacheConfig(groups=build_kinds(shape_named(shape), bs, window), **kw)))
+        try:
+            out.append((lane, KVCacheConfig(groups=build_kinds(shape_named(shape), bs, window), profile=profile, **kw)))
+        except ConfigError as exc:
+            out.append((lane, f"{type(exc).__name__}: {exc}"))
     return out
 
 
@@ -297,17 +306,38 @@ def peak_rss_kib() -> int:
 
 
 def run_soak(
-    target: str = "spec", ops: int = 1_000_000, seed: int = 0, check_every: int = 50_000, rss_tolerance: float = 0.10
+    target: str = "spec",
+    ops: int = 1_000_000,
+    seed: int = 0,
+    check_every: int = 50_000,
+    rss_tolerance: float = 0.10,
+    profile: SemanticsProfile = NEWEST,
 ) -> SoakResult:
     """Drive every lane round-robin until ``ops`` facade operations ran.
+
+    Lanes the profile (or the target) refuses are left out and named in the
+    result; a soak with no lane left is refused.
 
     Raises:
         SoakFailure: On a caller error, a broken invariant, a leak at the end or
             RSS growth beyond ``rss_tolerance`` after the first 10% of the run.
+        InputError: When no lane can run under ``profile``.
     """
     factory = load_factory(target)
     rng = random.Random(seed)
-    lanes = [new_lane(name, cfg, factory(cfg), random.Random(rng.random())) for name, cfg in soak_configs()]
+    lanes: list[Lane] = []
+    refused: list[str] = []
+    for name, cfg in soak_configs(profile):
+        lane_rng = random.Random(rng.random())
+        if isinstance(cfg, str):
+            refused.append(f"{name}: {cfg}")
+            continue
+        try:
+            lanes.append(new_lane(name, cfg, factory(cfg), lane_rng))
+        except UnsupportedByProfileError as exc:
+            refused.append(f"{name}: {exc}")
+    if not lanes:
+        raise InputError(f"no soak lane runs under {profile.name} on {target}: " + "; ".join(refused))
     started, rss_10 = time.monotonic(), 0
     done, next_check = 0, check_every
     while done < ops:
@@ -337,6 +367,8 @@ def run_soak(
         rss_at_10pct_kib=rss_10,
         rss_end_kib=rss_kib(),
         peak_rss_kib=max(peak_rss_kib(), rss_kib()),
+        lanes=len(lanes),
+        refused=tuple(refused),
     )
     if problems:
         raise SoakFailure("leak after draining every lane: " + "; ".join(problems))

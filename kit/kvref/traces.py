@@ -1,26 +1,37 @@
-"""Replayable trace files (JSON Lines), format version 1.
+"""Replayable trace files (JSON Lines), format version 2.
 
-Line 1 is a header object; every further line is one operation with the
-expected output and the expected view digest after it. ``docs/traces.md``
-describes the format for implementers in other languages.
+Line 1 is a header object; every further line but the last is one operation
+with the expected output and the expected view digest after it; the last
+line, ``{"end": {"steps": N, "sha256": D}}``, says how many steps there are
+and the SHA-256 of every line before it, so a truncated file is refused.
+Version 1 files (no end line) are still read. ``docs/traces.md`` describes
+the format for implementers in other languages.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kvref.adapters import AdapterFactory, KVCacheAdapter
+from kvref.exits import InputError
 from kvref.ops import REQUEST_OPS, RequestBook, config_from_json, config_to_json, execute
 from kvspec.config import KVCacheConfig
 from kvspec.profiles import VLLM_0_25_1, profile_named
 
 FORMAT = "kvref-trace"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
 Json = Any
+
+LIMITS = {"num_blocks": 1 << 21, "max_model_len": 1 << 22}
+"""Largest configuration values a trace may ask for (a bigger one is refused
+as an input error, not allocated); ``KVREF_MAX_BLOCKS`` overrides the first."""
 
 
 @dataclass
@@ -44,9 +55,10 @@ class Trace:
         }
 
     def dumps(self) -> str:
-        """The whole file as text."""
-        lines = [self.header(), *self.steps]
-        return "".join(json.dumps(x, sort_keys=True, separators=(",", ":")) + "\n" for x in lines)
+        """The whole file as text, the end line included."""
+        body = "".join(_line(x) for x in [self.header(), *self.steps])
+        end = {"end": {"steps": len(self.steps), "sha256": hashlib.sha256(body.encode()).hexdigest()}}
+        return body + _line(end)
 
     def write(self, path: Path) -> Path:
         """Write the trace; parent folders are created."""
@@ -59,18 +71,75 @@ def load(path: Path) -> Trace:
     """Read a trace file.
 
     Raises:
-        ValueError: If the header is not a version-1 kvref trace.
+        TraceFormatError: Naming the file, the line and the broken condition:
+            a missing, unreadable or truncated file, a line that is not JSON,
+            a header that is not a kvref trace, an invalid configuration.
     """
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TraceFormatError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceFormatError(f"{path}: not a readable UTF-8 text file ({type(exc).__name__})") from None
+    raw = text.splitlines(keepends=True)
+    lines: list[Json] = []
+    for number, line in enumerate(raw, start=1):
+        if not line.strip():
+            continue
+        try:
+            lines.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise TraceFormatError(f"{path}:{number}: not JSON ({exc.msg})") from None
+        if not isinstance(lines[-1], dict):
+            raise TraceFormatError(f"{path}:{number}: a trace line must be a JSON object")
     if not lines:
-        raise ValueError(f"{path}: empty trace")
+        raise TraceFormatError(f"{path}: empty file")
     header = lines[0]
-    if header.get("format") != FORMAT or header.get("version") != VERSION:
-        raise ValueError(f"{path}: not a {FORMAT} version {VERSION} file")
+    if header.get("format") != FORMAT or header.get("version") not in READABLE_VERSIONS:
+        raise TraceFormatError(f"{path}:1: not a {FORMAT} file of version {' or '.join(map(str, READABLE_VERSIONS))}")
+    steps = lines[1:]
+    if header["version"] >= 2:
+        steps = _verified_steps(path, raw, steps)
     known = ("format", "version", "semantics", "hash_function", "hash_seed", "config")
     meta = {k: v for k, v in header.items() if k not in known}
-    profile = profile_named(header["semantics"]) if "semantics" in header else VLLM_0_25_1
-    return Trace(config_from_json(header["config"], profile), lines[1:], meta)
+    try:
+        profile = profile_named(header["semantics"]) if "semantics" in header else VLLM_0_25_1
+        config = config_from_json(header["config"], profile)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TraceFormatError(f"{path}:1: bad header: {type(exc).__name__}: {exc}") from None
+    _check_limits(path, config)
+    return Trace(config, steps, meta)
+
+
+class TraceFormatError(InputError):
+    """A trace file that cannot be read as a kvref trace."""
+
+
+def _verified_steps(path: Path, raw: list[str], steps: list[Json]) -> list[Json]:
+    """The steps of a version 2 file, after checking its end line: the step
+    count and the SHA-256 of the non-blank lines before it, as written."""
+    if not steps or "end" not in steps[-1]:
+        raise TraceFormatError(f"{path}: truncated: the last line is not the end line (the file was cut short)")
+    end = steps[-1]["end"]
+    nonblank = [line for line in raw if line.strip()]
+    digest = hashlib.sha256("".join(nonblank[:-1]).encode()).hexdigest()
+    if not isinstance(end, dict) or end.get("steps") != len(steps) - 1 or end.get("sha256") != digest:
+        raise TraceFormatError(
+            f"{path}: the end line does not match the file ({len(steps) - 1} steps; the file was changed or cut)"
+        )
+    return steps[:-1]
+
+
+def _check_limits(path: Path, config: KVCacheConfig) -> None:
+    limits = dict(LIMITS, num_blocks=int(os.environ.get("KVREF_MAX_BLOCKS", LIMITS["num_blocks"])))
+    for name, limit in limits.items():
+        value = getattr(config, name)
+        if value > limit:
+            raise TraceFormatError(f"{path}:1: {name} {value} exceeds the limit {limit} (KVREF_MAX_BLOCKS)")
+
+
+def _line(obj: Json) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")) + "\n"
 
 
 @dataclass

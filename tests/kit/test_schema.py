@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((ROOT / "traces" / "schema" / "trace.schema.json").read_text())
 HEADER = Draft202012Validator({"$defs": SCHEMA["$defs"], "$ref": "#/$defs/header"})
 STEP = Draft202012Validator({"$defs": SCHEMA["$defs"], "$ref": "#/$defs/step"})
+END = Draft202012Validator({"$defs": SCHEMA["$defs"], "$ref": "#/$defs/end"})
 CORPUS = sorted((ROOT / "traces").glob("*/*.jsonl"))
 
 
@@ -28,7 +29,11 @@ def test_corpus_matches_schema(folder: str) -> None:
     for path in (p for p in CORPUS if p.parent.name == folder):
         lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         problems += [f"{path.name}:1: {e.message}" for e in HEADER.iter_errors(lines[0])]
-        for i, step in enumerate(lines[1:], start=2):
+        steps = lines[1:]
+        if lines[0].get("version") == 2:
+            problems += [f"{path.name}:{len(lines)}: {e.message}" for e in END.iter_errors(lines[-1])]
+            steps = lines[1:-1]
+        for i, step in enumerate(steps, start=2):
             problems += [f"{path.name}:{i}: {e.message}" for e in STEP.iter_errors(step)]
     assert not problems, problems[:10]
 
@@ -51,5 +56,6 @@ def test_schema_rejects_malformed_steps(step: dict[str, Any]) -> None:
 def test_schema_rejects_a_foreign_header() -> None:
     header = json.loads((CORPUS[0]).read_text().splitlines()[0])
     assert HEADER.is_valid(header)
-    assert not HEADER.is_valid({**header, "version": 2})
+    assert not HEADER.is_valid({**header, "version": 3})
+    assert not END.is_valid({"end": {"steps": 1}})
     assert not HEADER.is_valid({**header, "config": {**header["config"], "groups": []}})

@@ -21,9 +21,12 @@ from kvref.lockstep import EventLog, Lockstep, LockstepFailure, RunStats
 from kvref.stateful import MachineSetup, make_lockstep_machine
 from kvspec.config import FullAttention, KVCacheConfig
 from kvspec.events import BlockRemoved, KVCacheEvent
+from kvspec.profiles import VLLM_0_25_1
 from kvspec.view import KVView
 
-CFG = KVCacheConfig(num_blocks=6, groups=(FullAttention(2),), max_model_len=16, enable_kv_cache_events=True)
+CFG = KVCacheConfig(
+    num_blocks=6, groups=(FullAttention(2),), max_model_len=16, enable_kv_cache_events=True, profile=VLLM_0_25_1
+)
 
 
 def factory(cls: type[SpecAdapter]) -> AdapterFactory:

@@ -27,10 +27,15 @@ from kvref.lockstep import EventLog
 from kvref.ops import RequestBook, execute
 from kvspec.config import FullAttention, KVCacheConfig, SlidingWindow
 from kvspec.hashing import HashFunction, get_hash_fn_by_name
+from kvspec.profiles import VLLM_0_25_1
 
 Json = Any
 CFG = KVCacheConfig(
-    num_blocks=12, groups=(FullAttention(2), SlidingWindow(2, 3)), max_model_len=32, enable_kv_cache_events=True
+    num_blocks=12,
+    groups=(FullAttention(2), SlidingWindow(2, 3)),
+    max_model_len=32,
+    enable_kv_cache_events=True,
+    profile=VLLM_0_25_1,  # every target follows it (kvimpl follows 0.25.1)
 )
 
 

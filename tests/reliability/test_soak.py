@@ -11,6 +11,8 @@ from kvref.adapters.spec import SpecAdapter
 from kvref.cli import main
 from kvref.soak import SoakFailure, add_request, admit, leaked_blocks, new_lane, run_soak, soak_configs
 from kvspec.block_pool import BlockId
+from kvspec.config import KVCacheConfig
+from kvspec.profiles import VLLM_0_33_0
 
 
 class LeaksOnDeferredFree(SpecAdapter):
@@ -48,6 +50,7 @@ def test_soak_finds_a_leak(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_final_check_reports_held_blocks() -> None:
     """``leaked_blocks`` counts blocks that a drained lane still holds."""
     name, cfg = soak_configs()[0]
+    assert isinstance(cfg, KVCacheConfig)
     lane = new_lane(name, cfg, load_factory("spec")(cfg), random.Random(0))
     assert leaked_blocks(lane) == (0, [])
     add_request(lane)
@@ -56,6 +59,13 @@ def test_final_check_reports_held_blocks() -> None:
     leaked, problems = leaked_blocks(lane)
     assert leaked > 0
     assert any("not free" in p for p in problems) and any("pending" in p for p in problems)
+
+
+def test_lanes_the_profile_refuses_are_named() -> None:
+    """Under vLLM 0.33.0 the cached Mamba lanes are refused (all mode; align is not modelled there)."""
+    res = run_soak("spec", ops=3_000, seed=0, check_every=10_000, rss_tolerance=1.0, profile=VLLM_0_33_0)
+    assert res.refused and all("mamba" in r for r in res.refused)
+    assert res.lanes + len(res.refused) == len(soak_configs())
 
 
 def test_cli_prints_figures(capsys: pytest.CaptureFixture[str]) -> None:

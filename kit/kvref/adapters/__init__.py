@@ -13,10 +13,14 @@ and view.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Protocol, runtime_checkable
 
+from kvref.exits import InputError
 from kvspec.config import KVCacheConfig
 from kvspec.events import KVCacheEvent
 from kvspec.profiles import NEWEST
@@ -157,8 +161,13 @@ AdapterFactory = Callable[[KVCacheConfig], KVCacheAdapter]
 def load_factory(target: str) -> AdapterFactory:
     """Resolve ``spec``, ``impl``, ``vllm`` or ``module:factory`` to a factory.
 
+    A module is looked up on ``sys.path`` and then in the working folder (as
+    ``python -m`` would), so ``--target mymod:make`` works without setting
+    ``PYTHONPATH``.
+
     Raises:
-        ValueError: For a malformed target or one that cannot be imported.
+        InputError: For a malformed target, one that cannot be imported, or a
+            name that is not callable.
     """
     builtin = {
         "spec": "kvref.adapters.spec:make_spec_adapter",
@@ -166,15 +175,26 @@ def load_factory(target: str) -> AdapterFactory:
         "impl": "kvref.adapters.impl:make_impl_adapter",
     }
     path = builtin.get(target, target)
-    if ":" not in path:
-        raise ValueError(f"target {target!r} is not spec, impl, vllm or module:factory")
-    module_name, attr = path.split(":", 1)
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise InputError(f"target {target!r} is not spec, impl, vllm or module:factory")
     try:
-        module = importlib.import_module(module_name)
+        module = _import(module_name)
     except ImportError as exc:
-        raise ValueError(f"cannot import {module_name!r} for target {target!r}: {exc}") from exc
+        raise InputError(f"cannot import {module_name!r} for target {target!r}: {exc}") from exc
     factory = getattr(module, attr, None)
     if not callable(factory):
-        raise ValueError(f"{module_name!r} has no callable {attr!r}")
+        raise InputError(f"target {target!r}: module {module_name!r} has no callable {attr!r}")
     result: AdapterFactory = factory
     return result
+
+
+def _import(module_name: str) -> ModuleType:
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        cwd = os.getcwd()
+        if exc.name != module_name.partition(".")[0] or cwd in sys.path:
+            raise
+        sys.path.append(cwd)
+        return importlib.import_module(module_name)

@@ -11,13 +11,21 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 
 from kvref.cli import bench, check, drift, replay, soak, traces
+from kvref.exits import HANG, INTERRUPTED, USAGE, AdapterHang, InputError
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``kvref`` argument parser with every subcommand."""
-    parser = argparse.ArgumentParser(prog="kvref", description="Conformance kit for paged KV-cache managers.")
+    parser = argparse.ArgumentParser(
+        prog="kvref",
+        description="Conformance kit for paged KV-cache managers.",
+        epilog="exit codes: 0 agree, 1 divergence, 2 usage or input error, 3 nothing checked, "
+        "4 adapter hang, 130 interrupted (docs/index.md)",
+    )
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
     for module in (check, drift, replay, soak, bench, traces):
         module.add_parser(sub)
@@ -25,10 +33,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``kvref`` console script."""
+    """Entry point of the ``kvref`` console script (exit codes: :mod:`kvref.exits`)."""
     args = build_parser().parse_args(argv)
-    result: int = args.run(args)
+    try:
+        result: int = args.run(args)
+    except InputError as exc:
+        print(f"kvref {args.command}: {exc}", file=sys.stderr)
+        return USAGE
+    except AdapterHang as exc:
+        print(f"kvref {args.command}: {exc}", file=sys.stderr)
+        return HANG
+    except KeyboardInterrupt:
+        print(f"kvref {args.command}: interrupted", file=sys.stderr)
+        return INTERRUPTED
     return result
+
+
+def _version() -> str:
+    from kvspec.profiles import NEWEST, PROFILES  # noqa: PLC0415
+
+    try:
+        own = metadata.version("kvref")
+    except metadata.PackageNotFoundError:
+        own = "unknown"
+    return f"kvref {own}; semantics profiles {', '.join(PROFILES)} (default {NEWEST.name})"
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -104,7 +105,12 @@ def run(args: argparse.Namespace) -> int:
     if args.sweep is not None:
         return _bench_sweep(args, w, only, console, args.repeats or SWEEP_REPEATS, extra)
     repeats = args.repeats or 5
-    rows = bench(w, repeats=repeats, only=only, extra=extra)
+    runs = iter(range(1, 10**9))
+
+    def progress(name: str) -> None:
+        print(f"bench: run {next(runs)}: {name} ...", file=sys.stderr, flush=True)
+
+    rows = bench(w, repeats=repeats, only=only, extra=extra, progress=progress)
     table = Table(title=f"kvref bench: {w.describe()}; median of {repeats}")
     cols = ("engine", "calls", "allocations", "µs/alloc", "x vLLM", "req-steps", "µs/req-step", "x vLLM",
             "µs/running", "x vLLM")  # fmt: skip

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from kvref.adapters import AdapterFactory, load_factory, semantics_of
 from kvref.check import MIN_STEPS, run_keep_going, run_lockstep
+from kvref.exits import DEFAULT_OP_TIMEOUT, HANG, INTERRUPTED, AdapterHang
 from kvref.lockstep import DivergenceClass, RunStats
 from kvref.settings import load_profile
 from kvref.shapes import SHAPES
@@ -43,8 +44,14 @@ def add_lockstep_arguments(check: argparse.ArgumentParser) -> None:
     )
     check.add_argument("--profile", default="dev", choices=sorted(MIN_STEPS))
     check.add_argument("--seed", type=int, default=0)
-    check.add_argument("--budget", type=float, default=None, help="stop after this many seconds")
-    check.add_argument("--min-steps", type=int, default=None, help="override the profile's step goal")
+    check.add_argument("--budget", type=_positive(float), default=None, help="stop after this many seconds")
+    check.add_argument("--min-steps", type=_positive(int), default=None, help="override the profile's step goal")
+    check.add_argument(
+        "--op-timeout",
+        type=_positive(float),
+        default=DEFAULT_OP_TIMEOUT,
+        help=f"watchdog seconds per adapter operation (default {DEFAULT_OP_TIMEOUT:g}; exit 4 past it)",
+    )
     check.add_argument(
         "--semantics",
         default=None,
@@ -52,6 +59,11 @@ def add_lockstep_arguments(check: argparse.ArgumentParser) -> None:
         help="semantics profile, e.g. vllm-0.33.0 (default: the one real vLLM declares, else the newest)",
     )
     check.add_argument("--out", type=Path, default=Path("kvref-classes"), help="traces of the divergence classes")
+    check.epilog = (
+        "A failing run writes its shrunk trace to KVREF_FAILURE_DIR (default ./kvref-failures). "
+        "Exit codes: 0 agree, 1 divergence, 2 usage or input error, 3 nothing checked, 4 adapter hang, "
+        "130 interrupted."
+    )
     check.add_argument("--max-classes", type=int, default=30, help="stop after this many divergence classes")
 
 
@@ -127,20 +139,32 @@ def run_check(args: argparse.Namespace, keep_going: bool, allow_mismatch: bool) 
     )
     load_profile(args.profile)
     goal = args.min_steps or MIN_STEPS[args.profile]
-    setup = MachineSetup(factories, RunStats(), default_failure_dir(), profile=profile)
+    setup = MachineSetup(factories, RunStats(), default_failure_dir(), profile=profile, op_timeout=args.op_timeout)
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"))
-    with Progress(*columns, TimeElapsedColumn(), console=console) as progress:
-        task = progress.add_task("lockstep", total=goal)
+    classes: list[DivergenceClass] = []
+    failure = None
+    try:
+        with Progress(*columns, TimeElapsedColumn(), console=console) as progress:
+            task = progress.add_task("lockstep", total=goal)
 
-        def advance(steps: int) -> None:
-            progress.update(task, completed=min(steps, goal))
+            def advance(steps: int) -> None:
+                progress.update(task, completed=min(steps, goal), description="lockstep")
 
-        if keep_going:
-            classes = run_keep_going(setup, args.seed, goal, args.out, args.budget, args.max_classes, advance)
-            failure = None
-        else:
-            classes = []
-            failure = run_lockstep(setup, args.seed, goal, args.budget, advance)
+            def shrinking() -> None:
+                progress.update(task, description="shrinking a divergence")
+
+            setup.stats.on_first_failure = shrinking
+            if keep_going:
+                classes = run_keep_going(setup, args.seed, goal, args.out, args.budget, args.max_classes, advance)
+            else:
+                failure = run_lockstep(setup, args.seed, goal, args.budget, advance)
+    except (KeyboardInterrupt, AdapterHang) as exc:
+        hung = isinstance(exc, AdapterHang)
+        console.print(f"[red]{'adapter hang' if hung else 'interrupted'}[/]: {exc or 'Ctrl-C'}; the summary so far:")
+        _report(setup.stats, target, against, console, setup.stats.unexplained > 0, profile)
+        if keep_going and setup.stats.classes:
+            _report_classes(list(setup.stats.classes.values()), console)
+        return HANG if hung else INTERRUPTED
     if keep_going:
         _report(setup.stats, target, against, console, bool(classes), profile)
         _report_classes(classes, console)
@@ -154,6 +178,21 @@ def run_check(args: argparse.Namespace, keep_going: bool, allow_mismatch: bool) 
         console.print("[red]no lockstep step ran[/]: every drawn configuration was refused (see the table)")
         return 3
     return 0
+
+
+def _positive(kind: type[int] | type[float]) -> Any:
+    """An argparse type: a number above 0 (a run with no budget checks nothing)."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be above 0, got {text!r}: a run without steps checks nothing")
+        return value
+
+    return parse
 
 
 def choose_profile(name: str | None, factories: list[AdapterFactory]) -> SemanticsProfile:

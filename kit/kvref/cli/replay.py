@@ -8,8 +8,10 @@ from typing import Any
 
 from kvref.adapters import AdapterFactory, KVCacheAdapter, load_factory, semantics_of
 from kvref.divergences import load_registry
+from kvref.exits import DIVERGENCE, INTERRUPTED, NOTHING_CHECKED, OK, USAGE, InputError
 from kvref.traces import Trace, load, replay
 from kvspec.config import KVCacheConfig
+from kvspec.errors import UnsupportedByProfileError
 
 
 def add_parser(sub: Any) -> None:
@@ -21,7 +23,9 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Replay traces and print one line per file and a summary.
+    """Replay traces and print one line per file and a summary; a file that
+    cannot be read is reported on its line and the others still run (exit
+    codes: :mod:`kvref.exits`).
 
     Every trace runs under the semantics profile its header names. An adapter
     that declares upstream vLLM behaviour (:class:`kvref.adapters.DeclaredSemantics`)
@@ -33,27 +37,55 @@ def run(args: argparse.Namespace) -> int:
     """
     files: list[Path] = args.files
     factory = load_factory(args.target)
-    bad = skipped = 0
-    for path in files:
+    counts = {"ok": 0, "bad": 0, "skipped": 0, "errors": 0}
+    try:
+        for path in files:
+            print(f"{path}: {_replay_one(path, factory, counts)}")
+    except KeyboardInterrupt:
+        print(f"interrupted after {sum(counts.values())} of {len(files)} files")
+        _summary(counts, args.target)
+        return INTERRUPTED
+    _summary(counts, args.target)
+    if counts["errors"]:
+        return USAGE
+    if counts["bad"]:
+        return DIVERGENCE
+    return NOTHING_CHECKED if not counts["ok"] else OK
+
+
+def _replay_one(path: Path, factory: AdapterFactory, counts: dict[str, int]) -> str:
+    """Replay one file; count and describe the outcome."""
+    try:
         trace = load(path)
-        built: list[KVCacheAdapter] = []
+    except InputError as exc:
+        counts["errors"] += 1
+        return f"ERROR: {str(exc).removeprefix(f'{path}: ').removeprefix(f'{path}')}"
+    if not trace.steps:
+        counts["errors"] += 1
+        return "ERROR: the trace has no step (replaying it would check nothing)"
+    built: list[KVCacheAdapter] = []
+    try:
         result = replay(trace, _remembering(factory, built), str(path))
-        declared = semantics_of(built[0]) if built else None
-        if declared is not None and declared.upstream and declared.profile != trace.config.profile.name:
-            skipped += 1
-            print(f"{path}: skipped (the trace pins {trace.config.profile.name}, the adapter is {declared.profile})")
-            continue
-        ok, status = _judge(
-            trace, result.ok, result.failed_step, result.message, built, declared is not None and declared.upstream
-        )
-        bad += not ok
-        print(f"{path}: {status} ({result.steps} steps)")
-    checked = len(files) - skipped
-    print(
-        f"{checked - bad}/{checked} traces as expected against {args.target}"
-        + (f", {skipped} skipped" if skipped else "")
-    )
-    return 1 if bad else 0
+    except UnsupportedByProfileError as exc:
+        counts["skipped"] += 1
+        return f"skipped (the adapter refuses the configuration: {exc})"
+    except Exception as exc:
+        counts["bad"] += 1
+        return f"FAILED at construction: {type(exc).__name__}: {exc}"
+    declared = semantics_of(built[0]) if built else None
+    upstream = declared is not None and declared.upstream
+    if upstream and declared is not None and declared.profile != trace.config.profile.name:
+        counts["skipped"] += 1
+        return f"skipped (the trace pins {trace.config.profile.name}, the adapter is {declared.profile})"
+    ok, status = _judge(trace, result.ok, result.failed_step, result.message, built, upstream)
+    counts["ok" if ok else "bad"] += 1
+    return f"{status} ({result.steps} steps)"
+
+
+def _summary(counts: dict[str, int], target: str) -> None:
+    checked = counts["ok"] + counts["bad"]
+    extra = [f"{counts[k]} {k}" for k in ("skipped", "errors") if counts[k]]
+    print(f"{counts['ok']}/{checked} traces as expected against {target}" + (f" ({', '.join(extra)})" if extra else ""))
 
 
 def _judge(
