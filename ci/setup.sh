@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Create .venv (if missing) and install kvref editable with the dev extra.
-# Usage: ci/setup.sh [--with-vllm]
-#   --with-vllm  also install the CPU torch and vLLM 0.25.1 (ci/install-vllm.sh)
+# Usage: ci/setup.sh [--with-vllm] [--with-vllm-newest]
+#   --with-vllm         also install the CPU torch and vLLM 0.25.1 into .venv
+#   --with-vllm-newest  also create .venv-vllm-newest with kvref and the newest
+#                       supported vLLM (spec/kvspec/profiles.py: NEWEST)
 # Idempotent: re-running skips what is already in place.
 set -euo pipefail
 
@@ -9,10 +11,12 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 WITH_VLLM=0
+WITH_NEWEST=0
 for arg in "$@"; do
     case "$arg" in
         --with-vllm) WITH_VLLM=1 ;;
-        -h|--help) sed -n '2,5p' "$0"; exit 0 ;;
+        --with-vllm-newest) WITH_NEWEST=1 ;;
+        -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
         *) echo "setup: unknown argument: $arg" >&2; exit 2 ;;
     esac
 done
@@ -33,24 +37,29 @@ export PATH="$VENV/bin:$PATH"
     || { echo "setup: kvref needs Python >= 3.11 (set PYTHON=...)" >&2; exit 1; }
 
 if [[ "$WITH_VLLM" == 1 ]]; then
-    if "$VENV/bin/python" -c "from vllm.v1.core.kv_cache_manager import KVCacheManager" \
-        >/dev/null 2>&1; then
-        echo "==> vllm: already importable, skipped"
-    else
-        timed "vllm (total)" bash "$KVREF_ROOT/ci/install-vllm.sh" "$VENV"
-    fi
+    timed "vllm $(vllm_release baseline)" bash "$KVREF_ROOT/ci/install-vllm.sh" "$(vllm_release baseline)" "$VENV"
 fi
 
 # The editable install is redone only when pyproject.toml changed (or was
 # never done); the stamp lives inside .venv so deleting .venv resets it.
-stamp="$VENV/.kvref-install-stamp"
-want="$("$VENV/bin/python" -c 'import hashlib,sys; print(hashlib.sha256(open(sys.argv[1],"rb").read()).hexdigest())' pyproject.toml)"
-if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] \
-    && "$VENV/bin/python" -c "import kvspec, kvimpl, kvref" >/dev/null 2>&1; then
-    echo "==> kvref: editable install up to date, skipped"
-else
-    timed "kvref" "$VENV/bin/python" -m pip install -e '.[dev]'
-    echo "$want" >"$stamp"
+install_kvref() {  # install_kvref VENV EXTRA
+    local venv="$1" extra="$2" stamp want
+    stamp="$venv/.kvref-install-stamp"
+    want="$("$venv/bin/python" -c 'import hashlib,sys; print(hashlib.sha256(open(sys.argv[1],"rb").read()).hexdigest())' pyproject.toml)$extra"
+    if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] \
+        && "$venv/bin/python" -c "import kvspec, kvimpl, kvref" >/dev/null 2>&1; then
+        echo "==> kvref: editable install in $venv up to date, skipped"
+    else
+        timed "kvref ($venv)" "$venv/bin/python" -m pip install -e ".$extra"
+        echo "$want" >"$stamp"
+    fi
+}
+install_kvref "$VENV" "[dev]"
+
+if [[ "$WITH_NEWEST" == 1 ]]; then
+    NEWEST_VENV="$KVREF_ROOT/.venv-vllm-newest"
+    timed "vllm $(vllm_release newest)" bash "$KVREF_ROOT/ci/install-vllm.sh" "$(vllm_release newest)" "$NEWEST_VENV"
+    install_kvref "$NEWEST_VENV" ""
 fi
 
 echo "==> setup: finished in $((SECONDS - total_start))s"

@@ -19,7 +19,7 @@ from typing import Any
 from kvref.adapters import AdapterFactory, KVCacheAdapter, semantics_of
 from kvref.divergences import explain, load_registry
 from kvref.exits import DEFAULT_OP_TIMEOUT, AdapterHang, InputError, watchdog
-from kvref.ops import REQUEST_OPS, RequestBook, execute
+from kvref.ops import REQUEST_OPS, RequestBook, execute, output_problem
 from kvref.traces import Trace
 from kvspec.config import KVCacheConfig
 from kvspec.invariants import inv_hash_lifetime, inv_tables_append_only
@@ -169,6 +169,10 @@ class Lockstep:
         self.stats.steps += 1
         entry = {**op, "expect": outs[0]}
         self.log.append(entry)
+        for a, out in zip(self.adapters, outs, strict=True):
+            problem = output_problem(op["op"], out)
+            if problem is not None:
+                self._fail(f"{a.name}: {problem}", op, "types")
         if crashes and (len(crashes) == len(self.adapters) or len(self.adapters) == 1):
             self._fail("; ".join(crashes), op, "crash")
         ref_view = self.adapters[0].to_view()

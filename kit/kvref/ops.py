@@ -216,3 +216,35 @@ def config_from_json(obj: Json, profile: SemanticsProfile) -> KVCacheConfig:
         groups.append(KIND_CLASSES[g["kind"]](**fields))
     data["eagle_groups"] = tuple(data.get("eagle_groups", ()))
     return KVCacheConfig(groups=tuple(groups), profile=profile, **data)
+
+
+def output_problem(op: str, out: Json) -> str | None:
+    """What is wrong with the *type* of an adapter's output for ``op`` (as
+    :func:`execute` returns it), or None: block ids and counts must be ints
+    (a float 1.0 equals 1 in a comparison, so values alone would not tell)."""
+    if isinstance(out, dict) and ("error" in out or "crash" in out):
+        return None
+    if op == "get_computed_blocks":
+        if not isinstance(out, dict) or not _int(out.get("num_tokens")):
+            return "get_computed_blocks must return (block ids per group, int tokens)"
+        return _block_lists_problem(out.get("blocks"))
+    if op in ("allocate_slots", "get_block_ids"):
+        return None if out is None and op == "allocate_slots" else _block_lists_problem(out)
+    if op in ("pop_blocks_for_free", "take_new_block_ids", "get_num_common_prefix_blocks"):
+        ok = isinstance(out, list) and all(_int(x) for x in out)
+        return None if ok else f"{op} must return a sequence of ints, got {out!r}"
+    if op == "reset_prefix_cache":
+        return None if isinstance(out, bool) else f"reset_prefix_cache must return a bool, got {out!r}"
+    if op == "usage":
+        return None if isinstance(out, float | int) and not isinstance(out, bool) else f"usage is {out!r}"
+    return None
+
+
+def _int(value: Json) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _block_lists_problem(blocks: Json) -> str | None:
+    if not isinstance(blocks, list) or not all(isinstance(g, list) and all(_int(b) for b in g) for g in blocks):
+        return f"block ids must be ints per group, got {blocks!r}"
+    return None

@@ -289,7 +289,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         if extra == "salt":
             op["extra"] = {"cache_salt": "s"}
         elif extra == "lora":
-            op["extra"] = {"lora": {"name": "l", "adapter_id": 1}}
+            op["extra"] = {"lora": {"name": "l", "adapter_id": 1, "path": "/adapters/l"}}
         elif extra == "mm":
             off = data.draw(st.integers(0, len(prompt) - 1))
             length = data.draw(st.integers(1, len(prompt) - off))

@@ -247,8 +247,8 @@ class BlockPool:
             self.events.append(BlockRemoved((external_block_hash(digest, self.int_block_hashes),), MEDIUM_GPU, gid))
 
     def _valid_id(self, b: int, op: str) -> BlockId:
-        if not 0 <= b < self.num_gpu_blocks:
-            raise InvalidBlockIdError(f"{op}: block id {b} is outside 0..{self.num_gpu_blocks - 1}")
+        if not isinstance(b, int) or isinstance(b, bool) or not 0 <= b < self.num_gpu_blocks:
+            raise InvalidBlockIdError(f"{op}: block id {b!r} is outside 0..{self.num_gpu_blocks - 1}")
         return BlockId(b)
 
     def _hashes_at(self, request: Request, block_size: int) -> Sequence[BlockHash]:

@@ -28,6 +28,7 @@ from kvspec.errors import (
     ExceedsMaxModelLenError,
     GroupCountError,
     InvalidBlockIdError,
+    InvalidRequestError,
     InvalidTokenCountError,
     StaleHitError,
     UnexpectedPrefixHitError,
@@ -76,6 +77,7 @@ class KVCacheManager:
         last token is always recomputed for its logits). Changes nothing: the
         hit blocks are only pinned by ``allocate_slots``.
         """
+        check_request(request)
         if not self.enable_caching or request.skip_reading_prefix_cache:
             return self._ids(tuple([] for _ in self.config.groups)), 0
         blocks, n = self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
@@ -99,8 +101,9 @@ class KVCacheManager:
             raise UnsupportedOperationError(
                 f"record_prefix_cache_stats: not in {self.config.profile.name} (lookups record the statistics)"
             )
-        if num_hits < 0:
-            raise InvalidTokenCountError(f"record_prefix_cache_stats: num_hits {num_hits} < 0")
+        check_request(request)
+        if not is_int(num_hits) or num_hits < 0:
+            raise InvalidTokenCountError(f"record_prefix_cache_stats: num_hits {num_hits!r} is not an int >= 0")
         if self.prefix_cache_stats is None or not self.enable_caching or request.skip_reading_prefix_cache:
             return
         self.prefix_cache_stats.record(request.num_tokens, num_hits, request.num_preemptions > 0)
@@ -173,6 +176,7 @@ class KVCacheManager:
     def free(self, request_id: str) -> None:
         """Free the request's blocks, each group's table last entry first, in
         group order. Lenient: an unknown request is a no-op (as in vLLM)."""
+        check_request_id("free", request_id)
         self.requests.pop(request_id, None)
         self.coordinator.free(request_id)
 
@@ -180,6 +184,7 @@ class KVCacheManager:
         """Forget the request but keep its references: the blocks (groups
         concatenated) are *pending* until the caller passes them to
         :meth:`free_blocks`, normally reversed. Unknown request → ()."""
+        check_request_id("pop_blocks_for_free", request_id)
         self.requests.pop(request_id, None)
         blocks = tuple(self.coordinator.pop_blocks_for_free(request_id))
         self.pending.update(b for b in blocks if b != NULL_BLOCK)
@@ -194,8 +199,8 @@ class KVCacheManager:
             DoubleFreeError: A block that is not pending (as often as given).
         """
         for b in ordered_block_ids:
-            if not 0 <= b < self.config.num_blocks:
-                raise InvalidBlockIdError(f"free_blocks: block id {b} is outside 0..{self.config.num_blocks - 1}")
+            if not is_int(b) or not 0 <= b < self.config.num_blocks:
+                raise InvalidBlockIdError(f"free_blocks: block id {b!r} is outside 0..{self.config.num_blocks - 1}")
         wanted = Counter(BlockId(b) for b in ordered_block_ids if b != NULL_BLOCK)
         for b, n in wanted.items():
             if self.pending[b] < n:
@@ -211,7 +216,8 @@ class KVCacheManager:
     ) -> None:
         """Free the blocks attention no longer reads (``num_prompt_tokens`` is
         only used by R-SWA, which is out of scope). Unknown request → no-op."""
-        if total_computed_tokens < 0:
+        check_request_id("remove_skipped_blocks", request_id)
+        if not is_int(total_computed_tokens) or total_computed_tokens < 0:
             raise InvalidTokenCountError(f"remove_skipped_blocks: total_computed_tokens {total_computed_tokens} < 0")
         self.coordinator.remove_skipped_blocks(request_id, total_computed_tokens)
 
@@ -236,6 +242,7 @@ class KVCacheManager:
         Raises:
             UnknownRequestError: If the request holds no block.
         """
+        check_request_id("get_num_common_prefix_blocks", request_id)
         if not any(self.coordinator.get_blocks(request_id)):
             raise UnknownRequestError(f"get_num_common_prefix_blocks: request {request_id!r} holds no blocks")
         if self.config.profile.common_prefix == "zero":
@@ -256,6 +263,7 @@ class KVCacheManager:
 
     def get_blocks(self, request_id: str) -> BlockIds:
         """The request's tables per group (empty for an unknown request)."""
+        check_request_id("get_blocks", request_id)
         return self._ids(self.coordinator.get_blocks(request_id))
 
     def get_block_ids(self, request_id: str) -> BlockIds:
@@ -272,8 +280,9 @@ class KVCacheManager:
         """
         if not self.enable_caching:
             return
-        if num_computed_tokens < 0:
-            raise InvalidTokenCountError(f"cache_blocks: num_computed_tokens {num_computed_tokens} < 0")
+        check_request(request)
+        if not is_int(num_computed_tokens) or num_computed_tokens < 0:
+            raise InvalidTokenCountError(f"cache_blocks: num_computed_tokens {num_computed_tokens!r}, not an int >= 0")
         if num_computed_tokens > request.num_tokens:
             raise CacheBeyondAllocationError(
                 f"cache_blocks: {num_computed_tokens} tokens > the request's {request.num_tokens}"
@@ -345,9 +354,10 @@ class KVCacheManager:
             "num_external_computed_tokens": n_external, "num_encoder_tokens": n_encoder,
             "reserved_blocks": reserved, "request.num_computed_tokens": request.num_computed_tokens,
         }  # fmt: skip
+        check_request(request)
         for name, value in counts.items():
-            if value < 0:
-                raise InvalidTokenCountError(f"allocate_slots: {name} is {value} < 0")
+            if not is_int(value) or value < 0:
+                raise InvalidTokenCountError(f"allocate_slots: {name} is {value!r}, not a non-negative int")
         if not allocation_without_tokens(self.config.profile, n_new, n_hit, n_external):
             raise InvalidTokenCountError(
                 "num_new_tokens must be greater than 0 when there are no external computed tokens"
@@ -402,6 +412,23 @@ class KVCacheManager:
 
 
 _WATERMARKED = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+
+
+def is_int(value: object) -> bool:
+    """Whether ``value`` is an int and not a bool (``True`` is not a count)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_request(request: object) -> None:
+    """Raise InvalidRequestError unless ``request`` is a :class:`Request` with a str id."""
+    if not isinstance(request, Request) or not isinstance(request.request_id, str):
+        raise InvalidRequestError(f"expected a kvspec Request with a str request_id, got {request!r}")
+
+
+def check_request_id(op: str, request_id: object) -> None:
+    """Raise InvalidRequestError unless ``request_id`` is a str."""
+    if not isinstance(request_id, str):
+        raise InvalidRequestError(f"{op}: request_id must be a str, got {request_id!r}")
 
 
 def allocation_without_tokens(profile: SemanticsProfile, n_new: int, n_hit: int, n_external: int) -> bool:

@@ -95,11 +95,19 @@ class RequestBlockHasher:
         """A WAITING request with its prompt hashed.
 
         Raises:
-            InvalidRequestError: If the prompt is empty.
+            InvalidRequestError: If the id is not a string, the prompt is empty
+                or not a sequence of non-negative int token ids, or (in
+                profiles that hash it) a LoRA has no path.
         """
-        if not prompt_token_ids:
-            raise InvalidRequestError(f"request {request_id!r}: the prompt is empty")
-        tokens = tuple(prompt_token_ids)
+        if not isinstance(request_id, str):
+            raise InvalidRequestError(f"request id must be a str, got {request_id!r}")
+        if isinstance(prompt_token_ids, str | bytes) or not prompt_token_ids:
+            raise InvalidRequestError(f"request {request_id!r}: the prompt must be a non-empty sequence of token ids")
+        tokens = valid_token_ids(request_id, prompt_token_ids)
+        if extra.lora is not None and not extra.lora.path and self.profile.extra_keys_tagged:
+            raise InvalidRequestError(
+                f"request {request_id!r}: LoRA {extra.lora.name!r} has no path, which {self.profile.name} hashes"
+            )
         hashes = self._extend((), tokens, extra)
         return Request(
             request_id=RequestId(request_id),
@@ -112,8 +120,12 @@ class RequestBlockHasher:
 
     def with_output_tokens(self, request: Request, token_ids: Sequence[int]) -> Request:
         """``request`` with sampled tokens appended and new full blocks hashed
-        (upstream: ``Request.append_output_token_ids``)."""
-        tokens = request.all_token_ids + tuple(token_ids)
+        (upstream: ``Request.append_output_token_ids``).
+
+        Raises:
+            InvalidRequestError: If a token id is not a non-negative int.
+        """
+        tokens = request.all_token_ids + valid_token_ids(request.request_id, token_ids)
         hashes = self._extend(request.block_hashes, tokens, request.extra)
         return replace(request, all_token_ids=tokens, block_hashes=hashes)
 
@@ -126,3 +138,19 @@ class RequestBlockHasher:
             fn, none_hash(fn, self.seed), self.hash_block_size, existing, tokens, extra,
             p.extra_keys_tagged, p.mm_resume_from_first_feature,
         )  # fmt: skip
+
+
+def valid_token_ids(request_id: str, token_ids: Sequence[int]) -> tuple[int, ...]:
+    """``token_ids`` as a tuple, after checking each is a non-negative int
+    (not a bool, a float or a string).
+
+    Raises:
+        InvalidRequestError: Naming the first bad token id.
+    """
+    if isinstance(token_ids, str | bytes):
+        raise InvalidRequestError(f"request {request_id!r}: token ids must be ints, got the string {token_ids!r}")
+    tokens = tuple(token_ids)
+    for i, t in enumerate(tokens):
+        if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+            raise InvalidRequestError(f"request {request_id!r}: token {i} is {t!r}, not a non-negative int")
+    return tokens

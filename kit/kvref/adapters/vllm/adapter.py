@@ -153,7 +153,10 @@ class VllmAdapter:
         if extra.prompt_embeds is not None:
             embeds = self._embeds_tensor(extra.prompt_embeds)
             prompt_ids = None
-        lora = None if extra.lora is None else (extra.lora.name, extra.lora.adapter_id)
+        lora = None
+        if extra.lora is not None:
+            # vLLM refuses an empty path; before 0.31.0 it is not hashed, so a placeholder is faithful.
+            lora = (extra.lora.name, extra.lora.adapter_id, extra.lora.path or "/nonexistent")
         return self.api.new_request(
             request_id=request.request_id,
             prompt_token_ids=prompt_ids,

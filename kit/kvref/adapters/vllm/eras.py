@@ -487,7 +487,7 @@ class VllmApi:
         request_id: str,
         prompt_token_ids: list[int] | None,
         prompt_embeds: Any,
-        lora: tuple[str, int] | None,
+        lora: tuple[str, int, str] | None,
         mm_features: Sequence[tuple[str, int, int]],
         cache_salt: str | None,
         skip_reading_prefix_cache: bool,
@@ -500,7 +500,8 @@ class VllmApi:
             request_id: The request id.
             prompt_token_ids: The prompt (None with ``prompt_embeds``).
             prompt_embeds: A tensor of prompt embeddings, or None.
-            lora: ``(lora_name, lora_int_id)`` of a LoRA adapter, or None.
+            lora: ``(lora_name, lora_int_id, lora_path)`` of a LoRA adapter, or None
+                (the path is part of the block hash from vLLM 0.31.0 on).
             mm_features: ``(identifier, offset, length)`` per image placeholder.
             cache_salt: The cache salt, or None.
             skip_reading_prefix_cache: The sampling parameter of that name.
@@ -509,7 +510,7 @@ class VllmApi:
         """
         lora_request = None
         if lora is not None:
-            lora_request = self.lora.LoRARequest(lora_name=lora[0], lora_int_id=lora[1], lora_path="/nonexistent")
+            lora_request = self.lora.LoRARequest(lora_name=lora[0], lora_int_id=lora[1], lora_path=lora[2])
         features = [
             self.mm.MultiModalFeatureSpec(
                 data=None,
