@@ -9,8 +9,9 @@
 #   crosshair  the pure-function property tests (tests/spec/test_formulas.py) on
 #              the hypothesis-crosshair backend (HYPOTHESIS_PROFILE=crosshair)
 # Budgets are path counts, so results do not depend on the machine's speed;
-# each CrossHair condition also has a per-condition CPU timeout (proofs/kvproofs/run.py)
-# and each step a wall-clock cap (480 s + 120 s, so 10 minutes at most).
+# each CrossHair condition also has a per-condition CPU timeout (proofs/kvproofs/run.py).
+# The wall-clock caps (one hour per step) are hang guards only, far above the
+# measured time (about 4 minutes on 2 cores), never a budget.
 # Both steps run even if the first fails. Usage: bash ci/proofs.sh [--jobs N]
 set -uo pipefail
 # shellcheck source=ci/common.sh
@@ -35,11 +36,11 @@ step() {
 
 total_start=$SECONDS
 failed=()
-step proofs env KVREF_PROOFS=1 timeout 480 pytest -q -s -p no:cacheprovider --durations=0 \
+step proofs env KVREF_PROOFS=1 timeout 3600 pytest -q -s -p no:cacheprovider --durations=0 \
     tests/proofs/test_proofs.py || failed+=(proofs)
 # Without the provider the profile silently falls back to random testing; refuse that.
 if python -c "import hypothesis_crosshair_provider" 2>/dev/null; then
-    step crosshair env HYPOTHESIS_PROFILE=crosshair timeout 120 pytest -q -p no:cacheprovider --durations=5 \
+    step crosshair env HYPOTHESIS_PROFILE=crosshair timeout 3600 pytest -q -p no:cacheprovider --durations=5 \
         tests/spec/test_formulas.py || failed+=(crosshair)
 else
     echo "==> proofs crosshair: hypothesis-crosshair is not installed (pip install -e '.[dev]')"

@@ -1,54 +1,77 @@
 #!/usr/bin/env bash
-# Lint, type-check and test. Run ci/setup.sh (--with-vllm for real vLLM) first.
+# Lint, type-check and test. Run ci/setup.sh (--with-vllm, --with-vllm-newest) first.
 set -euo pipefail
 # shellcheck source=ci/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
 total_start=$SECONDS
+BASELINE="vllm-$(vllm_release baseline)"
+NEWEST="vllm-$(vllm_release newest)"
+NEWEST_VENV="$KVREF_ROOT/.venv-vllm-newest"
 
 bash ci/lint.sh
 bash ci/typecheck.sh
 timed "pytest (HYPOTHESIS_PROFILE=$HYPOTHESIS_PROFILE)" pytest -q
 
-# ---------------------------------------------------------------------------
-# Lockstep: the spec against real vLLM 0.25.1 (>= 20,000 steps with the ci
-# profile); without vLLM, the spec's self-check (invariants, error contract).
-if python -c "from kvref.adapters.vllm import vllm_available as a; raise SystemExit(0 if a() else 1)"; then
-    timed "lockstep (spec vs vllm)" kvref check --target spec --against vllm --profile ci --seed 0
-else
-    timed "lockstep (spec self-check)" kvref check --target spec --profile ci --seed 0
-fi
-
-# kvimpl against kvspec: identical outputs and views at every step.
-timed "lockstep (impl vs spec)" kvref check --target impl --against spec --profile ci --seed 0
-
-# Replay of the stored traces (traces/README.md): the golden corpus must pass
-# everywhere; a known-divergence trace must pass on the spec and, on real vLLM,
-# differ exactly at its divergence_step. Only failures and the summary print.
-replay() {  # replay GLOB TARGET
-    # shellcheck disable=SC2086  # GLOB is expanded here, not in the log line
-    kvref replay $1 --target "$2" | grep -v -e ': ok (' -e ': known divergence .* confirmed'
+vllm_in() {  # vllm_in PYTHON: whether that interpreter imports a supported vLLM
+    "$1" -c "from kvref.adapters.vllm import vllm_available as a; raise SystemExit(0 if a() else 1)" 2>/dev/null
 }
-timed "replay golden (spec)" replay 'traces/golden/*.jsonl' spec
-timed "replay divergences (spec)" replay 'traces/divergences/*.jsonl' spec
-timed "replay directed (spec)" replay 'traces/directed/*.jsonl' spec
-timed "replay golden (impl)" replay 'traces/golden/*.jsonl' impl
-timed "replay directed (impl)" replay 'traces/directed/*.jsonl' impl
-timed "replay divergences (impl)" replay 'traces/divergences/*.jsonl' impl
-if python -c "from kvref.adapters.vllm import vllm_available as a; raise SystemExit(0 if a() else 1)"; then
-    timed "replay golden (vllm)" replay 'traces/golden/*.jsonl' vllm
-    timed "replay divergences (vllm)" replay 'traces/divergences/*.jsonl' vllm
-    timed "replay directed (vllm)" replay 'traces/directed/*.jsonl' vllm
+
+# ---------------------------------------------------------------------------
+# Lockstep (>= 20,000 steps each with the ci profile): the spec against real
+# vLLM of each installed release, under that release's profile; without vLLM,
+# the spec's self-check (invariants, error contract).
+if vllm_in python; then
+    timed "lockstep (spec vs vllm $BASELINE)" kvref check --target spec --against vllm --profile ci --seed 0
 else
-    echo "==> replay against vllm: skipped (vLLM 0.25.1 is not installed)"
+    timed "lockstep (spec self-check)" kvref check --target spec --against none --profile ci --seed 0
+fi
+if [[ -x "$NEWEST_VENV/bin/kvref" ]] && vllm_in "$NEWEST_VENV/bin/python"; then
+    timed "lockstep (spec vs vllm $NEWEST)" "$NEWEST_VENV/bin/kvref" check --target spec --against vllm \
+        --profile ci --seed 0
+else
+    echo "==> lockstep against vLLM $NEWEST: skipped (no $NEWEST_VENV; bash ci/setup.sh --with-vllm-newest)"
+    timed "lockstep (spec self-check, $NEWEST)" kvref check --target spec --against none --profile ci --seed 0 \
+        --semantics "$NEWEST"
+fi
+
+# kvimpl against kvspec: identical outputs and views at every step, under
+# every profile kvimpl follows.
+for profile in $(python -c "from kvref.adapters.impl import IMPL_PROFILES; print(' '.join(sorted(IMPL_PROFILES)))"); do
+    timed "lockstep (impl vs spec, $profile)" kvref check --target impl --against spec --profile ci --seed 0 \
+        --semantics "$profile"
+done
+
+# Replay of the stored traces (traces/README.md): the golden and directed
+# corpora must pass everywhere; a known-divergence trace must pass on the spec
+# and, on real vLLM of its release, differ exactly at its divergence_step.
+# Each trace runs under the profile its header names. Only failures and the
+# summaries print.
+replay() {  # replay KVREF GLOB TARGET
+    # shellcheck disable=SC2086  # GLOB is expanded here, not in the log line
+    "$1" replay $2 --target "$3" | grep -v -e ': ok (' -e ': known divergence .* confirmed'
+}
+BASE_CORPUS='traces/golden/*.jsonl traces/directed/*.jsonl traces/divergences/*.jsonl'
+NEW_CORPUS="traces/$NEWEST/*/*.jsonl"
+timed "replay $BASELINE corpus (spec)" replay kvref "$BASE_CORPUS" spec
+timed "replay $BASELINE corpus (impl)" replay kvref "$BASE_CORPUS" impl
+timed "replay $NEWEST corpus (spec)" replay kvref "$NEW_CORPUS" spec
+if python -c "from kvref.adapters.impl import IMPL_PROFILES as p; raise SystemExit(0 if '$NEWEST' in p else 1)"; then
+    timed "replay $NEWEST corpus (impl)" replay kvref "$NEW_CORPUS" impl
+fi
+if vllm_in python; then
+    timed "replay $BASELINE corpus (vllm)" replay kvref "$BASE_CORPUS" vllm
+fi
+if [[ -x "$NEWEST_VENV/bin/kvref" ]] && vllm_in "$NEWEST_VENV/bin/python"; then
+    timed "replay $NEWEST corpus (vllm)" replay "$NEWEST_VENV/bin/kvref" "$NEW_CORPUS" vllm
 fi
 # ---------------------------------------------------------------------------
 
-# Reliability: a short soak on the spec and on kvimpl (no leaked block, flat
-# memory), and the unit and reliability tests under python -O.
+# Reliability: a short soak on the spec (newest profile) and on kvimpl (no
+# leaked block, flat memory), and the unit and reliability tests under python -O.
 bash ci/soak.sh --target spec
-bash ci/soak.sh --target impl
+bash ci/soak.sh --target impl --semantics "$BASELINE"
 bash ci/test-O.sh
 
 # CrossHair: the spec's contracts and harnesses hold; every mutant is killed.

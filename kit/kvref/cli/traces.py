@@ -11,6 +11,8 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from kvref.adapters import load_factory
 from kvref.check import SEED_STRIDE
+from kvref.cli.check import choose_profile
+from kvref.exits import InputError
 from kvref.hypothesis_compat import seed_machine
 from kvref.lockstep import RunStats
 from kvref.settings import load_profile
@@ -18,6 +20,8 @@ from kvref.shapes import SHAPES
 from kvref.stateful import MachineSetup, default_failure_dir, make_lockstep_machine
 
 RECORD_BATCH_EXAMPLES = 20
+MAX_BATCHES = 200
+"""A recording that has not filled its count after this many batches gives up."""
 
 
 def add_parser(sub: Any) -> None:
@@ -29,6 +33,12 @@ def add_parser(sub: Any) -> None:
     rec.add_argument("--count", type=int, default=50)
     rec.add_argument("--seed", type=int, default=0)
     rec.add_argument("--also", default=None, help="keep only runs on which this adapter (e.g. vllm) agrees too")
+    rec.add_argument(
+        "--semantics",
+        default=None,
+        metavar="PROFILE",
+        help="semantics profile (default: the one the --also adapter declares, else the newest)",
+    )
     rec.add_argument(
         "--shape",
         action="append",
@@ -52,12 +62,20 @@ def run(args: argparse.Namespace) -> int:
     with ``--min-allocations`` successful ``allocate_slots`` calls."""
     load_profile("dev")
     factories = [load_factory("spec")] + ([load_factory(args.also)] if args.also else [])
+    profile = choose_profile(args.semantics, factories)
     shapes = SHAPES if not args.shape else tuple(s for s in SHAPES if s.name in args.shape)
-    setup = MachineSetup(factories, RunStats(), default_failure_dir(), shapes=shapes, record_dir=args.out)
+    setup = MachineSetup(
+        factories, RunStats(), default_failure_dir(), shapes=shapes, record_dir=args.out, profile=profile
+    )
     setup.min_allocations, setup.record_limit = args.min_allocations, args.count
     machine = make_lockstep_machine(setup)
     batch = 0
     while setup.recorded < args.count:
+        if batch >= MAX_BATCHES:
+            raise InputError(
+                f"only {setup.recorded} of {args.count} traces after {batch} batches: the shapes "
+                f"{[sh.name for sh in shapes]} are refused or too poor under {profile.name}"
+            )
         seed_machine(machine, args.seed * SEED_STRIDE + batch)
         # Hypothesis starts every run with its simplest example; a batch of a
         # few examples only would record that same trivial run again and again.
