@@ -11,9 +11,11 @@ self-checks on the hot path (hit shape, table coverage), which
 spec's facade (the batched step API, the running-step fast path, device
 block tables) is the base class :class:`kvimpl.step_api.StepAPI`; the
 facade only calls into it where the spec has no counterpart: a running
-``allocate_slots`` call goes to :meth:`StepAPI._running_step`, and every
-operation that changes a request's tables or cache cursor drops its
-quiet-step limits and refreshes its device row.
+``allocate_slots`` call is answered from the request's quiet-step limits
+(the one test of them, inline here) or goes to
+:meth:`StepAPI._running_step`, and every operation that changes a
+request's tables or cache cursor drops its limits and refreshes its device
+row. The module is as long as the spec's facade, which it mirrors.
 
 Upstream: ``vllm/v1/core/kv_cache_manager.py``.
 """

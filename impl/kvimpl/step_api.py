@@ -124,8 +124,6 @@ class StepAPI:
         plain = all(type(m) is SingleTypeKVCacheManager for m in managers)
         self._plain = managers if plain else ()
         self._skipping = coord.skipping
-        # One group: the coordinator's cache_blocks is this manager's (hybrids align first).
-        self._cache_blocks = managers[0].cache_blocks if len(managers) == 1 else coord.cache_blocks
         self.device_tables: BlockTable | None = None
         if device is not None:
             self.device_tables = BlockTable.for_config(config, device)
@@ -178,12 +176,19 @@ class StepAPI:
             )
         if not n:
             return []
-        # Validate everything before changing anything. The test below is sufficient and runs in C
-        # but for one list comprehension; only when it fails is each request checked exactly.
-        cs = [r.num_computed_tokens for r in requests]
-        if min(num_new_tokens) <= 0 or min(ks) < 0 or min(cs) < 0 or max(cs) + max(num_new_tokens) > self._max_len:
-            max_len = self._max_len
-            for r, nt, k, c in zip(requests, num_new_tokens, ks, cs, strict=True):
+        # Validate everything before changing anything: the counts allocate_slots would reject,
+        # checked in one plain loop (cheaper here than min/max over lists), then exactly on an error.
+        max_len = self._max_len
+        bad = num_lookahead_tokens < 0 if isinstance(num_lookahead_tokens, int) else min(ks) < 0
+        if not bad:
+            for r, nt in zip(requests, num_new_tokens, strict=True):
+                c = r.num_computed_tokens
+                if nt <= 0 or c < 0 or c + nt > max_len:
+                    bad = True
+                    break
+        if bad:
+            for r, nt, k in zip(requests, num_new_tokens, ks, strict=True):
+                c = r.num_computed_tokens
                 if nt <= 0 or k < 0 or c < 0 or c + nt > max_len:
                     self._validate_allocation(r, nt, 0, None, k, 0, 0, 0)  # raises what allocate_slots would
         alloc = self.allocate_slots
@@ -244,10 +249,13 @@ class StepAPI:
         computed = request.num_computed_tokens
         main = computed + num_new_tokens
         wm = self.watermark_blocks if has_scheduled_reqs and request.status in WATERMARKED else 0
-        max_len, upto = self._max_len, request.num_tokens
+        max_len = self._max_len
         slots = main + num_lookahead_tokens
         slots = slots if slots < max_len else max_len  # min() is a call; this is the hot path
-        upto = main if main < upto else upto
+        caching, upto = cache and self.enable_caching, 0  # upto: cache up to this many tokens
+        if caching:
+            upto = request.num_tokens
+            upto = main if main < upto else upto
         for m in self._skipping:
             m.remove_skipped_blocks(rid, computed)
         plain = self._plain
@@ -269,7 +277,7 @@ class StepAPI:
                     fills = True
         else:
             need = self.coordinator.get_num_blocks_to_allocate(rid, slots, self._no_hits, 0, computed, main)
-            grow = fills = True
+            grow, fills = True, caching
         if need + wm > len(self.block_pool.free_queue):
             if self.device_tables is not None:
                 self._sync_device_row(rid)
@@ -284,8 +292,11 @@ class StepAPI:
         else:
             out = tuple([tuple(g) for g in self.coordinator.allocate_new_blocks(rid, slots, main, 0)])
         self.requests[rid] = request
-        if fills and cache and self.enable_caching:
-            self._cache_blocks(request, upto)
+        if fills:
+            if len(plain) == 1:
+                plain[0].cache_blocks(request, upto)  # the unitary coordinator's cache_blocks, one call less
+            else:
+                self.coordinator.cache_blocks(request, upto)
         if self.device_tables is not None:
             self._sync_device_row(rid)
         self._set_quiet(rid)
