@@ -11,15 +11,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import NewType
 
 from kvimpl.invariants import require
+from kvspec.block_pool import BlockId as BlockId  # noqa: PLC0414 - re-exported: callers of this module name ids with it
 from kvspec.errors import DoubleFreeError, InvalidBlockIdError, InvalidTokenCountError, PoolExhaustedError
 from kvspec.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from kvspec.hashing import BlockHash, BlockHashWithGroupId, block_extra_keys, external_block_hash, make_key, split_key
 from kvspec.request import Request
 
-BlockId = NewType("BlockId", int)
 NULL_BLOCK = BlockId(0)
 
 

@@ -1,15 +1,14 @@
-"""Internal invariant failures of kvimpl (duplicated from the spec on purpose).
+"""Internal invariant failures of kvimpl.
 
 A broken invariant is a bug in kvimpl, never a caller error: it raises
-:class:`InvariantViolation`, an ``AssertionError`` that is raised even under
-``python -O``.
+:class:`kvspec.invariants.InvariantViolation` (the one class for spec and
+impl alike, an ``AssertionError`` that is raised even under ``python -O``).
+``require`` is kvimpl's own copy of the spec's one-line helper.
 """
 
 from __future__ import annotations
 
-
-class InvariantViolation(AssertionError):
-    """An internal invariant of kvimpl does not hold."""
+from kvspec.invariants import InvariantViolation
 
 
 def require(holds: bool, message: str) -> None:

@@ -18,18 +18,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvimpl.block_pool import BlockId, BlockPool
-from kvimpl.single_type_kv_cache_manager import find_longest_cache_hit, make_manager
-from kvspec.config import (
+from kvimpl.block_pool import BlockPool
+from kvimpl.config_rules import (
     FULL_TYPE_KINDS,
-    AttentionKind,
-    ChunkedLocal,
-    CrossAttention,
-    KVCacheConfig,
-    Mamba,
-    SlidingWindow,
     admission_cap,
+    batched_tokens,
+    eagle_group_ids,
+    hash_block_size,
+    scheduler_block_size,
 )
+from kvimpl.single_type_kv_cache_manager import find_longest_cache_hit, make_manager
+from kvspec.block_pool import BlockId
+from kvspec.config import AttentionKind, ChunkedLocal, CrossAttention, KVCacheConfig, Mamba, SlidingWindow
 from kvspec.hashing import BlockHash, coarse_block_hashes
 from kvspec.request import Request
 
@@ -42,8 +42,8 @@ class KVCacheCoordinator:
     def __init__(self, config: KVCacheConfig, enable_caching: bool) -> None:
         """Build the pool and the managers (SinkFull takes its blocks here)."""
         self.config = config
-        self.scheduler_block_size = config.scheduler_block_size
-        self.hash_block_size = config.resolved_hash_block_size()
+        self.scheduler_block_size = scheduler_block_size(config)
+        self.hash_block_size = hash_block_size(config)
         self.pool = BlockPool(
             config.num_blocks,
             enable_caching,
@@ -51,8 +51,8 @@ class KVCacheCoordinator:
             config.enable_kv_cache_events,
             config.int_block_hashes,
         )
-        self.eagle_group_ids = config.eagle_group_ids()
-        mnbt, mml = config.batched_tokens(), config.max_model_len
+        self.eagle_group_ids = eagle_group_ids(config)
+        mnbt, mml = batched_tokens(config), config.max_model_len
         self.managers = tuple(
             make_manager(kind, self.pool, enable_caching, gid, self.scheduler_block_size,
                          admission_cap(kind, mnbt, mml))

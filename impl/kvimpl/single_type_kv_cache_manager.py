@@ -19,18 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvimpl.block_pool import NULL_BLOCK, BlockId, BlockPool
+from kvimpl.block_pool import NULL_BLOCK, BlockPool
+from kvimpl.config_rules import FULL_TYPE_KINDS, tracks_new_block_ids
 from kvimpl.invariants import require
-from kvspec.config import (
-    FULL_TYPE_KINDS,
-    AttentionKind,
-    ChunkedLocal,
-    CrossAttention,
-    Mamba,
-    SinkFullAttention,
-    SlidingWindow,
-    tracks_new_block_ids,
-)
+from kvspec.block_pool import BlockId
+from kvspec.config import AttentionKind, ChunkedLocal, CrossAttention, Mamba, SinkFullAttention, SlidingWindow
 from kvspec.hashing import BlockHash, BlockHashWithGroupId
 from kvspec.request import Request
 

@@ -14,7 +14,7 @@ from kvspec.view import KVView
 
 
 class InvariantViolation(AssertionError):
-    """An internal invariant does not hold."""
+    """An internal invariant does not hold (the one class for kvspec and kvimpl alike)."""
 
 
 def require(holds: bool, message: str) -> None:

@@ -2,7 +2,7 @@
 
 kvimpl answers a running step that changes nothing (no block to take, none
 to cache, none leaving the window) from three per-request limits without
-calling the coordinator (``KVCacheManager._set_quiet``). These tests drive
+calling the coordinator (``StepAPI._set_quiet`` in ``kvimpl.step_api``). These tests drive
 kvspec and kvimpl with the same calls, including every call that must drop the
 limits (free, pop for a deferred free, an explicit remove_skipped_blocks,
 a delayed cache_blocks, a re-used request id, a preempted status under a
@@ -142,14 +142,15 @@ def test_quiet_steps_are_taken(shape: str) -> None:
     req = _admit(both, "a", [1, 2, 3])
     assert req is not None
     busy = 0
-    original = both.impl._allocate_running
+    original = both.impl._set_quiet
 
-    def counting(*args: Any, **kwargs: Any) -> Any:
+    def counting(request_id: str) -> None:
         nonlocal busy
         busy += 1
-        return original(*args, **kwargs)
+        original(request_id)
 
-    both.impl._allocate_running = counting  # type: ignore[method-assign]  # count calls on this instance only
+    # Every running step that is not quiet ends by setting new limits; count those on this instance only.
+    both.impl._set_quiet = counting  # type: ignore[method-assign]  # patching a method of one instance
     start = req.num_tokens
     req = _decode(both, req, 40, 0, 7)
     steps = req.num_tokens - start

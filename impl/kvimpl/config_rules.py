@@ -1,0 +1,105 @@
+"""The rules kvimpl derives from a configuration and its attention kinds.
+
+kvimpl's own copies of the functions and derived values of
+:mod:`kvspec.config` (duplicated on purpose: a shared helper is a shared bug,
+and the lockstep comparison with the spec only catches a wrong rule if the
+two sides do not share it). The configuration classes themselves are value
+types and stay imported from :mod:`kvspec.config`.
+
+Upstream: ``vllm/v1/kv_cache_interface.py`` (the ``*Spec`` classes),
+``vllm/v1/core/kv_cache_utils.py`` (block-size resolution) and
+``vllm/v1/core/single_type_kv_cache_manager.py`` (which kinds report new
+block ids).
+"""
+
+from __future__ import annotations
+
+import math
+
+from kvspec.config import (
+    MLA,
+    AttentionKind,
+    ChunkedLocal,
+    CrossAttention,
+    FullAttention,
+    KVCacheConfig,
+    Mamba,
+    SinkFullAttention,
+    SlidingWindow,
+)
+
+FULL_TYPE_KINDS = (FullAttention, MLA, SinkFullAttention)
+"""Kinds vLLM manages with ``FullAttentionManager`` semantics."""
+
+_KIND_NAMES: dict[type, str] = {
+    FullAttention: "full_attention",
+    MLA: "mla_attention",
+    SinkFullAttention: "sink_full_attention",
+    SlidingWindow: "sliding_window",
+    ChunkedLocal: "chunked_local_attention",
+    Mamba: "mamba",
+    CrossAttention: "cross_attention",
+}
+
+
+def kind_name(kind: AttentionKind) -> str:
+    """The kind string carried by BlockStored events (vLLM's ``KVCacheSpecKind``)."""
+    return _KIND_NAMES[type(kind)]
+
+
+def event_sliding_window(kind: AttentionKind) -> int | None:
+    """The sliding window carried by BlockStored events (None unless SWA)."""
+    return kind.window if isinstance(kind, SlidingWindow) else None
+
+
+def tracks_new_block_ids(kind: AttentionKind) -> bool:
+    """Whether fresh blocks of this kind are reported by ``take_new_block_ids``.
+
+    NOTE: vLLM checks the exact spec type, so SinkFull, SWA, Mamba,
+    ChunkedLocal and Cross groups are not reported.
+    """
+    return type(kind) is FullAttention or type(kind) is MLA
+
+
+def admission_cap(kind: AttentionKind, max_num_batched_tokens: int, max_model_len: int) -> int | None:
+    """Per-request block cap of the full-sequence admission gate, or None.
+
+    pre: max_num_batched_tokens > 0 and max_model_len > 0
+    post: __return__ is None or __return__ >= 1
+    """
+    if isinstance(kind, SlidingWindow):
+        tokens = min(kind.window - 1 + max_num_batched_tokens, max_model_len)
+        return -(-tokens // kind.block_size) + 1
+    if isinstance(kind, ChunkedLocal):
+        tokens = min(kind.chunk + max_num_batched_tokens, max_model_len)
+        return -(-tokens // kind.block_size)
+    return None
+
+
+def scheduler_block_size(config: KVCacheConfig) -> int:
+    """The LCM of the group block sizes (the group's size for one group)."""
+    return math.lcm(*(g.block_size for g in config.groups))
+
+
+def hash_block_size(config: KVCacheConfig) -> int:
+    """Hash granularity: the override, else the GCD of group sizes when
+    caching a hybrid model, else the scheduler block size."""
+    if config.hash_block_size is not None:
+        return config.hash_block_size
+    if len(config.groups) == 1 or not config.enable_caching:
+        return scheduler_block_size(config)
+    return math.gcd(*(g.block_size for g in config.groups))
+
+
+def batched_tokens(config: KVCacheConfig) -> int:
+    """``max_num_batched_tokens`` with vLLM's default (``max_model_len``) applied."""
+    if config.max_num_batched_tokens is None:
+        return config.max_model_len
+    return config.max_num_batched_tokens
+
+
+def eagle_group_ids(config: KVCacheConfig) -> frozenset[int]:
+    """Groups that drop the EAGLE block (all groups when none is flagged)."""
+    if config.eagle_groups:
+        return frozenset(config.eagle_groups)
+    return frozenset(range(len(config.groups))) if config.use_eagle else frozenset()
