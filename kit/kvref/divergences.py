@@ -42,6 +42,10 @@ class Divergence:
         after = release_key(release) >= release_key(self.introduced)
         return after and (self.fixed is None or release_key(release) < release_key(self.fixed))
 
+    def trace_for(self, release: str) -> str:
+        """The repository path of this divergence's minimal trace under ``release``'s profile."""
+        return f"traces/vllm-{release}/divergences/{self.id}.jsonl"
+
 
 def release_key(release: str) -> tuple[int, ...]:
     """``"0.27.1"`` -> ``(0, 27, 1)``, for ordering releases."""

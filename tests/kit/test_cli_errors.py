@@ -16,7 +16,7 @@ from kvspec.config import FullAttention, KVCacheConfig
 from kvspec.profiles import VLLM_0_25_1
 
 ROOT = Path(__file__).resolve().parents[2]
-GOOD = ROOT / "traces" / "golden" / "full-0001.jsonl"
+GOOD = ROOT / "traces" / "vllm-0.25.1" / "golden" / "full-0001.jsonl"
 
 
 def _exit_code(argv: list[str]) -> int:
