@@ -20,12 +20,16 @@ window); kvimpl answers those from three integers per request
 (:meth:`StepAPI._set_quiet`) without reaching the coordinator, and runs the
 other running steps of a config without Mamba or cross attention on its
 managers directly, without the coordinator's per-group fan-out. Measured
-(timeit, best of 5, 256 running requests re-issuing a no-op decode step,
-CPython 3.11 on a shared 2-core machine): 0.26-0.28 µs per ``allocate_slots``
-call vs 4.8 µs for vLLM 0.25.1's; the block-taking and block-filling steps
-cost 3.7 µs vs vLLM's 5.0 µs with one full-attention group and 8.8 µs vs
-8.9 µs with full + sliding window (median per call). Whole decode steps:
-``kvref bench --steady-decode 256``; whole workloads: ``kvref bench``.
+(timeit, best of 15 passes over 256 running requests re-issuing a no-op
+decode step, min of 8 alternating rounds, CPython 3.11 on a shared, loaded
+2-core machine): 0.37 µs per ``allocate_slots`` call vs 4.8 µs for vLLM
+0.25.1's (9.0 µs with full + sliding window). The block-taking and
+block-filling steps (median per call, the next tokens hashed between calls)
+cost about what vLLM's do: 9.9 and 10.7 µs vs 9.2 and 10.2 µs with one
+full-attention group, 18.5 and 25.6 µs vs 17.2 and 24.3 µs with full +
+sliding window. Whole workloads (``kvref bench --repeats 7``, same run):
+2.1-2.6x vLLM's speed per allocation with full attention, 2.2-3.2x with
+full + sliding window; whole decode steps: ``kvref bench --steady-decode 256``.
 """
 
 from __future__ import annotations
@@ -161,11 +165,14 @@ class StepAPI:
         one after another: an allocation can evict a block another request's
         caching would have hit, so their order is observable, and the one
         quiet-step test stays inline in ``allocate_slots`` (a method call
-        costs 40% of a quiet step). The batch therefore buys validation
-        before any change, not speed. An earlier version that classified the
-        quiet steps in a NumPy pass was slower (0.35 µs per request for the
-        test alone) because reading the fields out of 256 Request objects
-        costs more than the comparisons it vectorises.
+        costs 40% of a quiet step: 0.49 vs 0.35 µs). The batch therefore buys
+        validation before any change, not speed: 256 quiet steps cost 0.46
+        µs per request vs 0.35 µs as sequential calls (timeit, best of 15,
+        min of 8 rounds), 0.44 µs for an earlier batch with its own copy of
+        the test. A version that classified the quiet steps in a NumPy pass
+        was slower still (0.35 µs per request for the test alone), because
+        reading the fields out of 256 Request objects costs more than the
+        comparisons it vectorises.
         """
         n = len(requests)
         ks = [num_lookahead_tokens] * n if isinstance(num_lookahead_tokens, int) else list(num_lookahead_tokens)
