@@ -28,6 +28,7 @@ from kvspec.config import (
 )
 from kvspec.hashing import BlockHash, BlockHashWithGroupId
 from kvspec.invariants import require
+from kvspec.partial_tail import cache_partial_tail_block, registers_partial_tail
 from kvspec.profiles import NEWEST, SemanticsProfile
 from kvspec.request import Request
 
@@ -136,16 +137,19 @@ class SingleTypeKVCacheManager:
         return self._extend(table, cdiv(num_tokens, self.block_size) - len(table))
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """Hash the table's full blocks up to ``num_tokens`` that are not cached yet."""
+        """Hash the table's full blocks up to ``num_tokens`` that are not cached
+        yet; then, from vLLM 0.26.0 on, a full-attention group coarser than the
+        hash block registers its partial tail (:mod:`kvspec.partial_tail`)."""
         rid = request.request_id
         num_cached = self.num_cached_block.get(rid, 0)
         num_full = num_tokens // self.block_size
-        if num_cached >= num_full:
-            return
-        mask = reachable_block_mask(self.kind, num_cached, num_full, self.scheduler_block_size, self.use_eagle)
-        table = self.req_to_blocks.setdefault(rid, [])
-        self.pool.cache_full_blocks(request, table, num_cached, num_full, self.block_size, self.group_id, mask)
-        self.num_cached_block[rid] = num_full
+        if num_cached < num_full:
+            mask = reachable_block_mask(self.kind, num_cached, num_full, self.scheduler_block_size, self.use_eagle)
+            table = self.req_to_blocks.setdefault(rid, [])
+            self.pool.cache_full_blocks(request, table, num_cached, num_full, self.block_size, self.group_id, mask)
+            self.num_cached_block[rid] = num_full
+        if registers_partial_tail(self.kind, self.profile, self.pool.hash_block_size):
+            cache_partial_tail_block(self, request, num_tokens)
 
     def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
         """Null out and free the leading blocks attention no longer reads."""
@@ -649,12 +653,16 @@ def make_manager(
 
 
 def inv_uncached_tail(m: SingleTypeKVCacheManager) -> bool:
-    """Table entries at or past ``num_cached_block`` carry no hash, and
-    ``num_cached_block`` never exceeds the table length."""
+    """Table entries at or past ``num_cached_block`` carry no full-block key
+    (at most a partial-tail entry, a key for fewer tokens than the block's
+    end), and ``num_cached_block`` never exceeds the table length."""
     for rid, table in m.req_to_blocks.items():
         n = m.num_cached_block.get(rid, 0)
-        if n > len(table) or any(m.pool.block_hash[b] is not None for b in table[n:] if b != NULL_BLOCK):
+        if n > len(table):
             return False
+        for i, b in enumerate(table[n:], start=n):
+            if b != NULL_BLOCK and (m.pool.hash_num_tokens[b] or 0) >= (i + 1) * m.block_size:
+                return False
     return all(rid in m.req_to_blocks for rid in m.num_cached_block)
 
 

@@ -1,0 +1,40 @@
+"""Which state-adding features a configuration exercises
+(``kvspec.profiles.features_used``), and what stays refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvspec.config import AttentionKind, FullAttention, KVCacheConfig, Mamba, SlidingWindow
+from kvspec.errors import UnsupportedByProfileError
+from kvspec.profiles import VLLM_0_25_1, VLLM_0_26_0, VLLM_0_33_0, SemanticsProfile, features_used
+
+FA8_SWA4 = (FullAttention(8), SlidingWindow(4, 4))
+
+
+def config(groups: tuple[AttentionKind, ...], profile: SemanticsProfile, caching: bool = True) -> KVCacheConfig:
+    """A 32-block configuration of ``groups``."""
+    return KVCacheConfig(num_blocks=32, groups=groups, max_model_len=64, enable_caching=caching, profile=profile)
+
+
+@pytest.mark.parametrize(
+    ("groups", "profile", "caching", "used"),
+    [
+        (FA8_SWA4, VLLM_0_25_1, True, set()),
+        (FA8_SWA4, VLLM_0_26_0, True, {"partial-tail-entries"}),
+        (FA8_SWA4, VLLM_0_26_0, False, set()),
+        ((FullAttention(4), SlidingWindow(8, 4)), VLLM_0_33_0, True, set()),
+        ((FullAttention(4), SlidingWindow(4, 4)), VLLM_0_33_0, True, set()),
+    ],
+)
+def test_features_used(
+    groups: tuple[AttentionKind, ...], profile: SemanticsProfile, caching: bool, used: set[str]
+) -> None:
+    """Partial tails need a cached hybrid with a coarse full-attention group."""
+    assert features_used(config(groups, profile, caching)) == used
+
+
+def test_unmodelled_features_are_refused() -> None:
+    """Fine-grained hits (a coarse Mamba align group) are still refused."""
+    with pytest.raises(UnsupportedByProfileError, match="fine-grained hits"):
+        config((FullAttention(4), Mamba(8, "align")), VLLM_0_26_0)
