@@ -123,8 +123,13 @@ class SemanticsProfile:
     """A Mamba align group coarser than the hash block enables hits inside a
     block, served by copy-on-write."""
     mamba_tail_entries: bool = False
-    """Mamba align groups key their state block at the prompt's last hash
-    boundary (which also re-caches a state block evicted while held)."""
+    """Mamba align groups key their state block at the prompt's tail boundary
+    (which also re-caches a state block evicted while held):
+    :func:`kvspec.mamba_tail.registers_mamba_tail`."""
+    mamba_tail_skip_keyed: bool = False
+    """The Mamba tail leaves a block already keyed at the boundary alone
+    (0.32.0 marks it cached in this step again):
+    :func:`kvspec.mamba_tail.cache_mamba_tail_block`."""
 
 
 VLLM_0_25_1 = SemanticsProfile("vllm-0.25.1", "0.25.1")
@@ -208,9 +213,11 @@ VLLM_0_33_0 = replace(
     pop_drops_leading_nulls=True,
     mamba_caching_needs_align=True,
     eagle_flags_need_use_eagle=True,
+    mamba_tail_skip_keyed=True,
 )
 """0.33.0: ``pop_blocks_for_free`` drops leading nulls; cached Mamba groups
-must use align mode; EAGLE group flags need ``use_eagle``."""
+must use align mode; EAGLE group flags need ``use_eagle``; the Mamba tail
+skips a block already keyed at the boundary."""
 
 PROFILES: dict[str, SemanticsProfile] = {
     p.name: p
@@ -278,20 +285,17 @@ def features_used(config: KVCacheConfig) -> frozenset[str]:
     return frozenset(used)
 
 
-MODELLED_FEATURES = frozenset({"partial-tail-entries"})
+MODELLED_FEATURES = frozenset({"partial-tail-entries", "mamba-tail-entries"})
 """The features of :func:`features_used` that kvspec models."""
 
 
 def unsupported_reason(config: KVCacheConfig) -> str | None:
     """Why kvspec cannot model ``config`` under its profile, or None.
 
-    Two features of newer releases add state kvspec does not model yet
-    (:func:`features_used`); a cached configuration that would use them is
-    refused:
-
-    * fine-grained hits with copy-on-write (0.26.0 on): a hybrid with a Mamba
-      align group whose block size is above the hash block size;
-    * Mamba align tail entries (0.32.0 on): any Mamba align group.
+    One feature of newer releases adds state kvspec does not model yet
+    (:func:`features_used`); a cached configuration that would use it is
+    refused: fine-grained hits with copy-on-write (0.26.0 on), a hybrid with
+    a Mamba align group whose block size is above the hash block size.
     """
     missing = sorted(features_used(config) - MODELLED_FEATURES)
     if not missing:

@@ -28,6 +28,7 @@ from kvspec.config import (
 )
 from kvspec.hashing import BlockHash, BlockHashWithGroupId
 from kvspec.invariants import require
+from kvspec.mamba_tail import cache_mamba_tail_block, registers_mamba_tail
 from kvspec.partial_tail import cache_partial_tail_block, registers_partial_tail
 from kvspec.profiles import NEWEST, SemanticsProfile
 from kvspec.request import Request
@@ -255,6 +256,9 @@ class MambaManager(SingleTypeKVCacheManager):
         """A Mamba manager with no requests."""
         super().__init__(kind, pool, enable_caching, group_id, sched, None, profile, True)
         self.mamba = kind
+        self.drop_eagle_checkpoint = False
+        """The model uses EAGLE (set by the coordinator; upstream
+        ``drop_eagle_checkpoint_block``): the tail boundary moves down."""
         self.cached_blocks_this_step: set[BlockHashWithGroupId] = set()
         self.last_state_block_idx: dict[str, int] = {}
         self.allocated_block_reqs: set[str] = set()
@@ -303,10 +307,15 @@ class MambaManager(SingleTypeKVCacheManager):
         return self._allocate_aligned(request_id, num_tokens_main_model)
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """As the base; remember the keys cached in this step."""
+        """As the base, then (vLLM 0.32.0 on) the tail entry of
+        :mod:`kvspec.mamba_tail`; remember the keys cached in this step."""
         rid = request.request_id
         before = self.num_cached_block.get(rid, 0)
         super().cache_blocks(request, num_tokens)
+        if registers_mamba_tail(self.mamba, self.profile):
+            key = cache_mamba_tail_block(self, request, num_tokens)
+            if key is not None:
+                self.cached_blocks_this_step.add(key)
         for b in self.req_to_blocks.get(rid, [])[before : self.num_cached_block.get(rid, 0)]:
             key = self.pool.block_hash[b]
             if b != NULL_BLOCK and key is not None:

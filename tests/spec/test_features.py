@@ -7,7 +7,15 @@ import pytest
 
 from kvspec.config import AttentionKind, FullAttention, KVCacheConfig, Mamba, SlidingWindow
 from kvspec.errors import UnsupportedByProfileError
-from kvspec.profiles import VLLM_0_25_1, VLLM_0_26_0, VLLM_0_33_0, SemanticsProfile, features_used
+from kvspec.profiles import (
+    VLLM_0_25_1,
+    VLLM_0_26_0,
+    VLLM_0_31_0,
+    VLLM_0_32_0,
+    VLLM_0_33_0,
+    SemanticsProfile,
+    features_used,
+)
 
 FA8_SWA4 = (FullAttention(8), SlidingWindow(4, 4))
 
@@ -25,12 +33,17 @@ def config(groups: tuple[AttentionKind, ...], profile: SemanticsProfile, caching
         (FA8_SWA4, VLLM_0_26_0, False, set()),
         ((FullAttention(4), SlidingWindow(8, 4)), VLLM_0_33_0, True, set()),
         ((FullAttention(4), SlidingWindow(4, 4)), VLLM_0_33_0, True, set()),
+        ((FullAttention(4), Mamba(4, "align")), VLLM_0_31_0, True, set()),
+        ((FullAttention(4), Mamba(4, "align")), VLLM_0_32_0, True, {"mamba-tail-entries"}),
+        ((Mamba(4, "align"),), VLLM_0_33_0, True, {"mamba-tail-entries"}),
+        ((Mamba(4, "align"),), VLLM_0_33_0, False, set()),
     ],
 )
 def test_features_used(
     groups: tuple[AttentionKind, ...], profile: SemanticsProfile, caching: bool, used: set[str]
 ) -> None:
-    """Partial tails need a cached hybrid with a coarse full-attention group."""
+    """Partial tails need a cached hybrid with a coarse full-attention group;
+    Mamba tails (0.32.0 on) any cached Mamba align group."""
     assert features_used(config(groups, profile, caching)) == used
 
 
