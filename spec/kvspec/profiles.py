@@ -288,6 +288,15 @@ def features_used(config: KVCacheConfig) -> frozenset[str]:
 MODELLED_FEATURES = frozenset({"partial-tail-entries", "mamba-tail-entries"})
 """The features of :func:`features_used` that kvspec models."""
 
+FEATURE_SWITCHES: dict[str, frozenset[str]] = {
+    "partial-tail-entries": frozenset({"partial_tail_entries", "fa_tail_below_last_token"}),
+    "partial-hash-hits": frozenset({"partial_hash_hits"}),
+    "mamba-tail-entries": frozenset({"mamba_tail_entries", "mamba_tail_skip_keyed"}),
+}
+"""The profile switches each feature of :func:`features_used` reads. They
+change nothing for a configuration that does not use the feature, so an
+implementation that refuses the feature need not read them."""
+
 
 def unsupported_reason(config: KVCacheConfig) -> str | None:
     """Why kvspec cannot model ``config`` under its profile, or None.

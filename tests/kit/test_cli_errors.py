@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from kvimpl import PROFILE_SWITCHES
 from kvref.cli import main
 from kvref.exits import HANG, NOTHING_CHECKED, OK, USAGE
 from kvref.traces import Trace, load
@@ -16,7 +17,7 @@ from kvspec.config import FullAttention, KVCacheConfig
 from kvspec.profiles import VLLM_0_25_1
 
 ROOT = Path(__file__).resolve().parents[2]
-GOOD = ROOT / "traces" / "golden" / "full-0001.jsonl"
+GOOD = ROOT / "traces" / "vllm-0.25.1" / "golden" / "full-0001.jsonl"
 
 
 def _exit_code(argv: list[str]) -> int:
@@ -153,8 +154,9 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert "semantics profiles" in capsys.readouterr().out
 
 
-def test_a_run_of_only_refused_configurations_checks_nothing() -> None:
-    """kvimpl follows 0.25.1 only: under 0.33.0 every configuration is refused, and that is no pass."""
+def test_a_run_of_only_refused_configurations_checks_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kvimpl that does not read a switch of 0.33.0 refuses every configuration under it, and that is no pass."""
+    monkeypatch.setattr("kvref.adapters.impl.PROFILE_SWITCHES", PROFILE_SWITCHES - {"common_prefix"})
     assert KVCacheConfig(num_blocks=4, groups=(FullAttention(4),), max_model_len=16, profile=VLLM_0_25_1)
     code = _exit_code(["check", "--target", "impl", "--against", "spec", "--semantics", "vllm-0.33.0"])
     assert code in (USAGE, NOTHING_CHECKED)

@@ -15,7 +15,8 @@ SCHEMA = json.loads((ROOT / "traces" / "schema" / "trace.schema.json").read_text
 HEADER = Draft202012Validator({"$defs": SCHEMA["$defs"], "$ref": "#/$defs/header"})
 STEP = Draft202012Validator({"$defs": SCHEMA["$defs"], "$ref": "#/$defs/step"})
 END = Draft202012Validator({"$defs": SCHEMA["$defs"], "$ref": "#/$defs/end"})
-CORPUS = sorted((ROOT / "traces").glob("*/*.jsonl"))
+CORPUS = sorted((ROOT / "traces").glob("vllm-*/*/*.jsonl"))
+FOLDERS = sorted({p.parent.relative_to(ROOT / "traces").as_posix() for p in CORPUS})
 
 
 def test_schema_is_valid() -> None:
@@ -23,10 +24,10 @@ def test_schema_is_valid() -> None:
     assert len(CORPUS) >= 300
 
 
-@pytest.mark.parametrize("folder", ["golden", "directed", "divergences"])
+@pytest.mark.parametrize("folder", FOLDERS)
 def test_corpus_matches_schema(folder: str) -> None:
     problems = []
-    for path in (p for p in CORPUS if p.parent.name == folder):
+    for path in (p for p in CORPUS if p.parent.relative_to(ROOT / "traces").as_posix() == folder):
         lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         problems += [f"{path.name}:1: {e.message}" for e in HEADER.iter_errors(lines[0])]
         steps = lines[1:]

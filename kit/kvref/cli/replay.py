@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from kvref import corpus
 from kvref.adapters import AdapterFactory, KVCacheAdapter, load_factory, semantics_of
 from kvref.divergences import load_registry
 from kvref.exits import DIVERGENCE, INTERRUPTED, NOTHING_CHECKED, OK, USAGE, InputError
@@ -17,7 +18,14 @@ from kvspec.errors import UnsupportedByProfileError
 def add_parser(sub: Any) -> None:
     """Register ``replay`` on the subcommand parser ``sub``."""
     rep = sub.add_parser("replay", help="replay trace files against an adapter")
-    rep.add_argument("files", nargs="+", type=Path)
+    rep.add_argument("files", nargs="*", type=Path)
+    rep.add_argument(
+        "--corpus",
+        metavar="SELECTOR",
+        action="append",
+        default=[],
+        help="replay shipped traces: a folder (vllm-0.25.1/golden) or a profile (vllm-0.33.0); see `kvref corpus`",
+    )
     rep.add_argument("--target", default="spec")
     rep.set_defaults(run=run)
 
@@ -35,7 +43,9 @@ def run(args: argparse.Namespace) -> int:
     every step must pass and the adapter must report the documented
     ``construction_workaround``), and pass it otherwise.
     """
-    files: list[Path] = args.files
+    files: list[Path] = [*args.files, *(p for selector in args.corpus for p in corpus.files(selector))]
+    if not files:
+        raise InputError("no trace files given (name files, or --corpus SELECTOR)")
     factory = load_factory(args.target)
     counts = {"ok": 0, "bad": 0, "skipped": 0, "errors": 0}
     try:
