@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import fields, replace
+from typing import Any
 
 import pytest
 
@@ -66,7 +67,8 @@ def test_feature_switches_change_nothing_without_the_feature() -> None:
     plain = (FullAttention(4), SlidingWindow(4, 4))
     for feature, switches in FEATURE_SWITCHES.items():
         assert switches <= names, feature
-        off = replace(VLLM_0_33_0, name="off", **{s: False for s in switches})
+        changes: dict[str, Any] = {"name": "off", **dict.fromkeys(switches, False)}
+        off = replace(VLLM_0_33_0, **changes)
         outcomes = []
         for profile in (VLLM_0_33_0, off):
             cfg = config(plain, profile)
