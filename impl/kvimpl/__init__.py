@@ -45,6 +45,8 @@ PROFILE_SWITCHES = frozenset(
         "extra_keys_tagged", "mm_resume_from_first_feature",
         # Applied by KVCacheConfig's own validation (a configuration kvimpl is given already obeys them).
         "single_spec_group_hybrid", "mamba_caching_needs_align",
+        # Features kvimpl does not model: a configuration that needs one is refused by the impl
+        # adapter (kvref.adapters.impl.IMPL_FEATURES), so kvimpl never runs with them on.
         "partial_tail_entries", "partial_hash_hits", "mamba_tail_entries",
     }
 )  # fmt: skip

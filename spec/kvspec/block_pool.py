@@ -39,10 +39,18 @@ T = TypeVar("T")
 class BlockPool:
     """Hands out blocks, counts references and caches full blocks by hash.
 
+    A block has at most one *primary* key (``block_hash``, upstream
+    ``KVCacheBlock.block_hash``) standing for a prefix of
+    ``hash_num_tokens`` tokens, and, from vLLM 0.26.0 on, further
+    *secondary* keys (partial-tail entries, :mod:`kvspec.partial_tail`;
+    upstream ``cached_block_hashes_by_block``). Every key of a block is an
+    entry of ``cached``; eviction removes them all.
+
     inv: block 0 is never free, never hashed, never a cache-map value
     inv: a block is free <=> it is not null, not a sink block and ref_cnt == 0
     inv: num_gpu_blocks == 1 + len(sink) + len(free_queue) + #{b: ref_cnt[b] > 0}
-    inv: cached[k] lists exactly the blocks whose block_hash is k, oldest first
+    inv: cached[k] lists exactly the blocks with primary or secondary key k, oldest first
+    inv: a block has secondary keys only if it has a primary key
     """
 
     def __init__(
@@ -63,6 +71,10 @@ class BlockPool:
         self.int_block_hashes = int_block_hashes
         self.ref_cnt = [0] * num_gpu_blocks
         self.block_hash: list[BlockHashWithGroupId | None] = [None] * num_gpu_blocks
+        self.hash_num_tokens: list[int | None] = [None] * num_gpu_blocks
+        """Prefix length the primary key stands for (upstream ``block_hash_num_tokens``)."""
+        self.secondary: dict[BlockId, list[BlockHashWithGroupId]] = {}
+        """Further keys per block, in insertion order (upstream a set)."""
         self.free_queue = [BlockId(i) for i in range(1, num_gpu_blocks)]
         self.cached: dict[BlockHashWithGroupId, list[BlockId]] = {}
         self.sink: list[BlockId] = []
@@ -162,8 +174,11 @@ class BlockPool:
         Null blocks and blocks whose mask entry is False are skipped. Block i
         gets key ``hash_i ‖ group_id`` where ``hash_i`` is the request's hash at
         this group's block size. Duplicates of an existing key are kept (block
-        tables are append-only); lookups return the oldest. With events on,
-        exactly one BlockStored is emitted per call, even if nothing was stored.
+        tables are append-only); lookups return the oldest. A block that
+        already carries a partial entry (a key for fewer tokens) is promoted:
+        it loses every key first, one BlockRemoved each, then gets the full
+        key. With events on, exactly one BlockStored is emitted per call, even
+        if nothing was stored, after those BlockRemoved.
         """
         if num_cached_blocks >= num_full_blocks:
             return
@@ -173,10 +188,11 @@ class BlockPool:
             b = blocks[i]
             if b == NULL_BLOCK or (block_mask is not None and not block_mask[i - num_cached_blocks]):
                 continue
-            assert self.block_hash[b] is None, f"block {b} is hashed twice"
-            key = make_key(hashes[i], group_id)
-            self.block_hash[b] = key
-            self.cached.setdefault(key, []).append(b)
+            num_tokens = (i + 1) * block_size
+            if self.block_hash[b] is not None:
+                assert (self.hash_num_tokens[b] or 0) < num_tokens, f"block {b} is hashed twice"
+                self._evict(b)
+            self.insert_key(b, make_key(hashes[i], group_id), num_tokens)
             stored.append(i)
         if self.enable_kv_cache_events:
             self.events.append(
@@ -210,6 +226,8 @@ class BlockPool:
             return False
         self.cached = {}
         self.block_hash = [None] * self.num_gpu_blocks
+        self.hash_num_tokens = [None] * self.num_gpu_blocks
+        self.secondary = {}
         if self.enable_kv_cache_events:
             self.events.append(AllBlocksCleared())
         return True
@@ -234,17 +252,42 @@ class BlockPool:
         require(inv_hash_map_consistent(self), "cache map and block hashes disagree")
         require(0.0 <= self.get_usage() <= 1.0, "usage outside [0, 1]")
 
-    def _evict(self, b: BlockId) -> None:
-        key = self.block_hash[b]
-        if key is None:
+    def keys_of(self, b: BlockId) -> list[BlockHashWithGroupId]:
+        """Every key of block ``b``: the primary first, then the secondary ones."""
+        primary = self.block_hash[b]
+        return [] if primary is None else [primary, *self.secondary.get(b, [])]
+
+    def insert_key(self, b: BlockId, key: BlockHashWithGroupId, num_tokens: int) -> None:
+        """Cache block ``b`` under ``key`` too (nothing if it already is): as
+        its primary key for ``num_tokens`` tokens if it has none, else as a
+        secondary one (upstream ``_insert_block_hash``)."""
+        if key in self.keys_of(b):
             return
-        self.block_hash[b] = None
-        self.cached[key].remove(b)
-        if not self.cached[key]:
-            del self.cached[key]
-        if self.enable_kv_cache_events:
-            digest, gid = split_key(key)
-            self.events.append(BlockRemoved((external_block_hash(digest, self.int_block_hashes),), MEDIUM_GPU, gid))
+        if self.block_hash[b] is None:
+            self.block_hash[b], self.hash_num_tokens[b] = key, num_tokens
+        else:
+            self.secondary.setdefault(b, []).append(key)
+        self.cached.setdefault(key, []).append(b)
+
+    def remove_keys(self, b: BlockId) -> list[BlockHashWithGroupId]:
+        """Uncache block ``b`` silently; return its keys, primary first
+        (upstream ``_remove_cached_block_hashes``)."""
+        keys = self.keys_of(b)
+        for key in keys:
+            self.cached[key].remove(b)
+            if not self.cached[key]:
+                del self.cached[key]
+        self.block_hash[b], self.hash_num_tokens[b] = None, None
+        self.secondary.pop(b, None)
+        return keys
+
+    def _evict(self, b: BlockId) -> None:
+        """Uncache block ``b`` with one BlockRemoved per key, primary first."""
+        for key in self.remove_keys(b):
+            if self.enable_kv_cache_events:
+                digest, gid = split_key(key)
+                ext = external_block_hash(digest, self.int_block_hashes)
+                self.events.append(BlockRemoved((ext,), MEDIUM_GPU, gid))
 
     def _valid_id(self, b: int, op: str) -> BlockId:
         if not isinstance(b, int) or isinstance(b, bool) or not 0 <= b < self.num_gpu_blocks:
@@ -338,12 +381,17 @@ def inv_block_conservation(pool: BlockPool) -> bool:
 
 
 def inv_hash_map_consistent(pool: BlockPool) -> bool:
-    """``cached[k]`` holds exactly the blocks whose hash is ``k``, each once, and
-    no key maps to an empty list."""
+    """``cached[k]`` holds exactly the blocks with primary or secondary key
+    ``k``, each once; no key maps to an empty list; a block's keys are
+    distinct, and only a block with a primary key has secondary ones."""
     by_key: dict[BlockHashWithGroupId, set[int]] = {}
-    for b, key in enumerate(pool.block_hash):
-        if key is not None:
+    for b in range(pool.num_gpu_blocks):
+        keys = pool.keys_of(BlockId(b))
+        if len(keys) != len(set(keys)):
+            return False
+        for key in keys:
             by_key.setdefault(key, set()).add(b)
+    orphans = any(pool.block_hash[b] is None or not keys for b, keys in pool.secondary.items())
     listed = {k: set(ids) for k, ids in pool.cached.items()}
     no_dups = all(len(ids) == len(set(ids)) and ids for ids in pool.cached.values())
-    return no_dups and listed == by_key
+    return no_dups and not orphans and listed == by_key

@@ -19,7 +19,7 @@ from kvspec.block_pool import BlockId, BlockPool
 from kvspec.config import FULL_TYPE_KINDS, AttentionKind, CrossAttention, KVCacheConfig, Mamba, admission_cap
 from kvspec.hashing import BlockHash, coarse_block_hashes
 from kvspec.request import Request
-from kvspec.single_type_kv_cache_manager import find_longest_cache_hit, make_manager
+from kvspec.single_type_kv_cache_manager import MambaManager, find_longest_cache_hit, make_manager
 
 GroupBlocks = tuple[list[BlockId], ...]
 
@@ -47,6 +47,9 @@ class KVCacheCoordinator:
                          admission_cap(kind, mnbt, mml), config.profile, config.has_mamba())
             for gid, kind in enumerate(config.groups)
         )  # fmt: skip
+        for m in self.managers:
+            if isinstance(m, MambaManager):
+                m.drop_eagle_checkpoint = config.use_eagle
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int

@@ -8,12 +8,14 @@ shares its predecessor's switches (and says so). Each switch is read in one
 named place of the spec (given after it below), so every rule stays a small
 function a port can check alone.
 
-Releases change more than these switches: some add state (new managers, a
-second pool, fine-grained hits with copy-on-write). Where kvspec does not
-model such a feature yet, :func:`unsupported_reason` names the configurations
-that would need it, and ``KVCacheConfig`` refuses them for that profile with
-:class:`kvspec.errors.UnsupportedByProfileError` instead of silently behaving
-like another release.
+Releases change more than these switches: some add state (partial-tail
+entries, fine-grained hits with copy-on-write, new managers, a second pool).
+A modelled one is its own module, switched on by a profile field;
+:func:`features_used` names the ones a configuration exercises. Where kvspec
+does not model such a feature yet, :func:`unsupported_reason` names the
+configurations that would need it, and ``KVCacheConfig`` refuses them for
+that profile with :class:`kvspec.errors.UnsupportedByProfileError` instead of
+silently behaving like another release.
 
 ``docs/vllm-versions.md`` describes every change in prose, with the switch
 that models it and a trace that shows it.
@@ -108,16 +110,26 @@ class SemanticsProfile:
     """A Mamba group with prefix caching on must use ``align`` mode:
     :func:`kvspec.config.validate_kind`."""
 
-    # -- features that add state, not modelled yet (unsupported_reason) ------------------
+    # -- features that add state (their own modules; unsupported_reason) ------------------
     partial_tail_entries: bool = False
     """Full-attention groups coarser than the hash block register an extra
-    cache key at the prompt's last hash boundary (a block can hold two keys)."""
+    cache key at the prompt's last hash boundary (a block can hold two keys):
+    :func:`kvspec.partial_tail.registers_partial_tail`."""
+    fa_tail_below_last_token: bool = False
+    """The full-attention partial tail sits at the last hash boundary at or
+    below ``num_prompt_tokens - 1`` (EAGLE groups: ``num_prompt_tokens``):
+    :func:`kvspec.partial_tail.fa_tail_boundary`."""
     partial_hash_hits: bool = False
     """A Mamba align group coarser than the hash block enables hits inside a
     block, served by copy-on-write."""
     mamba_tail_entries: bool = False
-    """Mamba align groups key their state block at the prompt's last hash
-    boundary (which also re-caches a state block evicted while held)."""
+    """Mamba align groups key their state block at the prompt's tail boundary
+    (which also re-caches a state block evicted while held):
+    :func:`kvspec.mamba_tail.registers_mamba_tail`."""
+    mamba_tail_skip_keyed: bool = False
+    """The Mamba tail leaves a block already keyed at the boundary alone
+    (0.32.0 marks it cached in this step again):
+    :func:`kvspec.mamba_tail.cache_mamba_tail_block`."""
 
 
 VLLM_0_25_1 = SemanticsProfile("vllm-0.25.1", "0.25.1")
@@ -186,10 +198,13 @@ VLLM_0_32_0 = replace(
     release="0.32.0",
     common_prefix="zero",
     eagle_margin_hashed_cap=True,
+    fa_tail_below_last_token=True,
     mamba_tail_entries=True,
 )
 """0.32.0: ``get_num_common_prefix_blocks`` always answers zeros; the hybrid
-EAGLE look-ahead is capped by hashed tokens; Mamba align tail entries."""
+EAGLE look-ahead is capped by hashed tokens; the full-attention partial tail
+moves to the last hash boundary below the prompt's last token; Mamba align
+tail entries."""
 
 VLLM_0_33_0 = replace(
     VLLM_0_32_0,
@@ -198,9 +213,11 @@ VLLM_0_33_0 = replace(
     pop_drops_leading_nulls=True,
     mamba_caching_needs_align=True,
     eagle_flags_need_use_eagle=True,
+    mamba_tail_skip_keyed=True,
 )
 """0.33.0: ``pop_blocks_for_free`` drops leading nulls; cached Mamba groups
-must use align mode; EAGLE group flags need ``use_eagle``."""
+must use align mode; EAGLE group flags need ``use_eagle``; the Mamba tail
+skips a block already keyed at the boundary."""
 
 PROFILES: dict[str, SemanticsProfile] = {
     p.name: p
@@ -235,36 +252,66 @@ def profile_named(name: str) -> SemanticsProfile:
     return PROFILES[key]
 
 
-def unsupported_reason(config: KVCacheConfig) -> str | None:
-    """Why kvspec cannot model ``config`` under its profile, or None.
+def features_used(config: KVCacheConfig) -> frozenset[str]:
+    """The state-adding features ``config`` exercises under its profile.
 
-    Three features of newer releases add state kvspec does not model yet;
-    a cached configuration that would use them is refused:
+    * ``"partial-tail-entries"`` (0.26.0 on): a cached hybrid with a
+      full-attention-type group coarser than the hash block;
+    * ``"partial-hash-hits"`` (0.26.0 on): a cached hybrid with a Mamba
+      align group coarser than the hash block (fine-grained hits with
+      copy-on-write);
+    * ``"mamba-tail-entries"`` (0.32.0 on): a cached Mamba align group.
 
-    * partial-tail entries (0.26.0 on): a hybrid with a full-attention-type
-      group whose block size is above the hash block size;
-    * fine-grained hits with copy-on-write (0.26.0 on): a hybrid with a Mamba
-      align group whose block size is above the hash block size;
-    * Mamba align tail entries (0.32.0 on): any Mamba align group.
+    An implementation that models only some of them refuses the others
+    (kvref's impl adapter compares this set with what kvimpl models).
     """
     from kvspec.config import FULL_TYPE_KINDS, Mamba  # noqa: PLC0415 - config imports this module
 
     p = config.profile
     if not config.enable_caching:
-        return None
+        return frozenset()
     hbs = config.resolved_hash_block_size()
-    for gid, kind in enumerate(config.groups):
-        where = f"{p.name}: group {gid} ({type(kind).__name__}, block size {kind.block_size})"
+    used: set[str] = set()
+    for kind in config.groups:
         align = isinstance(kind, Mamba) and kind.mode == "align"
         if p.mamba_tail_entries and align:
-            return f"{where}: Mamba align tail cache entries are not modelled"
+            used.add("mamba-tail-entries")
         if len(config.groups) < 2 or kind.block_size <= hbs:
             continue
         if p.partial_tail_entries and isinstance(kind, FULL_TYPE_KINDS):
-            return f"{where} is coarser than the hash block ({hbs}): partial-tail cache entries are not modelled"
+            used.add("partial-tail-entries")
         if p.partial_hash_hits and align:
-            return (
-                f"{where} is coarser than the hash block ({hbs}): fine-grained hits with copy-on-write "
-                "are not modelled"
-            )
-    return None
+            used.add("partial-hash-hits")
+    return frozenset(used)
+
+
+MODELLED_FEATURES = frozenset({"partial-tail-entries", "mamba-tail-entries"})
+"""The features of :func:`features_used` that kvspec models."""
+
+FEATURE_SWITCHES: dict[str, frozenset[str]] = {
+    "partial-tail-entries": frozenset({"partial_tail_entries", "fa_tail_below_last_token"}),
+    "partial-hash-hits": frozenset({"partial_hash_hits"}),
+    "mamba-tail-entries": frozenset({"mamba_tail_entries", "mamba_tail_skip_keyed"}),
+}
+"""The profile switches each feature of :func:`features_used` reads. They
+change nothing for a configuration that does not use the feature, so an
+implementation that refuses the feature need not read them."""
+
+
+def unsupported_reason(config: KVCacheConfig) -> str | None:
+    """Why kvspec cannot model ``config`` under its profile, or None.
+
+    One feature of newer releases adds state kvspec does not model yet
+    (:func:`features_used`); a cached configuration that would use it is
+    refused: fine-grained hits with copy-on-write (0.26.0 on), a hybrid with
+    a Mamba align group whose block size is above the hash block size.
+    """
+    missing = sorted(features_used(config) - MODELLED_FEATURES)
+    if not missing:
+        return None
+    why = {
+        "partial-hash-hits": "a Mamba align group coarser than the hash block needs fine-grained hits with "
+        "copy-on-write, which are not modelled",
+        "mamba-tail-entries": "Mamba align tail cache entries are not modelled",
+    }
+    return f"{config.profile.name}: " + "; ".join(why[f] for f in missing)

@@ -28,6 +28,8 @@ from kvspec.config import (
 )
 from kvspec.hashing import BlockHash, BlockHashWithGroupId
 from kvspec.invariants import require
+from kvspec.mamba_tail import cache_mamba_tail_block, registers_mamba_tail
+from kvspec.partial_tail import cache_partial_tail_block, registers_partial_tail
 from kvspec.profiles import NEWEST, SemanticsProfile
 from kvspec.request import Request
 
@@ -136,16 +138,19 @@ class SingleTypeKVCacheManager:
         return self._extend(table, cdiv(num_tokens, self.block_size) - len(table))
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """Hash the table's full blocks up to ``num_tokens`` that are not cached yet."""
+        """Hash the table's full blocks up to ``num_tokens`` that are not cached
+        yet; then, from vLLM 0.26.0 on, a full-attention group coarser than the
+        hash block registers its partial tail (:mod:`kvspec.partial_tail`)."""
         rid = request.request_id
         num_cached = self.num_cached_block.get(rid, 0)
         num_full = num_tokens // self.block_size
-        if num_cached >= num_full:
-            return
-        mask = reachable_block_mask(self.kind, num_cached, num_full, self.scheduler_block_size, self.use_eagle)
-        table = self.req_to_blocks.setdefault(rid, [])
-        self.pool.cache_full_blocks(request, table, num_cached, num_full, self.block_size, self.group_id, mask)
-        self.num_cached_block[rid] = num_full
+        if num_cached < num_full:
+            mask = reachable_block_mask(self.kind, num_cached, num_full, self.scheduler_block_size, self.use_eagle)
+            table = self.req_to_blocks.setdefault(rid, [])
+            self.pool.cache_full_blocks(request, table, num_cached, num_full, self.block_size, self.group_id, mask)
+            self.num_cached_block[rid] = num_full
+        if registers_partial_tail(self.kind, self.profile, self.pool.hash_block_size):
+            cache_partial_tail_block(self, request, num_tokens)
 
     def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
         """Null out and free the leading blocks attention no longer reads."""
@@ -251,6 +256,9 @@ class MambaManager(SingleTypeKVCacheManager):
         """A Mamba manager with no requests."""
         super().__init__(kind, pool, enable_caching, group_id, sched, None, profile, True)
         self.mamba = kind
+        self.drop_eagle_checkpoint = False
+        """The model uses EAGLE (set by the coordinator; upstream
+        ``drop_eagle_checkpoint_block``): the tail boundary moves down."""
         self.cached_blocks_this_step: set[BlockHashWithGroupId] = set()
         self.last_state_block_idx: dict[str, int] = {}
         self.allocated_block_reqs: set[str] = set()
@@ -299,10 +307,15 @@ class MambaManager(SingleTypeKVCacheManager):
         return self._allocate_aligned(request_id, num_tokens_main_model)
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """As the base; remember the keys cached in this step."""
+        """As the base, then (vLLM 0.32.0 on) the tail entry of
+        :mod:`kvspec.mamba_tail`; remember the keys cached in this step."""
         rid = request.request_id
         before = self.num_cached_block.get(rid, 0)
         super().cache_blocks(request, num_tokens)
+        if registers_mamba_tail(self.mamba, self.profile):
+            key = cache_mamba_tail_block(self, request, num_tokens)
+            if key is not None:
+                self.cached_blocks_this_step.add(key)
         for b in self.req_to_blocks.get(rid, [])[before : self.num_cached_block.get(rid, 0)]:
             key = self.pool.block_hash[b]
             if b != NULL_BLOCK and key is not None:
@@ -649,12 +662,16 @@ def make_manager(
 
 
 def inv_uncached_tail(m: SingleTypeKVCacheManager) -> bool:
-    """Table entries at or past ``num_cached_block`` carry no hash, and
-    ``num_cached_block`` never exceeds the table length."""
+    """Table entries at or past ``num_cached_block`` carry no full-block key
+    (at most a partial-tail entry, a key for fewer tokens than the block's
+    end), and ``num_cached_block`` never exceeds the table length."""
     for rid, table in m.req_to_blocks.items():
         n = m.num_cached_block.get(rid, 0)
-        if n > len(table) or any(m.pool.block_hash[b] is not None for b in table[n:] if b != NULL_BLOCK):
+        if n > len(table):
             return False
+        for i, b in enumerate(table[n:], start=n):
+            if b != NULL_BLOCK and (m.pool.hash_num_tokens[b] or 0) >= (i + 1) * m.block_size:
+                return False
     return all(rid in m.req_to_blocks for rid in m.num_cached_block)
 
 

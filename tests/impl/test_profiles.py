@@ -7,7 +7,8 @@ the check that kvimpl's outcome equals kvspec's under both profiles while the
 two outcomes differ. So each case fails if kvimpl ignored its switch (it
 would then answer both profiles alike), or if the scenario stopped showing
 the switch. Then the impl adapter: it follows every profile kvspec models
-and refuses one it does not know.
+and refuses one it does not know, and a configuration that uses a feature
+kvspec models and kvimpl does not yet.
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ import pytest
 
 from kvimpl import PROFILE_SWITCHES
 from kvimpl.kv_cache_manager import KVCacheManager as ImplManager
-from kvref.adapters.impl import IMPL_PROFILES, make_impl_adapter, unread_switches
+from kvref.adapters.impl import (
+    IMPL_FEATURES,
+    IMPL_PROFILES,
+    REFUSED_FEATURE_SWITCHES,
+    make_impl_adapter,
+    unread_switches,
+)
 from kvspec.config import (
     CrossAttention,
     FullAttention,
@@ -33,6 +40,7 @@ from kvspec.errors import ConfigError, KVCacheError, UnsupportedByProfileError
 from kvspec.hashing import ExtraKeySource, LoRA, MultiModalFeature
 from kvspec.kv_cache_manager import KVCacheManager as SpecManager
 from kvspec.profiles import (
+    MODELLED_FEATURES,
     PROFILES,
     VLLM_0_25_1,
     VLLM_0_26_0,
@@ -44,6 +52,7 @@ from kvspec.profiles import (
     VLLM_0_32_0,
     VLLM_0_33_0,
     SemanticsProfile,
+    features_used,
 )
 from kvspec.request import Request, RequestBlockHasher, RequestStatus
 
@@ -265,13 +274,17 @@ CASES = [
         {"groups": (FullAttention(4), FullAttention(4))},
     ),
     Case("mamba_caching_needs_align", VLLM_0_33_0, False, hybrid_hit, {"groups": (Mamba(4, "all", 0),)}),
-    Case("partial_tail_entries", VLLM_0_26_0, False, hybrid_hit, {"groups": (FullAttention(8), SlidingWindow(4, 8))}),
     Case(
         "partial_hash_hits", VLLM_0_26_0, False, hybrid_hit,
         {"groups": (FullAttention(4), Mamba(8, "align", 0))},
     ),
-    Case("mamba_tail_entries", VLLM_0_32_0, False, hybrid_hit, {"groups": (FullAttention(4), Mamba(4, "align", 0))}),
 ]  # fmt: skip
+
+FEATURE_CASES: dict[str, tuple[SemanticsProfile, dict[str, Any]]] = {
+    "partial-tail-entries": (VLLM_0_26_0, {"groups": (FullAttention(8), SlidingWindow(4, 8))}),
+    "mamba-tail-entries": (VLLM_0_32_0, {"groups": (FullAttention(4), Mamba(4, "align", 0))}),
+}
+"""A configuration per state-adding feature kvspec models and kvimpl does not yet."""
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.switch}-{c.base.release}-{c.scenario.__name__}")
@@ -288,9 +301,22 @@ def test_kvimpl_follows_the_switch(case: Case) -> None:
 
 
 def test_every_switch_has_a_case() -> None:
+    """Every switch has a case, or belongs to a feature kvimpl refuses."""
     switches = {f.name for f in fields(SemanticsProfile)} - {"name", "release"}
-    assert switches == {c.switch for c in CASES}
-    assert switches == PROFILE_SWITCHES
+    assert switches == {c.switch for c in CASES} | REFUSED_FEATURE_SWITCHES
+    assert switches == PROFILE_SWITCHES | REFUSED_FEATURE_SWITCHES
+    assert set(FEATURE_CASES) == MODELLED_FEATURES - IMPL_FEATURES
+
+
+@pytest.mark.parametrize("feature", sorted(FEATURE_CASES))
+def test_the_adapter_refuses_a_feature_kvimpl_does_not_model(feature: str) -> None:
+    """kvspec runs the configuration; the impl adapter refuses it, naming the feature."""
+    profile, kw = FEATURE_CASES[feature]
+    config = KVCacheConfig(profile=profile, num_blocks=32, max_model_len=64, **kw)
+    assert feature in features_used(config)
+    hybrid_hit(SpecManager(config), RequestBlockHasher.for_config(config))
+    with pytest.raises(UnsupportedByProfileError, match=f"kvimpl does not model {feature}"):
+        make_impl_adapter(config)
 
 
 def test_the_adapter_follows_every_profile() -> None:

@@ -8,7 +8,10 @@ refused with :class:`kvspec.errors.UnsupportedByProfileError`, which the
 lockstep counts as an unsupported configuration instead of checking it: one
 that sets a switch kvimpl does not read (a release added to the spec with a
 new switch before kvimpl learnt it), or one that is not among kvspec's
-profiles.
+profiles. So is a configuration that uses a state-adding feature kvspec
+models and kvimpl does not yet (:func:`kvspec.profiles.features_used` minus
+:data:`IMPL_FEATURES`); the switches only such a feature reads
+(:data:`kvspec.profiles.FEATURE_SWITCHES`) need not be read by kvimpl.
 """
 
 from __future__ import annotations
@@ -19,15 +22,23 @@ from kvimpl import PROFILE_SWITCHES
 from kvimpl.kv_cache_manager import KVCacheManager
 from kvspec.config import KVCacheConfig
 from kvspec.errors import UnsupportedByProfileError
-from kvspec.profiles import PROFILES, SemanticsProfile
+from kvspec.profiles import FEATURE_SWITCHES, PROFILES, SemanticsProfile, features_used
+
+IMPL_FEATURES: frozenset[str] = frozenset()
+"""The state-adding features of :func:`kvspec.profiles.features_used` that kvimpl models today."""
+
+REFUSED_FEATURE_SWITCHES = frozenset(
+    s for f, names in FEATURE_SWITCHES.items() if f not in IMPL_FEATURES for s in names
+)
+"""The switches read only by features kvimpl refuses (see the module docstring)."""
 
 
 def unread_switches(profile: SemanticsProfile) -> tuple[str, ...]:
-    """The switches ``profile`` sets away from their defaults that kvimpl does not read."""
+    """The switches ``profile`` sets away from their defaults that kvimpl does
+    not read (a switch of a feature kvimpl refuses does not count)."""
+    known = ("name", "release", *PROFILE_SWITCHES, *REFUSED_FEATURE_SWITCHES)
     return tuple(
-        f.name
-        for f in fields(SemanticsProfile)
-        if f.name not in ("name", "release", *PROFILE_SWITCHES) and getattr(profile, f.name) != f.default
+        f.name for f in fields(SemanticsProfile) if f.name not in known and getattr(profile, f.name) != f.default
     )
 
 
@@ -45,7 +56,8 @@ def make_impl_adapter(config: KVCacheConfig) -> ImplAdapter:
     """Factory for ``--target impl``.
 
     Raises:
-        UnsupportedByProfileError: For a profile kvimpl does not follow (see
+        UnsupportedByProfileError: For a profile kvimpl does not follow, or a
+            configuration that needs a feature kvimpl does not model yet (see
             the module docstring).
     """
     p = config.profile
@@ -57,4 +69,7 @@ def make_impl_adapter(config: KVCacheConfig) -> ImplAdapter:
             f"kvimpl does not follow {p.name}: it is not one of kvspec's profiles "
             f"(kvimpl follows {', '.join(sorted(IMPL_PROFILES))})"
         )
+    missing = sorted(features_used(config) - IMPL_FEATURES)
+    if missing:
+        raise UnsupportedByProfileError(f"{p.name}: kvimpl does not model {', '.join(missing)} yet")
     return ImplAdapter(config)
