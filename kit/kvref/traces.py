@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kvref.adapters import AdapterFactory, KVCacheAdapter
-from kvref.exits import InputError
+from kvref.exits import InputError, raise_if_interrupted
 from kvref.ops import REQUEST_OPS, RequestBook, config_from_json, config_to_json, execute
 from kvspec.config import KVCacheConfig
 from kvspec.profiles import VLLM_0_25_1, profile_named
@@ -212,6 +212,7 @@ def run_steps(
     """
     book = RequestBook(trace.config)
     for i, step in enumerate(trace.steps):
+        raise_if_interrupted()  # an interrupt Python swallowed (kvref.exits.interruptible)
         op, _, _ = split_step(step)
         try:
             if op["op"] in REQUEST_OPS:

@@ -84,8 +84,8 @@ def test_replay_interrupted_reports_the_files_so_far(tmp_path: Path) -> None:
     corpus = Path(__file__).resolve().parents[2] / "traces" / "vllm-0.25.1" / "golden"
     files = [str(p) for p in sorted(corpus.glob("*.jsonl"))] * 20
     proc = _start(tmp_path, "replay", *files, "--target", "spec")
-    code, out, _ = _interrupt_after(proc, round(RNG.uniform(2.0, 4.0), 2))
-    assert code == INTERRUPTED, out[-500:]
+    code, out, err = _interrupt_after(proc, round(RNG.uniform(2.0, 4.0), 2))
+    assert code == INTERRUPTED, (out[-500:], err[-1500:])
     assert "interrupted after" in out and "traces as expected" in out, out[-500:]
 
 
