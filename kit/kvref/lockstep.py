@@ -341,6 +341,8 @@ class EventLog:
         self.int_block_hashes = int_block_hashes
         self.counts: dict[tuple[Json, Json], int] = {}
         self.consumed = 0
+        self.parents: dict[tuple[Json, Json], Json] = {}
+        """``(hash, group) -> parent hash`` as the events told it (kept across clears)."""
 
     def consume(self, events: list[Json]) -> str:
         """Apply events (as :func:`kvref.ops.event_to_json` writes them);
@@ -352,6 +354,10 @@ class EventLog:
                 self.counts.clear()
                 continue
             group = event.get("group_idx")
+            if kind == "BlockStored":
+                problem = self._check_chain(event, group)
+                if problem:
+                    return problem
             for h in event.get("block_hashes", []):
                 key = (h, group)
                 if kind == "BlockStored":
@@ -365,6 +371,27 @@ class EventLog:
                     self.counts[key] -= 1
                     if not self.counts[key]:
                         del self.counts[key]
+        return ""
+
+    def _check_chain(self, event: Json, group: Json) -> str:
+        """A stored block's parent must be the one every earlier event gave it.
+
+        A block hash chains its parent's, so one hash has one parent. The
+        parents are known when the call stored every block of its range
+        (``token_ids`` is then exactly ``block_size`` tokens per listed hash):
+        ``parent_block_hash`` is the first one's, each listed hash the next
+        one's. A call that skipped a block (null or masked) tells nothing.
+        """
+        hashes, block_size = event.get("block_hashes", []), event.get("block_size") or 0
+        if not hashes or not block_size or len(event.get("token_ids", [])) != len(hashes) * block_size:
+            return ""
+        for parent, h in zip([event.get("parent_block_hash"), *hashes[:-1]], hashes, strict=True):
+            known = self.parents.setdefault((h, group), parent)
+            if known != parent:
+                return (
+                    f"event #{self.consumed} stores hash {h!r} of group {group} with parent {parent!r}, "
+                    f"an earlier event gave it parent {known!r} (a block hash has one parent)"
+                )
         return ""
 
     def compare(self, view: KVView) -> str:

@@ -600,11 +600,24 @@ class SchedulerMachine(RuleBasedStateMachine):
         return [b for g in tables for b in g if b != 0 and b not in pending]
 
     def teardown(self) -> None:
-        """Record the run as a trace if asked to; adapters are garbage collected."""
+        """Drain and compare what is still pending, then record the run as a
+        trace if asked to; adapters are garbage collected."""
         setup, lock = self.SETUP, self.lock
+        self._drain()
         if setup.record_dir is not None and lock is not None and not lock.halted and lock.stats.steps:
             self._record(setup, setup.record_dir, lock)
         self.lock = None
+
+    def _drain(self) -> None:
+        """Nothing observable is left uncompared: every run ends by taking the
+        events, the new block ids and the statistics that are still pending
+        (on every side, compared like any other step; the events go through
+        the consumer-side check)."""
+        if not self.live:
+            return
+        for name in ("take_events", "take_new_block_ids", "make_prefix_cache_stats"):
+            if self.live:
+                self._call({"op": name})
 
     def _record(self, setup: MachineSetup, record_dir: Path, lock: Lockstep) -> None:
         """Write the run unless the limit is reached or it is too short, too
