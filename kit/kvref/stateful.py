@@ -612,8 +612,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         """Nothing observable is left uncompared: every run ends by taking the
         events, the new block ids and the statistics that are still pending
         (on every side, compared like any other step; the events go through
-        the consumer-side check)."""
-        if not self.live:
+        the consumer-side check). Not after a divergence: its trace ends where it showed."""
+        if not self.live or self.lock is None or self.lock.failed:
             return
         for name in ("take_events", "take_new_block_ids", "make_prefix_cache_stats"):
             if self.live:

@@ -146,11 +146,11 @@ def _report_branches(report: BranchReport, shown: int = 25) -> None:
     console.print(table)
     gaps = report.gap_lines()
     for line in gaps[:shown]:
-        console.print(f"  not taken: {line}", highlight=False, markup=False)
+        console.print(f"  not taken: {line}", highlight=False, markup=False, soft_wrap=True)
     if len(gaps) > shown:
         console.print(f"  ... and {len(gaps) - shown} more (--coverage-json PATH lists every one)")
     for line in report.stale:
-        console.print(f"  stale unreachable entry: {line}", highlight=False, markup=False)
+        console.print(f"  stale unreachable entry: {line}", highlight=False, markup=False, soft_wrap=True)
 
 
 def run_check(args: argparse.Namespace, keep_going: bool, allow_mismatch: bool) -> int:
