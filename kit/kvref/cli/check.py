@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from kvref.adapters import AdapterFactory, load_factory, semantics_of
+from kvref.branches import BranchReport, measure
 from kvref.check import MIN_STEPS, run_keep_going, run_lockstep
 from kvref.exits import DEFAULT_OP_TIMEOUT, HANG, INTERRUPTED, AdapterHang
 from kvref.lockstep import DivergenceClass, RunStats
@@ -26,6 +29,7 @@ def add_parser(sub: Any) -> None:
     """Register ``check`` on the subcommand parser ``sub``."""
     check = sub.add_parser("check", help="run the lockstep state machines")
     add_lockstep_arguments(check)
+    _add_coverage_arguments(check)
     check.add_argument(
         "--keep-going",
         action="store_true",
@@ -67,6 +71,17 @@ def add_lockstep_arguments(check: argparse.ArgumentParser) -> None:
     check.add_argument("--max-classes", type=int, default=30, help="stop after this many divergence classes")
 
 
+def _add_coverage_arguments(check: argparse.ArgumentParser) -> None:
+    check.add_argument(
+        "--coverage",
+        action="store_true",
+        help="measure branch coverage of kvspec and kvimpl during the run (needs coverage.py)",
+    )
+    check.add_argument(
+        "--coverage-json", type=Path, default=None, metavar="PATH", help="also write the branch report there (JSON)"
+    )
+
+
 def _vllm_installed() -> bool:
     from kvref.adapters.vllm import vllm_available  # noqa: PLC0415 - imports vLLM lazily
 
@@ -102,8 +117,40 @@ def choose_targets(target: str | None, against: str | None) -> tuple[str, str | 
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run lockstep batches until the step goal or the time budget is reached."""
-    return run_check(args, keep_going=args.keep_going, allow_mismatch=False)
+    """Run lockstep batches until the step goal or the time budget is reached
+    (under coverage.py with ``--coverage``: then the branch report follows)."""
+    if not args.coverage and args.coverage_json is None:
+        return run_check(args, keep_going=args.keep_going, allow_mismatch=False)
+    if importlib.util.find_spec("coverage") is None:
+        Console(stderr=True).print("[red]--coverage needs coverage.py[/] (pip install coverage)")
+        return 2
+    code, report = measure(lambda: run_check(args, keep_going=args.keep_going, allow_mismatch=False))
+    _report_branches(report)
+    if args.coverage_json is not None:
+        args.coverage_json.parent.mkdir(parents=True, exist_ok=True)
+        args.coverage_json.write_text(json.dumps(report.to_json(), indent=1) + "\n")
+    return code
+
+
+def _report_branches(report: BranchReport, shown: int = 25) -> None:
+    """The branch-coverage table and the first ``shown`` gaps."""
+    table = Table(title="branch outcomes of kvspec and kvimpl (coverage.py, branch=True)")
+    for col in ("package", "outcomes", "taken", "at import", "listed unreachable", "not taken (gaps)"):
+        table.add_column(col, justify="right" if col != "package" else "left")
+    for pkg in ("kvspec", "kvimpl"):
+        fs = [f for n, f in report.files.items() if n.startswith(pkg + "/")]
+        table.add_row(pkg, *(str(v) for v in (sum(f.total for f in fs), sum(f.taken for f in fs),
+                      sum(f.import_time for f in fs), sum(len(f.unreachable) for f in fs),
+                      sum(len(f.gaps) for f in fs))))  # fmt: skip
+    console = Console()
+    console.print(table)
+    gaps = report.gap_lines()
+    for line in gaps[:shown]:
+        console.print(f"  not taken: {line}", highlight=False, markup=False, soft_wrap=True)
+    if len(gaps) > shown:
+        console.print(f"  ... and {len(gaps) - shown} more (--coverage-json PATH lists every one)")
+    for line in report.stale:
+        console.print(f"  stale unreachable entry: {line}", highlight=False, markup=False, soft_wrap=True)
 
 
 def run_check(args: argparse.Namespace, keep_going: bool, allow_mismatch: bool) -> int:
