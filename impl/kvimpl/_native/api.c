@@ -483,10 +483,25 @@ static PyObject *Core_allocate_slots_batch(Core *c, PyObject *const *args, Py_ss
     out = PyList_New(n);
     if (!out)
         goto end;
+    /* The sequential calls; their arguments passed the checks above. */
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *args11[11] = {PySequence_Fast_GET_ITEM(reqs, i), PySequence_Fast_GET_ITEM(news, i), NULL, NULL,
-                                ks ? PySequence_Fast_GET_ITEM(ks, i) : one_k};
-        PyObject *res = do_allocate(c, args11);
+        ReqView rv;
+        PyObject *kobj = ks ? PySequence_Fast_GET_ITEM(ks, i) : one_k;
+        Py_ssize_t nt = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(news, i));
+        Py_ssize_t k = kobj ? PyLong_AsSsize_t(kobj) : 0;
+        Py_ssize_t starts[64], slot = -1;
+        PyObject *res = NULL;
+        if (rv_read(&rv, PySequence_Fast_GET_ITEM(reqs, i), 0) == 0) {
+            int r = core_allocate(c, &rv, nt, 0, NULL, 0, k, 0, 0, 0, 0, 1, starts, &slot);
+            if (r == 0) {
+                slot_release_if_empty(c, slot);
+                res = Py_None;
+                Py_INCREF(res);
+            } else if (r > 0) {
+                res = new_ids_result(c, slot, starts);
+            }
+        }
+        rv_clear(&rv);
         if (!res) {
             Py_CLEAR(out);
             goto end;

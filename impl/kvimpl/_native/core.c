@@ -579,19 +579,59 @@ int coord_cache(Core *c, Py_ssize_t slot, ReqView *rv, Py_ssize_t num_tokens) {
 
 /* ------------------------------------------------------------ allocate_slots */
 
+/* Whether a running step (no hits, no external tokens, no reserve, no
+ * full-sequence gate, no Mamba) of a request with tables changes nothing:
+ * every table already covers the slots, no block fills up, and no block
+ * leaves a window. Then allocate_slots only records the request's latest
+ * value; the general path below would find the same (need 0, nothing to
+ * take, cache or free). Sets starts[g] to the table lengths. */
+static int running_step_is_quiet(Core *c, Py_ssize_t slot, Py_ssize_t main_tokens, Py_ssize_t n_look,
+                                 Py_ssize_t ntok, int delay, Py_ssize_t total, Py_ssize_t *starts) {
+    Py_ssize_t slots = main_tokens + n_look < c->max_len ? main_tokens + n_look : c->max_len;
+    int caching = c->caching && !delay;
+    Py_ssize_t upto = main_tokens < ntok ? main_tokens : ntok;
+    Table *t = &c->tables[slot * c->G];
+    for (int g = 0; g < c->G; g++, t++) {
+        Group *gr = &c->groups[g];
+        if (!t->present || ceildiv(slots, gr->bs) > t->len)
+            return 0;
+        if (caching && (t->ncached < 0 || floordiv(upto, gr->bs) > t->ncached))
+            return 0;
+        if (gr->skipping) {
+            Py_ssize_t skipped = skipped_tokens(gr, total);
+            if (skipped > 0) {
+                Py_ssize_t last = floordiv(skipped, gr->bs);
+                if (last > t->len)
+                    last = t->len;
+                if (last > 0 && t->b[last - 1] != NULL_BLOCK)
+                    return 0;
+            }
+        }
+        starts[g] = t->len;
+    }
+    return 1;
+}
+
 /* The spec's allocation after validation. Returns 1 (allocated; table[starts[g]:]
  * is new), 0 (does not fit) or -1 (error). */
 int core_allocate(Core *c, ReqView *rv, Py_ssize_t n_new, Py_ssize_t n_hit, const Hits *hits, int has_hits,
                   Py_ssize_t n_look, Py_ssize_t n_ext, int delay, int fsmf, Py_ssize_t reserved, int has_sched,
                   Py_ssize_t *starts, Py_ssize_t *slot_out) {
+    /* *slot_out: the request's slot when the caller knows it, else -1. */
     Py_ssize_t local = rv->computed + n_hit;
     Py_ssize_t total = local + n_ext < c->max_len ? local + n_ext : c->max_len;
     int watermarked = rv->status == G_.status_waiting || rv->status == G_.status_preempted;
     Py_ssize_t wm = has_sched && watermarked ? c->watermark : 0;
-    Py_ssize_t slot = slot_find(c, rv->rid);
+    Py_ssize_t slot = *slot_out >= 0 ? *slot_out : slot_find(c, rv->rid);
     if (slot == -2)
         return -1;
     *slot_out = slot;
+    if (slot >= 0 && !has_hits && n_hit == 0 && n_ext == 0 && !fsmf && reserved == 0 && !c->has_mamba &&
+        wm <= c->nfree && running_step_is_quiet(c, slot, total + n_new, n_look, rv->ntok, delay, total, starts)) {
+        Py_INCREF(rv->obj);
+        Py_XSETREF(c->slot_req[slot], rv->obj);
+        return 1;
+    }
     if (fsmf) {
         Py_ssize_t full = rv->ntok < c->max_len ? rv->ntok : c->max_len;
         Py_ssize_t need = coord_num_blocks(c, slot, full, has_hits ? hits : NULL, total, full, 1, 0);
