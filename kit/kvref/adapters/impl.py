@@ -1,14 +1,38 @@
-"""The adapter around kvimpl, the optimized implementation."""
+"""The adapter around kvimpl, the optimized implementation.
+
+kvimpl follows every semantics profile kvspec models: :data:`IMPL_PROFILES` is
+derived from :data:`kvspec.profiles.PROFILES` and the switches kvimpl reads
+(:data:`kvimpl.PROFILE_SWITCHES`), not listed by hand. The configuration's
+profile is read when the manager is built. A profile kvimpl does not know is
+refused with :class:`kvspec.errors.UnsupportedByProfileError`, which the
+lockstep counts as an unsupported configuration instead of checking it: one
+that sets a switch kvimpl does not read (a release added to the spec with a
+new switch before kvimpl learnt it), or one that is not among kvspec's
+profiles.
+"""
 
 from __future__ import annotations
 
+from dataclasses import fields
+
+from kvimpl import PROFILE_SWITCHES
 from kvimpl.kv_cache_manager import KVCacheManager
 from kvspec.config import KVCacheConfig
 from kvspec.errors import UnsupportedByProfileError
-from kvspec.profiles import VLLM_0_25_1
+from kvspec.profiles import PROFILES, SemanticsProfile
 
-IMPL_PROFILES = frozenset({VLLM_0_25_1.name})
-"""The semantics profiles kvimpl follows today."""
+
+def unread_switches(profile: SemanticsProfile) -> tuple[str, ...]:
+    """The switches ``profile`` sets away from their defaults that kvimpl does not read."""
+    return tuple(
+        f.name
+        for f in fields(SemanticsProfile)
+        if f.name not in ("name", "release", *PROFILE_SWITCHES) and getattr(profile, f.name) != f.default
+    )
+
+
+IMPL_PROFILES = frozenset(name for name, p in PROFILES.items() if not unread_switches(p))
+"""The names of the semantics profiles kvimpl follows: every profile of kvspec."""
 
 
 class ImplAdapter(KVCacheManager):
@@ -21,10 +45,16 @@ def make_impl_adapter(config: KVCacheConfig) -> ImplAdapter:
     """Factory for ``--target impl``.
 
     Raises:
-        UnsupportedByProfileError: For a profile kvimpl does not follow yet.
+        UnsupportedByProfileError: For a profile kvimpl does not follow (see
+            the module docstring).
     """
-    if config.profile.name not in IMPL_PROFILES:
+    p = config.profile
+    unread = unread_switches(p)
+    if unread:
+        raise UnsupportedByProfileError(f"kvimpl does not follow {p.name}: it does not read {', '.join(unread)}")
+    if p.name not in IMPL_PROFILES or PROFILES[p.name] != p:
         raise UnsupportedByProfileError(
-            f"kvimpl does not follow {config.profile.name} yet (it follows {', '.join(sorted(IMPL_PROFILES))})"
+            f"kvimpl does not follow {p.name}: it is not one of kvspec's profiles "
+            f"(kvimpl follows {', '.join(sorted(IMPL_PROFILES))})"
         )
     return ImplAdapter(config)
