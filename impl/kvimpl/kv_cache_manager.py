@@ -28,7 +28,7 @@ from dataclasses import replace
 from typing import cast
 
 from kvimpl.block_pool import NULL_BLOCK
-from kvimpl.checks import check_request, check_request_id, is_int
+from kvimpl.checks import REQUEST_TYPES, check_request, check_request_id, is_int
 from kvimpl.config_rules import FULL_TYPE_KINDS, event_sliding_window, kind_name
 from kvimpl.invariants import require
 from kvimpl.kv_cache_coordinator import GroupBlocks, make_coordinator
@@ -165,7 +165,7 @@ class KVCacheManager(StepAPI):
             this order of checking; nothing has changed when they are raised.
         """
         if (
-            type(request) is Request
+            type(request) in REQUEST_TYPES
             and new_computed_blocks is None
             and num_new_computed_tokens is num_external_computed_tokens is num_encoder_tokens is _ZERO
             and reserved_blocks is _ZERO

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvimpl.block_pool import NULL_BLOCK, BlockPool
 from kvimpl.block_table import BlockTable
-from kvimpl.checks import check_request_id, is_int
+from kvimpl.checks import REQUEST_TYPES, check_request_id, is_int
 from kvimpl.kv_cache_coordinator import KVCacheCoordinator
 from kvimpl.single_type_kv_cache_manager import SingleTypeKVCacheManager
 from kvspec.block_pool import BlockId
@@ -197,7 +197,7 @@ class StepAPI:
         max_len = self._max_len
         bad = False
         for r, nt, k in zip(requests, num_new_tokens, ks, strict=True):
-            if type(r) is not Request or type(nt) is not int or type(k) is not int:
+            if type(r) not in REQUEST_TYPES or type(nt) is not int or type(k) is not int:
                 bad = True
                 break
             c = r.num_computed_tokens

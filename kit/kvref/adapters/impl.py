@@ -9,14 +9,23 @@ lockstep counts as an unsupported configuration instead of checking it: one
 that sets a switch kvimpl does not read (a release added to the spec with a
 new switch before kvimpl learnt it), or one that is not among kvspec's
 profiles.
+
+Two builds (:mod:`kvimpl.native`): ``--target impl`` is the build a
+scheduler gets from :func:`kvimpl.native.create_manager` (the native core
+when it is built, ``KVREF_NATIVE`` is not ``0`` and it implements the
+configuration; else the pure-Python manager); ``impl-native`` insists on the
+native core (a configuration it does not implement is counted as
+unsupported) and ``impl-python`` is always the pure-Python manager.
 """
 
 from __future__ import annotations
 
 from dataclasses import fields
+from typing import Any
 
 from kvimpl import PROFILE_SWITCHES
 from kvimpl.kv_cache_manager import KVCacheManager
+from kvimpl.native import NativeKVCacheManager, native_enabled, native_unsupported
 from kvspec.config import KVCacheConfig
 from kvspec.errors import UnsupportedByProfileError
 from kvspec.profiles import PROFILES, SemanticsProfile
@@ -41,8 +50,42 @@ class ImplAdapter(KVCacheManager):
     name = "impl"
 
 
-def make_impl_adapter(config: KVCacheConfig) -> ImplAdapter:
-    """Factory for ``--target impl``.
+class NativeImplAdapter(NativeKVCacheManager):
+    """kvimpl's native manager; it speaks the adapter protocol too."""
+
+    name = "impl-native"
+
+
+def make_impl_adapter(config: KVCacheConfig) -> Any:
+    """Factory for ``--target impl``: the native core where kvimpl would use
+    it (see the module docstring), else the pure-Python manager.
+
+    Raises:
+        UnsupportedByProfileError: For a profile kvimpl does not follow (see
+            the module docstring).
+    """
+    make_impl_python_adapter(config)  # the profile checks
+    if native_enabled() and native_unsupported(config) is None:
+        return NativeImplAdapter(config)
+    return ImplAdapter(config)
+
+
+def make_impl_native_adapter(config: KVCacheConfig) -> Any:
+    """Factory for ``--target impl-native``.
+
+    Raises:
+        UnsupportedByProfileError: For a profile kvimpl does not follow, or a
+            configuration the native core does not implement (or no build).
+    """
+    make_impl_python_adapter(config)
+    reason = native_unsupported(config)
+    if reason is not None:
+        raise UnsupportedByProfileError(f"kvimpl's native core: {reason}")
+    return NativeImplAdapter(config)
+
+
+def make_impl_python_adapter(config: KVCacheConfig) -> ImplAdapter:
+    """Factory for ``--target impl-python`` (the pure-Python build).
 
     Raises:
         UnsupportedByProfileError: For a profile kvimpl does not follow (see
