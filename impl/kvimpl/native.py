@@ -98,6 +98,15 @@ def native_enabled() -> bool:
     return _module is not None and os.environ.get("KVREF_NATIVE", "1") != "0"
 
 
+def build_description() -> str:
+    """One line: which build kvimpl uses here, and why (CI prints it)."""
+    if _module is None:
+        return f"pure Python (the native core is not built: {_import_error})"
+    if not native_enabled():
+        return "pure Python (KVREF_NATIVE=0)"
+    return "native core (kvimpl._kvnative), pure Python where the core does not implement a configuration"
+
+
 def native_unsupported(config: KVCacheConfig) -> str | None:
     """Why the native core cannot run ``config`` (then kvimpl uses Python), or None."""
     if _module is None:
