@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from kvimpl.hash_functions import hash_function
 from kvimpl.native_checks import native_invariants, native_view
 from kvimpl.request import RequestHasher
 from kvspec import errors as kv_errors
@@ -45,7 +46,7 @@ from kvspec.config import (
     SlidingWindow,
 )
 from kvspec.errors import InvalidTokenCountError, UnsupportedOperationError
-from kvspec.hashing import ExtraKeySource, get_hash_fn_by_name, none_hash
+from kvspec.hashing import ExtraKeySource, none_hash
 from kvspec.invariants import InvariantViolation
 from kvspec.request import Request as SpecRequest
 from kvspec.request import RequestStatus
@@ -138,14 +139,21 @@ def create_manager(config: KVCacheConfig, device: str | None = None, native: boo
             None: as ``KVREF_NATIVE`` says (native unless it is ``0``).
     """
     want = native_enabled() if native is None else native and _module is not None
-    if native and _module is None:
-        _notice()
+    if native or native is None:
+        notice_if_missing()
     reason = native_unsupported(config) if want else "not selected"
     if want and reason is None:
         return NativeKVCacheManager(config, device)
     from kvimpl.kv_cache_manager import KVCacheManager  # noqa: PLC0415 - imports most of kvimpl
 
     return KVCacheManager(config, device)
+
+
+def notice_if_missing() -> None:
+    """Print the one-line notice (once per process) when the native core is
+    wanted (``KVREF_NATIVE`` is not ``0``) but not built."""
+    if _module is None and os.environ.get("KVREF_NATIVE", "1") != "0":
+        _notice()
 
 
 def _notice() -> None:
@@ -200,7 +208,7 @@ def core_params(config: KVCacheConfig) -> dict[str, Any]:
             int(p.mamba_align_estimate_capped),
             kind.sink_len // kind.block_size if isinstance(kind, SinkFullAttention) and p.sink_blocks_reserved else 0,
         ))  # fmt: skip
-    fn = get_hash_fn_by_name(config.hash_function)
+    fn = hash_function(config.hash_function)
     return {
         "num_blocks": config.num_blocks,
         "max_model_len": config.max_model_len,

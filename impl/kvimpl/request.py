@@ -35,13 +35,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from kvimpl.hash_functions import hash_function
 from kvspec.errors import InvalidRequestError
 from kvspec.hashing import (
     BlockHash,
     ExtraKeySource,
     HashFunction,
     block_extra_keys,
-    get_hash_fn_by_name,
     hash_block_tokens,
     none_hash,
 )
@@ -174,7 +174,7 @@ class RequestHasher:
     seed_hash: BlockHash = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        fn = get_hash_fn_by_name(self.hash_function)
+        fn = hash_function(self.hash_function)
         object.__setattr__(self, "fn", fn)
         object.__setattr__(self, "seed_hash", none_hash(fn, self.seed))
 

@@ -237,3 +237,24 @@ def test_spec_manager_is_untouched() -> None:
     r = RequestHasher.for_config(config, native=False).new_request("r", [1, 2, 3])
     with pytest.raises(Exception, match="Request"):
         SpecManager(config).allocate_slots(r, 3)
+
+
+@pytest.mark.parametrize("name", ["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"])
+def test_kvimpl_hash_functions_are_vllms(name: str) -> None:
+    """kvimpl's copy of the hash-function lookup gives kvspec's digests (which the hash vectors pin)."""
+    from kvimpl.hash_functions import hash_function  # noqa: PLC0415
+    from kvspec.hashing import get_hash_fn_by_name  # noqa: PLC0415
+
+    if name.startswith("xxhash"):
+        pytest.importorskip("xxhash")
+    for obj in ("seed", (b"\x00" * 32, (1, 2, 3), None), (b"p", tuple(range(16)), ("lora", 1))):
+        assert hash_function(name)(obj) == get_hash_fn_by_name(name)(obj)
+
+
+def test_an_unknown_hash_function_is_refused() -> None:
+    """The same error class as kvspec's lookup."""
+    from kvimpl.hash_functions import hash_function  # noqa: PLC0415
+    from kvspec.errors import UnknownHashFunctionError  # noqa: PLC0415
+
+    with pytest.raises(UnknownHashFunctionError):
+        hash_function("md5")

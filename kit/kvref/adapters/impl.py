@@ -25,7 +25,7 @@ from typing import Any
 
 from kvimpl import PROFILE_SWITCHES
 from kvimpl.kv_cache_manager import KVCacheManager
-from kvimpl.native import NativeKVCacheManager, native_enabled, native_unsupported
+from kvimpl.native import NativeKVCacheManager, native_enabled, native_unsupported, notice_if_missing
 from kvspec.config import KVCacheConfig
 from kvspec.errors import UnsupportedByProfileError
 from kvspec.profiles import PROFILES, SemanticsProfile
@@ -65,6 +65,7 @@ def make_impl_adapter(config: KVCacheConfig) -> Any:
             the module docstring).
     """
     make_impl_python_adapter(config)  # the profile checks
+    notice_if_missing()
     if native_enabled() and native_unsupported(config) is None:
         return NativeImplAdapter(config)
     return ImplAdapter(config)
