@@ -26,7 +26,7 @@ Layers (bottom up): :mod:`kvimpl.block_pool`,
 What the manager offers beyond the spec's facade lives in its base class
 :class:`kvimpl.step_api.StepAPI`: a batched step (``allocate_slots_batch``,
 ``free_batch``), the running-step fast path and, when built with a
-``device``, per-group device block tables (:mod:`kvimpl.block_table`, the only
+``device``, per-group device block tables (:mod:`kvimpl.device_tables`, the only
 module that imports torch, lazily).
 """
 

@@ -1,7 +1,7 @@
 """Device block tables: a host table updated in place, copied to the device once per step.
 
-The only kvimpl module besides :mod:`kvimpl.block_table` that touches torch,
-and only when a manager is built with a ``device`` (imported lazily). One
+The only kvimpl module that touches torch, and only when a manager (either
+build) is built with a ``device`` (imported lazily). One
 ``int32`` host tensor of shape ``(groups, rows, cols)`` holds every live
 request's tables, row ``r`` the request in row ``r``, padded with the null
 block 0; it is pinned when the device is CUDA. Live requests occupy rows

@@ -68,7 +68,7 @@ class KVCacheManager(StepAPI):
         Args:
             config: The cache configuration.
             device: None (the default) keeps no tensors at all; "cpu" or "cuda"
-                also maintains a :class:`kvimpl.block_table.BlockTable` (needs torch).
+                also maintains a :class:`kvimpl.device_tables.BlockTable` (needs torch).
         """
         self.config = config
         self.enable_caching = config.enable_caching

@@ -3,7 +3,7 @@
  * request in row r (padded with the null block 0). Live requests occupy rows
  * 0 .. live-1; a freed row is filled by moving the last live row into it,
  * as vLLM's input batch condenses. The buffer belongs to
- * kvimpl.block_table.BlockTable (a pinned torch tensor when CUDA is there),
+ * kvimpl.device_tables.BlockTable (a pinned torch tensor when CUDA is there),
  * which copies it to the device once per step. Only the entries a call
  * changed are written (Table.hlen: the leading entries already in the row).
  */
