@@ -2,6 +2,6 @@
 
 import sys
 
-from kvref.cli import main
+from kvref.console import main
 
 sys.exit(main())

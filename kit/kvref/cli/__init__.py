@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from importlib import metadata
 
 from kvref.cli import bench, check, corpus, drift, install_vllm, replay, soak, traces
-from kvref.exits import HANG, INTERRUPTED, USAGE, AdapterHang, InputError
+from kvref.exits import HANG, INTERRUPTED, USAGE, AdapterHang, InputError, interruptible
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,7 +37,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kvref`` console script (exit codes: :mod:`kvref.exits`)."""
     args = build_parser().parse_args(argv)
     try:
-        result: int = args.run(args)
+        with interruptible():
+            result: int = args.run(args)
     except InputError as exc:
         print(f"kvref {args.command}: {exc}", file=sys.stderr)
         return USAGE

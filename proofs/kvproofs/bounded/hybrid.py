@@ -23,15 +23,15 @@ from kvspec.kv_cache_coordinator import HybridCoordinator
 from kvspec.single_type_kv_cache_manager import find_longest_cache_hit
 
 CONFIGS: tuple[tuple[tuple[AttentionKind, ...], int, bool], ...] = (
-    ((FullAttention(2), SlidingWindow(2, 3), Mamba(2)), 8, False),
-    ((FullAttention(2), SlidingWindow(2, 3), Mamba(2)), 6, True),
+    ((FullAttention(2), SlidingWindow(2, 3), Mamba(2, "all")), 8, False),
+    ((FullAttention(2), SlidingWindow(2, 3), Mamba(2, "all")), 6, True),
     ((SlidingWindow(2, 3), SlidingWindow(2, 5)), 10, False),
     ((SlidingWindow(2, 3), SlidingWindow(2, 5)), 8, True),
     ((FullAttention(2), SlidingWindow(4, 5)), 12, False),
     ((FullAttention(2), SlidingWindow(4, 5)), 12, True),
-    ((FullAttention(2), Mamba(4)), 12, False),
+    ((FullAttention(2), Mamba(4, "all")), 12, False),
     ((FullAttention(2), SlidingWindow(2, 3)), 10, True),
-    ((SlidingWindow(2, 5), Mamba(2)), 10, False),
+    ((SlidingWindow(2, 5), Mamba(2, "all")), 10, False),
 )
 """``(groups, tokens, use_eagle)``: the hash block size is 2 and the prompt
 has ``tokens`` tokens."""

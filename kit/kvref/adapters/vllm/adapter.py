@@ -59,10 +59,7 @@ from .view import convert_event, convert_stats, group_ids, ids_of, to_view
 _MAX_TOKENS: Final = 1_000_000
 
 _STATUS_NAMES: Final[dict[RequestStatus, str]] = {
-    RequestStatus.WAITING: "WAITING",
-    RequestStatus.RUNNING: "RUNNING",
-    RequestStatus.PREEMPTED: "PREEMPTED",
-    RequestStatus.WAITING_FOR_REMOTE_KVS: "WAITING_FOR_REMOTE_KVS",
+    **{status: status.name for status in RequestStatus},
     RequestStatus.FINISHED: "FINISHED_STOPPED",
 }
 """kvspec request status -> vLLM ``RequestStatus`` member name."""
