@@ -26,7 +26,7 @@ Layers (bottom up): :mod:`kvimpl.block_pool`,
 What the manager offers beyond the spec's facade lives in its base class
 :class:`kvimpl.step_api.StepAPI`: a batched step (``allocate_slots_batch``,
 ``free_batch``), the running-step fast path and, when built with a
-``device``, per-group device block tables (:mod:`kvimpl.block_table`, the only
+``device``, per-group device block tables (:mod:`kvimpl.device_tables`, the only
 module that imports torch, lazily).
 """
 
@@ -45,9 +45,10 @@ PROFILE_SWITCHES = frozenset(
         "extra_keys_tagged", "mm_resume_from_first_feature",
         # Applied by KVCacheConfig's own validation (a configuration kvimpl is given already obeys them).
         "single_spec_group_hybrid", "mamba_caching_needs_align",
-        # Features kvimpl does not model: a configuration that needs one is refused by the impl
-        # adapter (kvref.adapters.impl.IMPL_FEATURES), so kvimpl never runs with them on.
+        # Features kvimpl does not model: a configuration that needs one is refused
+        # (kvimpl.config_rules.unmodelled_features), so kvimpl never runs with them on.
         "partial_tail_entries", "partial_hash_hits", "mamba_tail_entries",
+        "fa_tail_below_last_token", "mamba_tail_skip_keyed",  # read only by those features
     }
 )  # fmt: skip
 """The fields of :class:`kvspec.profiles.SemanticsProfile` whose values kvimpl

@@ -17,8 +17,20 @@ from __future__ import annotations
 
 from typing import TypeGuard
 
+from kvimpl.request import Request as MutableRequest
 from kvspec.errors import InvalidRequestError
 from kvspec.request import Request
+
+REQUEST_TYPES: tuple[type, ...] = (Request, MutableRequest)
+try:
+    from kvimpl._kvnative import Request as NativeRequest
+except ImportError:  # the native core is not built: only the two Python request classes
+    pass
+else:
+    REQUEST_TYPES += (NativeRequest,)
+"""What kvimpl takes as a request: kvspec's immutable value (what the kit
+passes) and kvimpl's mutable requests (:mod:`kvimpl.request`, the Python
+class and the C one when built), which a scheduler advances in place."""
 
 
 def is_int(value: object) -> TypeGuard[int]:
@@ -27,8 +39,8 @@ def is_int(value: object) -> TypeGuard[int]:
 
 
 def check_request(request: object) -> None:
-    """Raise InvalidRequestError unless ``request`` is a kvspec ``Request`` with a str id."""
-    if not isinstance(request, Request) or not isinstance(request.request_id, str):
+    """Raise InvalidRequestError unless ``request`` is a request (:data:`REQUEST_TYPES`) with a str id."""
+    if not isinstance(request, REQUEST_TYPES) or not isinstance(getattr(request, "request_id", None), str):
         raise InvalidRequestError(f"expected a kvspec Request with a str request_id, got {request!r}")
 
 

@@ -102,3 +102,31 @@ def eagle_group_ids(config: KVCacheConfig) -> frozenset[int]:
     if config.eagle_groups:
         return frozenset(config.eagle_groups)
     return frozenset(range(len(config.groups))) if config.use_eagle else frozenset()
+
+
+def unmodelled_features(config: KVCacheConfig) -> list[str]:
+    """The state-adding features of vLLM 0.26.0 on that ``config`` needs and
+    kvimpl does not model yet (kvspec does: ``kvspec.partial_tail``,
+    ``kvspec.mamba_tail``), in a fixed order.
+
+    * ``partial-tail-entries``: a cached hybrid with a full-attention-type
+      group coarser than the hash block (profile switch ``partial_tail_entries``);
+    * ``partial-hash-hits``: a cached hybrid with a Mamba align group coarser
+      than the hash block (``partial_hash_hits``);
+    * ``mamba-tail-entries``: a cached Mamba align group (``mamba_tail_entries``).
+    """
+    p = config.profile
+    if not config.enable_caching:
+        return []
+    hbs = hash_block_size(config)
+    used: list[str] = []
+    for kind in config.groups:
+        align = isinstance(kind, Mamba) and kind.mode == "align"
+        coarse = len(config.groups) > 1 and kind.block_size > hbs
+        if p.partial_tail_entries and coarse and isinstance(kind, FULL_TYPE_KINDS):
+            used.append("partial-tail-entries")
+        if p.partial_hash_hits and coarse and align:
+            used.append("partial-hash-hits")
+        if p.mamba_tail_entries and align:
+            used.append("mamba-tail-entries")
+    return sorted(set(used))

@@ -28,8 +28,8 @@ from dataclasses import replace
 from typing import cast
 
 from kvimpl.block_pool import NULL_BLOCK
-from kvimpl.checks import check_request, check_request_id, is_int
-from kvimpl.config_rules import FULL_TYPE_KINDS, event_sliding_window, kind_name
+from kvimpl.checks import REQUEST_TYPES, check_request, check_request_id, is_int
+from kvimpl.config_rules import FULL_TYPE_KINDS, event_sliding_window, kind_name, unmodelled_features
 from kvimpl.invariants import require
 from kvimpl.kv_cache_coordinator import GroupBlocks, make_coordinator
 from kvimpl.step_api import WATERMARKED, StepAPI, inv_device_rows_match
@@ -45,6 +45,7 @@ from kvspec.errors import (
     StaleHitError,
     UnexpectedPrefixHitError,
     UnknownRequestError,
+    UnsupportedByProfileError,
     UnsupportedOperationError,
 )
 from kvspec.events import BlockRemoved, BlockStored, KVCacheEvent
@@ -68,8 +69,15 @@ class KVCacheManager(StepAPI):
         Args:
             config: The cache configuration.
             device: None (the default) keeps no tensors at all; "cpu" or "cuda"
-                also maintains a :class:`kvimpl.block_table.BlockTable` (needs torch).
+                also maintains a :class:`kvimpl.device_tables.BlockTable` (needs torch).
+
+        Raises:
+            UnsupportedByProfileError: If ``config`` needs a feature kvimpl does
+                not model yet (:func:`kvimpl.config_rules.unmodelled_features`).
         """
+        missing = unmodelled_features(config)
+        if missing:
+            raise UnsupportedByProfileError(f"{config.profile.name}: kvimpl does not model {', '.join(missing)} yet")
         self.config = config
         self.enable_caching = config.enable_caching
         self.coordinator = make_coordinator(config)
@@ -165,7 +173,7 @@ class KVCacheManager(StepAPI):
             this order of checking; nothing has changed when they are raised.
         """
         if (
-            type(request) is Request
+            type(request) in REQUEST_TYPES
             and new_computed_blocks is None
             and num_new_computed_tokens is num_external_computed_tokens is num_encoder_tokens is _ZERO
             and reserved_blocks is _ZERO

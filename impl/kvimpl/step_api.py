@@ -12,7 +12,7 @@ method like the spec's:
   running steps that are not quiet (:meth:`StepAPI._running_step`);
 * the device block tables (:meth:`StepAPI.block_table`,
   :meth:`StepAPI.slot_mapping`, kept in step with the tables), whose tensors
-  live in :mod:`kvimpl.block_table`.
+  live in :mod:`kvimpl.device_tables`.
 
 NOTE: where the time goes. With 16-token blocks, 7 in 8 one-token decode
 steps change nothing (no block to take, none filling up, none leaving a
@@ -45,8 +45,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvimpl.block_pool import NULL_BLOCK, BlockPool
-from kvimpl.block_table import BlockTable
-from kvimpl.checks import check_request_id, is_int
+from kvimpl.checks import REQUEST_TYPES, check_request_id, is_int
+from kvimpl.device_tables import BlockTable
 from kvimpl.kv_cache_coordinator import KVCacheCoordinator
 from kvimpl.single_type_kv_cache_manager import SingleTypeKVCacheManager
 from kvspec.block_pool import BlockId
@@ -109,7 +109,7 @@ class StepAPI:
 
         Args:
             device: None keeps no tensors; "cpu" or "cuda" also maintains a
-                :class:`kvimpl.block_table.BlockTable` (needs torch).
+                :class:`kvimpl.device_tables.BlockTable` (needs torch).
         """
         config, coord = self.config, self.coordinator
         self._max_len = config.max_model_len
@@ -197,7 +197,7 @@ class StepAPI:
         max_len = self._max_len
         bad = False
         for r, nt, k in zip(requests, num_new_tokens, ks, strict=True):
-            if type(r) is not Request or type(nt) is not int or type(k) is not int:
+            if type(r) not in REQUEST_TYPES or type(nt) is not int or type(k) is not int:
                 bad = True
                 break
             c = r.num_computed_tokens

@@ -59,7 +59,9 @@ def interruptible() -> Iterator[None]:
     printed) is raised again at the next adapter operation
     (:func:`raise_if_interrupted`, called by :func:`watchdog`).
 
-    Only in the main thread, where signal handlers can be set."""
+    Only in the main thread, where signal handlers can be set, and not when
+    the process started with SIGINT ignored (as background jobs of a
+    non-interactive shell do)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -68,6 +70,9 @@ def interruptible() -> Iterator[None]:
         _INTERRUPTED.set()
         raise KeyboardInterrupt
 
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        yield  # started with Ctrl-C ignored (a background job): keep it so
+        return
     _INTERRUPTED.clear()
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:

@@ -21,6 +21,7 @@ import pytest
 
 from kvimpl import PROFILE_SWITCHES
 from kvimpl.kv_cache_manager import KVCacheManager as ImplManager
+from kvimpl.native import create_manager
 from kvref.adapters.impl import (
     IMPL_FEATURES,
     IMPL_PROFILES,
@@ -29,6 +30,7 @@ from kvref.adapters.impl import (
     unread_switches,
 )
 from kvspec.config import (
+    AttentionKind,
     CrossAttention,
     FullAttention,
     KVCacheConfig,
@@ -41,6 +43,7 @@ from kvspec.hashing import ExtraKeySource, LoRA, MultiModalFeature
 from kvspec.kv_cache_manager import KVCacheManager as SpecManager
 from kvspec.profiles import (
     MODELLED_FEATURES,
+    NEWEST,
     PROFILES,
     VLLM_0_25_1,
     VLLM_0_26_0,
@@ -347,3 +350,19 @@ def test_the_adapter_refuses_a_switch_kvimpl_does_not_read(monkeypatch: pytest.M
     config = KVCacheConfig(num_blocks=8, groups=(FullAttention(4),), max_model_len=16, profile=VLLM_0_33_0)
     with pytest.raises(UnsupportedByProfileError, match="does not read common_prefix"):
         make_impl_adapter(config)
+
+
+@pytest.mark.parametrize(
+    ("groups", "feature"),
+    [
+        ((FullAttention(8), SlidingWindow(4, 8)), "partial-tail-entries"),
+        ((FullAttention(4), Mamba(4, "align")), "mamba-tail-entries"),
+    ],
+)
+def test_kvimpl_refuses_a_feature_it_does_not_model(groups: tuple[AttentionKind, ...], feature: str) -> None:
+    """kvspec runs these under the newest profile; kvimpl's own constructor (both builds) refuses them by name."""
+    config = KVCacheConfig(num_blocks=32, groups=groups, max_model_len=64, profile=NEWEST)
+    SpecManager(config)
+    for native in (True, False):
+        with pytest.raises(UnsupportedByProfileError, match=feature):
+            create_manager(config, native=native)

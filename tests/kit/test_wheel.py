@@ -90,3 +90,24 @@ def test_seeded_check_takes_the_same_steps_from_the_wheel(unpacked: Path, tmp_pa
         assert found, run.stdout[-800:]
         steps.append(int(found.group(1)))
     assert steps[0] == steps[1]
+
+
+def test_the_wheel_carries_the_native_core(wheel: Path, unpacked: Path, tmp_path: Path) -> None:
+    """Where the checkout's build compiled the native core, the wheel has the
+    compiled module (a platform wheel, no C sources) and kvimpl uses it from there."""
+    from kvimpl.native import native_module  # noqa: PLC0415
+
+    if native_module() is None:
+        pytest.skip("the native core is not built here (no compiler at install time)")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert [n for n in names if re.fullmatch(r"kvimpl/_kvnative\..*(so|pyd)", n)]
+    assert not [n for n in names if n.endswith((".c", ".h"))]
+    assert not wheel.name.endswith("-none-any.whl")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "KVREF_NATIVE")}
+    env["PYTHONPATH"] = str(unpacked)
+    code = "import kvimpl.native as n; print(n.__file__); print(n.build_description())"
+    cmd = [sys.executable, "-c", code]
+    run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+    path, build = run.stdout.splitlines()
+    assert path.startswith(str(unpacked))
+    assert build.startswith("native core")

@@ -159,7 +159,8 @@ AdapterFactory = Callable[[KVCacheConfig], KVCacheAdapter]
 
 
 def load_factory(target: str) -> AdapterFactory:
-    """Resolve ``spec``, ``impl``, ``vllm`` or ``module:factory`` to a factory.
+    """Resolve ``spec``, ``impl`` (``impl-native``, ``impl-python``: one build), ``vllm`` or
+    ``module:factory`` to a factory.
 
     A module is looked up on ``sys.path`` and then in the working folder (as
     ``python -m`` would), so ``--target mymod:make`` works without setting
@@ -173,6 +174,8 @@ def load_factory(target: str) -> AdapterFactory:
         "spec": "kvref.adapters.spec:make_spec_adapter",
         "vllm": "kvref.adapters.vllm:make_vllm_adapter",
         "impl": "kvref.adapters.impl:make_impl_adapter",
+        "impl-native": "kvref.adapters.impl:make_impl_native_adapter",
+        "impl-python": "kvref.adapters.impl:make_impl_python_adapter",
     }
     path = builtin.get(target, target)
     module_name, sep, attr = path.partition(":")

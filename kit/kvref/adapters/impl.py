@@ -12,14 +12,23 @@ profiles. So is a configuration that uses a state-adding feature kvspec
 models and kvimpl does not yet (:func:`kvspec.profiles.features_used` minus
 :data:`IMPL_FEATURES`); the switches only such a feature reads
 (:data:`kvspec.profiles.FEATURE_SWITCHES`) need not be read by kvimpl.
+
+Two builds (:mod:`kvimpl.native`): ``--target impl`` is the build a
+scheduler gets from :func:`kvimpl.native.create_manager` (the native core
+when it is built, ``KVREF_NATIVE`` is not ``0`` and it implements the
+configuration; else the pure-Python manager); ``impl-native`` insists on the
+native core (a configuration it does not implement is counted as
+unsupported) and ``impl-python`` is always the pure-Python manager.
 """
 
 from __future__ import annotations
 
 from dataclasses import fields
+from typing import Any
 
 from kvimpl import PROFILE_SWITCHES
 from kvimpl.kv_cache_manager import KVCacheManager
+from kvimpl.native import NativeKVCacheManager, native_enabled, native_unsupported, notice_if_missing
 from kvspec.config import KVCacheConfig
 from kvspec.errors import UnsupportedByProfileError
 from kvspec.profiles import FEATURE_SWITCHES, PROFILES, SemanticsProfile, features_used
@@ -52,8 +61,43 @@ class ImplAdapter(KVCacheManager):
     name = "impl"
 
 
-def make_impl_adapter(config: KVCacheConfig) -> ImplAdapter:
-    """Factory for ``--target impl``.
+class NativeImplAdapter(NativeKVCacheManager):
+    """kvimpl's native manager; it speaks the adapter protocol too."""
+
+    name = "impl-native"
+
+
+def make_impl_adapter(config: KVCacheConfig) -> Any:
+    """Factory for ``--target impl``: the native core where kvimpl would use
+    it (see the module docstring), else the pure-Python manager.
+
+    Raises:
+        UnsupportedByProfileError: For a profile kvimpl does not follow (see
+            the module docstring).
+    """
+    make_impl_python_adapter(config)  # the profile checks
+    notice_if_missing()
+    if native_enabled() and native_unsupported(config) is None:
+        return NativeImplAdapter(config)
+    return ImplAdapter(config)
+
+
+def make_impl_native_adapter(config: KVCacheConfig) -> Any:
+    """Factory for ``--target impl-native``.
+
+    Raises:
+        UnsupportedByProfileError: For a profile kvimpl does not follow, or a
+            configuration the native core does not implement (or no build).
+    """
+    make_impl_python_adapter(config)
+    reason = native_unsupported(config)
+    if reason is not None:
+        raise UnsupportedByProfileError(f"kvimpl's native core: {reason}")
+    return NativeImplAdapter(config)
+
+
+def make_impl_python_adapter(config: KVCacheConfig) -> ImplAdapter:
+    """Factory for ``--target impl-python`` (the pure-Python build).
 
     Raises:
         UnsupportedByProfileError: For a profile kvimpl does not follow, or a
