@@ -239,12 +239,12 @@ def replay(
     the configuration, or the factory or a step raises a skip error
     (:mod:`kvref.capabilities`).
     """
-    missing = sorted(set(trace.features()) & declared_unsupported(factory))
-    if missing:
-        return ReplayResult(path, False, 0, skipped=f"the trace uses {', '.join(missing)}, which the adapter lacks")
     reason = refusal(factory, trace.config)
     if reason is not None:
         return ReplayResult(path, False, 0, skipped=f"the adapter refuses the configuration: {reason}")
+    missing = sorted(set(trace.features()) & declared_unsupported(factory))
+    if missing:
+        return ReplayResult(path, False, 0, skipped=f"the trace uses {', '.join(missing)}, which the adapter lacks")
     try:
         adapter = factory(trace.config)
     except SKIP_ERRORS as exc:

@@ -140,7 +140,7 @@ def _skip(counts: dict[str, int], reasons: Counter[str] | None, reason: str) -> 
     """Count a skipped trace under its reason."""
     counts["skipped"] += 1
     if reasons is not None:
-        reasons[re.sub(r"^step \d+ ", "", reason)] += 1
+        reasons[re.sub(r"^step \d+ \((\w+)\)", r"\1", reason)] += 1
     return f"skipped ({reason})"
 
 
@@ -179,4 +179,7 @@ def _remembering(factory: AdapterFactory, built: list[KVCacheAdapter]) -> Adapte
         built.append(adapter)
         return adapter
 
+    for name in ("supports", "unsupported"):  # the factory's declared capabilities
+        if hasattr(factory, name):
+            setattr(build, name, getattr(factory, name))
     return build
