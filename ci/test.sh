@@ -52,7 +52,7 @@ replay() {  # replay KVREF GLOB TARGET
     # shellcheck disable=SC2086  # GLOB is expanded here, not in the log line
     "$1" replay $2 --target "$3" | grep -v -e ': ok (' -e ': known divergence .* confirmed'
 }
-BASE_CORPUS='traces/golden/*.jsonl traces/directed/*.jsonl traces/divergences/*.jsonl'
+BASE_CORPUS="traces/$BASELINE/*/*.jsonl"
 NEW_CORPUS="traces/$NEWEST/*/*.jsonl"
 timed "replay $BASELINE corpus (spec)" replay kvref "$BASE_CORPUS" spec
 timed "replay $BASELINE corpus (impl)" replay kvref "$BASE_CORPUS" impl

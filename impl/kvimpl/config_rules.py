@@ -8,8 +8,7 @@ types and stay imported from :mod:`kvspec.config`.
 
 Upstream: ``vllm/v1/kv_cache_interface.py`` (the ``*Spec`` classes),
 ``vllm/v1/core/kv_cache_utils.py`` (block-size resolution) and
-``vllm/v1/core/single_type_kv_cache_manager.py`` (which kinds report new
-block ids).
+``vllm/v1/core/kv_cache_coordinator.py`` (the EAGLE groups).
 """
 
 from __future__ import annotations
@@ -52,15 +51,6 @@ def event_sliding_window(kind: AttentionKind) -> int | None:
     return kind.window if isinstance(kind, SlidingWindow) else None
 
 
-def tracks_new_block_ids(kind: AttentionKind) -> bool:
-    """Whether fresh blocks of this kind are reported by ``take_new_block_ids``.
-
-    NOTE: vLLM checks the exact spec type, so SinkFull, SWA, Mamba,
-    ChunkedLocal and Cross groups are not reported.
-    """
-    return type(kind) is FullAttention or type(kind) is MLA
-
-
 def admission_cap(kind: AttentionKind, max_num_batched_tokens: int, max_model_len: int) -> int | None:
     """Per-request block cap of the full-sequence admission gate, or None.
 
@@ -98,8 +88,17 @@ def batched_tokens(config: KVCacheConfig) -> int:
     return config.max_num_batched_tokens
 
 
+def has_mamba(config: KVCacheConfig) -> bool:
+    """Whether any group is a Mamba group (vLLM's ``has_mamba_layers``)."""
+    return any(isinstance(g, Mamba) for g in config.groups)
+
+
 def eagle_group_ids(config: KVCacheConfig) -> frozenset[int]:
-    """Groups that drop the EAGLE block (all groups when none is flagged)."""
+    """Groups that drop the EAGLE block: the flagged ones, else all groups
+    under ``use_eagle``; from vLLM 0.33.0 flags need ``use_eagle`` too
+    (profile switch ``eagle_flags_need_use_eagle``)."""
+    if config.profile.eagle_flags_need_use_eagle and not config.use_eagle:
+        return frozenset()
     if config.eagle_groups:
         return frozenset(config.eagle_groups)
     return frozenset(range(len(config.groups))) if config.use_eagle else frozenset()

@@ -60,6 +60,10 @@ class Divergence:
         after = release_key(release) >= release_key(self.introduced)
         return after and (self.fixed is None or release_key(release) < release_key(self.fixed))
 
+    def trace_for(self, release: str) -> str:
+        """The repository path of this divergence's minimal trace under ``release``'s profile."""
+        return f"traces/vllm-{release}/divergences/{self.id}.jsonl"
+
 
     def explains(self, cfg: KVCacheConfig, op: Json, own: Json, other: Json, pending: bool) -> bool:
         """Whether this entry explains an output difference at ``op``."""
@@ -173,9 +177,11 @@ def _eagle_mamba(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, p
     eagle = cfg.eagle_group_ids()
     if not any(isinstance(k, Mamba) and g in eagle for g, k in enumerate(cfg.groups)):
         return False
-    lengths = _hit_lengths(cfg, vllm_out)
+    # Some group's list does not cover the hit: a full-attention list shorter
+    # than the hit (the look-ahead raised the hit after full attention was
+    # trimmed), or a list longer than a hit that an earlier pass cut.
     n = vllm_out["num_tokens"]
-    return any(isinstance(k, FULL_TYPE_KINDS) and lengths[g] < n for g, k in enumerate(cfg.groups))
+    return any(length != n for length in _hit_lengths(cfg, vllm_out))
 
 
 def _second_full(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> bool:

@@ -676,7 +676,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         setup.recorded_texts.add(text)
         setup.recorded += 1
-        trace.write(record_dir / f"{self.shape}-{setup.recorded:04d}.jsonl")
+        trace.write_new(record_dir, self.shape, start=setup.recorded)
 
 
 def default_failure_dir() -> Path:

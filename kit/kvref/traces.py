@@ -63,9 +63,19 @@ class Trace:
         return body + _line(end)
 
     def write(self, path: Path) -> Path:
-        """Write the trace; parent folders are created."""
+        """Write the trace; parent folders are created.
+
+        NOTE: the text goes to a temporary file next to ``path`` first and is
+        then renamed over it, so an interrupted run never leaves a cut trace
+        behind and a reader sees either the old file or the whole new one.
+        """
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.dumps())
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(self.dumps())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
         return path
 
     def features(self) -> list[str]:
@@ -80,6 +90,30 @@ class Trace:
     def layer(self) -> str:
         """The layer the trace drives: ``facade`` (default) or ``pool``."""
         return str(self.meta.get("layer", "facade"))
+
+    def write_new(self, folder: Path, stem: str, start: int = 1) -> Path:
+        """Write the trace as ``<stem>-NNNN.jsonl`` in ``folder`` under the first
+        number from ``start`` that no file holds yet.
+
+        NOTE: the whole text is written to a temporary file, then hard-linked
+        to the name (a link fails if the name exists): two recorders sharing a
+        folder never overwrite each other, and no cut or empty file appears.
+        """
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{stem}.{os.getpid()}.tmp"
+        try:
+            tmp.write_text(self.dumps())
+            number = start
+            while True:
+                path = folder / f"{stem}-{number:04d}.jsonl"
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    number += 1
+                    continue
+                return path
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 def load(path: Path) -> Trace:

@@ -4,6 +4,7 @@ input with one line and the documented exit code (:mod:`kvref.exits`)."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -12,11 +13,10 @@ import pytest
 from kvref.cli import main
 from kvref.exits import HANG, NOTHING_CHECKED, OK, USAGE
 from kvref.traces import Trace, load
-from kvspec.config import FullAttention, KVCacheConfig
-from kvspec.profiles import VLLM_0_25_1
+from kvspec.config import KVCacheConfig
 
 ROOT = Path(__file__).resolve().parents[2]
-GOOD = ROOT / "traces" / "golden" / "full-0001.jsonl"
+GOOD = ROOT / "traces" / "vllm-0.25.1" / "golden" / "full-0001.jsonl"
 
 
 def _exit_code(argv: list[str]) -> int:
@@ -153,8 +153,17 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert "semantics profiles" in capsys.readouterr().out
 
 
-def test_a_run_of_only_refused_configurations_checks_nothing() -> None:
-    """kvimpl follows 0.25.1 only: under 0.33.0 every configuration is refused, and that is no pass."""
-    assert KVCacheConfig(num_blocks=4, groups=(FullAttention(4),), max_model_len=16, profile=VLLM_0_25_1)
-    code = _exit_code(["check", "--target", "impl", "--against", "spec", "--semantics", "vllm-0.33.0"])
+def test_a_run_of_only_refused_configurations_checks_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A target that refuses every configuration (as kvimpl refused every profile
+    but 0.25.1 before it followed them all) checks nothing, and that is no pass."""
+    (tmp_path / "refuse_all.py").write_text(
+        "from kvspec.errors import UnsupportedByProfileError\n\n\n"
+        "def make(config):\n    raise UnsupportedByProfileError(f'{config.profile.name} is not followed')\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KVREF_FAILURE_DIR", str(tmp_path / "failures"))
+    try:
+        code = _exit_code(["check", "--target", "refuse_all:make", "--against", "spec", "--semantics", "vllm-0.33.0"])
+    finally:
+        sys.modules.pop("refuse_all", None)
     assert code in (USAGE, NOTHING_CHECKED)

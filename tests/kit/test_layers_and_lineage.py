@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import json
 import re
 import sys
 from collections.abc import Iterator, Sequence
@@ -14,6 +15,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from jsonschema import Draft202012Validator
 
 from kvref import DeclaredSemantics, Divergence, VllmLineage
 from kvref.adapters import load_factory
@@ -180,6 +182,9 @@ def test_a_pool_divergence_writes_a_pool_trace_that_replays(
     assert failure is not None and setup.stats.last_failure is not None
     trace = load(setup.stats.last_failure)
     assert trace.layer == "pool"
+    schema = json.loads((Path(__file__).resolve().parents[2] / "traces" / "schema" / "trace.schema.json").read_text())
+    lines = [json.loads(line) for line in setup.stats.last_failure.read_text().splitlines()]
+    assert all(Draft202012Validator(schema).is_valid(line) for line in lines), "a pool trace the schema refuses"
     assert replay(trace, load_pool_factory("spec"), execute_op=execute_pool).ok  # type: ignore[arg-type]  # pool
     module = tmp_path / "lifo.py"
     module.write_text("from test_layers_and_lineage import _LifoPool as make\n")

@@ -48,8 +48,8 @@ from kvspec.view import KVView
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = Path(__file__).with_name("examples")
-MINIMAL = sorted((ROOT / "traces" / "minimal").glob("*.jsonl"))
-GOLDEN = sorted((ROOT / "traces" / "golden").glob("*.jsonl"))
+MINIMAL = sorted((ROOT / "traces" / "vllm-0.25.1" / "minimal").glob("*.jsonl"))
+GOLDEN = sorted((ROOT / "traces" / "vllm-0.25.1" / "golden").glob("*.jsonl"))
 
 
 @pytest.fixture

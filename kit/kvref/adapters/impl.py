@@ -1,10 +1,23 @@
-"""The adapters around kvimpl, the optimized implementation: its manager and its block pool."""
+"""The adapters around kvimpl, the optimized implementation: its manager and its block pool.
+
+kvimpl follows every semantics profile kvspec models: :data:`IMPL_PROFILES` is
+derived from :data:`kvspec.profiles.PROFILES` and the switches kvimpl reads
+(:data:`kvimpl.PROFILE_SWITCHES`), not listed by hand. The configuration's
+profile is read when the manager is built. A profile kvimpl does not know is
+refused with :class:`kvspec.errors.UnsupportedByProfileError`, which the
+lockstep counts as an unsupported configuration instead of checking it: one
+that sets a switch kvimpl does not read (a release added to the spec with a
+new switch before kvimpl learnt it), or one that is not among kvspec's
+profiles.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import fields
 
-from kvimpl.block_pool import BlockPool
+from kvimpl import PROFILE_SWITCHES
+from kvimpl.block_pool import BlockPool, requeue_unhashed_first
 from kvimpl.kv_cache_manager import KVCacheManager
 from kvref.layers.pool import pool_view
 from kvspec.block_pool import BlockId
@@ -12,12 +25,22 @@ from kvspec.config import KVCacheConfig
 from kvspec.errors import UnsupportedByProfileError
 from kvspec.events import KVCacheEvent
 from kvspec.hashing import BlockHash
-from kvspec.profiles import VLLM_0_25_1
+from kvspec.profiles import PROFILES, SemanticsProfile
 from kvspec.request import Request
 from kvspec.view import KVView
 
-IMPL_PROFILES = frozenset({VLLM_0_25_1.name})
-"""The semantics profiles kvimpl follows today."""
+
+def unread_switches(profile: SemanticsProfile) -> tuple[str, ...]:
+    """The switches ``profile`` sets away from their defaults that kvimpl does not read."""
+    return tuple(
+        f.name
+        for f in fields(SemanticsProfile)
+        if f.name not in ("name", "release", *PROFILE_SWITCHES) and getattr(profile, f.name) != f.default
+    )
+
+
+IMPL_PROFILES = frozenset(name for name, p in PROFILES.items() if not unread_switches(p))
+"""The names of the semantics profiles kvimpl follows: every profile of kvspec."""
 
 
 class ImplAdapter(KVCacheManager):
@@ -30,13 +53,23 @@ def make_impl_adapter(config: KVCacheConfig) -> ImplAdapter:
     """Factory for ``--target impl``.
 
     Raises:
-        UnsupportedByProfileError: For a profile kvimpl does not follow yet.
+        UnsupportedByProfileError: For a profile kvimpl does not follow (see
+            the module docstring).
     """
-    if config.profile.name not in IMPL_PROFILES:
-        raise UnsupportedByProfileError(
-            f"kvimpl does not follow {config.profile.name} yet (it follows {', '.join(sorted(IMPL_PROFILES))})"
-        )
+    _check_profile(config.profile)
     return ImplAdapter(config)
+
+
+def _check_profile(p: SemanticsProfile) -> None:
+    """Refuse a profile kvimpl does not follow (see the module docstring)."""
+    unread = unread_switches(p)
+    if unread:
+        raise UnsupportedByProfileError(f"kvimpl does not follow {p.name}: it does not read {', '.join(unread)}")
+    if p.name not in IMPL_PROFILES or PROFILES[p.name] != p:
+        raise UnsupportedByProfileError(
+            f"kvimpl does not follow {p.name}: it is not one of kvspec's profiles "
+            f"(kvimpl follows {', '.join(sorted(IMPL_PROFILES))})"
+        )
 
 
 class ImplPoolAdapter:
@@ -48,7 +81,7 @@ class ImplPoolAdapter:
         """A pool of ``config.num_blocks`` hashing at its one group's block size."""
         self.pool = BlockPool(
             config.num_blocks, config.enable_caching, config.groups[0].block_size,
-            config.enable_kv_cache_events, config.int_block_hashes,
+            config.enable_kv_cache_events, config.int_block_hashes, requeue_unhashed_first(config),
         )  # fmt: skip
 
     def get_new_blocks(self, num_blocks: int) -> list[int]:
@@ -115,8 +148,8 @@ def make_impl_pool(config: KVCacheConfig) -> ImplPoolAdapter:
     """Factory for ``--layer pool --target impl``.
 
     Raises:
-        UnsupportedByProfileError: For a profile kvimpl does not follow yet.
+        UnsupportedByProfileError: For a profile kvimpl does not follow (see
+            the module docstring).
     """
-    if config.profile.name not in IMPL_PROFILES:
-        raise UnsupportedByProfileError(f"kvimpl does not follow {config.profile.name} yet")
+    _check_profile(config.profile)
     return ImplPoolAdapter(config)

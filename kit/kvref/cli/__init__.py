@@ -2,8 +2,9 @@
 
 ``check`` (lockstep state machines), ``drift`` (how the installed vLLM
 differs from a semantics profile), ``replay`` (stored traces), ``soak``
-(a long scripted run), ``bench`` (timing against real vLLM) and ``traces
-record`` (new traces from lockstep runs).
+(a long scripted run), ``bench`` (timing against real vLLM), ``traces
+record`` (new traces from lockstep runs), ``corpus`` (the shipped traces)
+and ``install-vllm`` (a vLLM release's KV-cache core on CPU).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from importlib import metadata
 
-from kvref.cli import bench, check, drift, replay, soak, traces
+from kvref.cli import bench, check, corpus, drift, install_vllm, replay, soak, traces
 from kvref.exits import HANG, INTERRUPTED, USAGE, AdapterHang, InputError
 
 
@@ -27,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (check, drift, replay, soak, bench, traces):
+    for module in (check, drift, replay, soak, bench, traces, corpus, install_vllm):
         module.add_parser(sub)
     return parser
 

@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from kvref import corpus
 from kvref.adapters import AdapterFactory, KVCacheAdapter, load_factory, semantics_of
 from kvref.diagnose import describe
 from kvref.divergences import load_registry
@@ -21,7 +22,14 @@ from kvspec.errors import UnsupportedByProfileError
 def add_parser(sub: Any) -> None:
     """Register ``replay`` on the subcommand parser ``sub``."""
     rep = sub.add_parser("replay", help="replay trace files against an adapter")
-    rep.add_argument("files", nargs="+", type=Path)
+    rep.add_argument("files", nargs="*", type=Path)
+    rep.add_argument(
+        "--corpus",
+        metavar="SELECTOR",
+        action="append",
+        default=[],
+        help="replay shipped traces: a folder (vllm-0.25.1/golden) or a profile (vllm-0.33.0); see `kvref corpus`",
+    )
     rep.add_argument("--target", default="spec")
     rep.add_argument(
         "--diff-against",
@@ -46,7 +54,9 @@ def run(args: argparse.Namespace) -> int:
     every step must pass and the adapter must report the documented
     ``construction_workaround``), and pass it otherwise.
     """
-    files: list[Path] = args.files
+    files: list[Path] = [*args.files, *(p for selector in args.corpus for p in corpus.files(selector))]
+    if not files:
+        raise InputError("no trace files given (name files, or --corpus SELECTOR)")
     factory = load_factory(args.target)
     reference = None if args.diff_against == "none" else _Reference(args.diff_against)
     counts = {"ok": 0, "bad": 0, "skipped": 0, "errors": 0}
