@@ -26,9 +26,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from kvref.adapters import AdapterFactory
+from kvref.capabilities import trace_features
+from kvref.divergences import Divergence
 from kvref.exits import DEFAULT_OP_TIMEOUT
 from kvref.hypothesis_compat import draw
-from kvref.lockstep import Lockstep, RunStats
+from kvref.lockstep import Lockstep, Refused, RunStats
 from kvref.scheduler import ReqState, Scheduler
 from kvref.shapes import SHAPES, Shape, build_kinds, shape_weight
 from kvref.traces import Trace
@@ -54,17 +56,26 @@ STEP_EXTRAS = (
     "reset_prefix_cache",
 )
 """What may follow ``new_step_starts`` in the ``new_step`` rule ("" = nothing)."""
+_EXTRA_FEATURES = {"salt": "cache_salt", "lora": "lora", "mm": "mm", "embeds": "prompt_embeds"}
+"""The feature of each extra-key choice of a fresh prompt."""
 BAD_CONFIGS = ("blocks", "block_size", "window", "watermark", "hash", "eagle_group", "sink")
 """Broken configurations ``invalid_other`` tries (each must raise ConfigError)."""
 
 
 @st.composite
 def configs(
-    draw: st.DrawFn, shapes: Sequence[Shape] = SHAPES, profile: SemanticsProfile = NEWEST
+    draw: st.DrawFn,
+    shapes: Sequence[Shape] = SHAPES,
+    profile: SemanticsProfile = NEWEST,
+    excluded: frozenset[str] = frozenset(),
 ) -> tuple[str, KVCacheConfig | str]:
     """A named configuration: group mix, sizes, caching, EAGLE, watermark,
     events, under ``profile``; instead of the configuration, the reason why
-    the profile refuses it (:class:`kvspec.errors.ConfigError`)."""
+    the profile refuses it (:class:`kvspec.errors.ConfigError`).
+
+    A switch named in ``excluded`` (``caching``, ``eagle``, ``events``,
+    ``stats``, ``watermark``) is turned off after the draws, so the draws are
+    the same with or without exclusions."""
     shape = draw(st.sampled_from([s for s in shapes for _ in range(shape_weight(s))]))
     bs = draw(st.sampled_from([2, 4]))
     window = draw(st.integers(1, 3 * bs))
@@ -90,10 +101,25 @@ def configs(
         hash_seed=draw(st.sampled_from(["0", "42"])),
         log_stats=draw(st.sampled_from([False, True, True])),
     )
+    for feature, key, off in _SWITCHES:
+        if feature in excluded:
+            fields[key] = off
+    if not fields["use_eagle"]:
+        fields["eagle_groups"] = ()
     try:
         return shape.name, KVCacheConfig(profile=profile, **fields)
     except ConfigError as exc:  # valid under another release, not under this profile
         return shape.name, f"{type(exc).__name__}: {exc}"
+
+
+_SWITCHES = (
+    ("caching", "enable_caching", False),
+    ("eagle", "use_eagle", False),
+    ("events", "enable_kv_cache_events", False),
+    ("stats", "log_stats", False),
+    ("watermark", "watermark", 0.0),
+)
+"""Configuration switches an exclusion turns off: (feature, field, value)."""
 
 
 @dataclass
@@ -119,6 +145,12 @@ class MachineSetup:
     """The seeded batch a continued run starts with (kept by :mod:`kvref.check`)."""
     op_timeout: float | None = DEFAULT_OP_TIMEOUT
     """Watchdog seconds per adapter operation (:func:`kvref.exits.watchdog`)."""
+    known: tuple[Divergence, ...] = ()
+    """Further known differences of the adapters under test (``--known``)."""
+    excluded: frozenset[str] = frozenset()
+    """Features left out (:mod:`kvref.capabilities`): declared, chosen, or learned."""
+    learn_skips: bool = True
+    """Leave out, from the next batch on, every feature an adapter raised a skip for."""
 
 
 def make_lockstep_machine(setup: MachineSetup) -> type[RuleBasedStateMachine]:
@@ -152,8 +184,9 @@ class SchedulerMachine(RuleBasedStateMachine):
 
         A configuration the profile (or an adapter) refuses is counted with
         its reason and the run is rejected: it checks nothing."""
-        name, cfg = draw(data, configs(self.SETUP.shapes, self.SETUP.profile), label="config")
-        stats = self.SETUP.stats
+        setup = self.SETUP
+        name, cfg = draw(data, configs(setup.shapes, setup.profile, setup.excluded), label="config")
+        stats = setup.stats
         if isinstance(cfg, str):
             stats.refused_configs[cfg.split(":", 1)[0]] += 1
             stats.refused_reasons[f"{name}: {cfg}"] += 1
@@ -161,11 +194,17 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.cfg, self.shape = cfg, name
         try:
             self.lock = Lockstep(
-                cfg, self.SETUP.factories, stats, self.SETUP.failure_dir, name, self.SETUP.op_timeout
+                cfg, setup.factories, stats, setup.failure_dir, name, setup.op_timeout, setup.known, setup.excluded
             )
         except UnsupportedByProfileError as exc:
             stats.refused_configs["UnsupportedByProfileError"] += 1
             stats.refused_reasons[f"{name}: {exc}"] += 1
+            reject()
+        except Refused as exc:
+            stats.refused_configs[exc.kind] += 1
+            stats.refused_reasons[f"{name}: {exc.reason}"] += 1
+            if exc.feature:
+                stats.skipped[f"construct: {exc.feature}"] += 1
             reject()
         self.sched = Scheduler(cfg, self.lock.book, self.lock.call, self.lock.request_op)
         sched = cfg.scheduler_block_size
@@ -178,6 +217,17 @@ class SchedulerMachine(RuleBasedStateMachine):
     @property
     def live(self) -> bool:
         return self.lock is not None and not self.lock.halted
+
+    def _allowed(self, feature: str) -> bool:
+        """Whether the machine may use ``feature`` (:attr:`MachineSetup.excluded`)."""
+        return feature not in self.SETUP.excluded
+
+    def _pop(self, pop: bool) -> bool:
+        """``pop`` (deferred free), unless the adapters lack one way of freeing."""
+        can_pop = self._allowed("op:pop_blocks_for_free") and self._allowed("op:free_blocks")
+        if pop and not can_pop:
+            return False
+        return pop or (not self._allowed("op:free") and can_pop)
 
     @property
     def _sched(self) -> Scheduler:
@@ -237,6 +287,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         popped blocks still hold their references; half the time it does so
         here.
         """
+        pop = self._pop(pop)
         popped = self._sched.release(rid, pop)
         if pop:
             self._after_pop(rid, popped, data)
@@ -249,7 +300,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             self._call({"op": "get_num_common_prefix_blocks", "rid": draw(data, st.sampled_from(tuple(others)))})
 
     def _preempt(self, rid: str, data: st.DataObject) -> None:
-        pop = not draw(data, st.booleans())
+        pop = self._pop(not draw(data, st.booleans()))
         popped = self._sched.preempt(rid, pop)
         if pop:
             self._after_pop(rid, popped, data)
@@ -272,7 +323,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         # One request in ten skips the prefix cache; False is first, so that a
         # shrunk history reads the cache (``integers(0, 9) == 0`` came out
         # true for most requests: Hypothesis favours 0).
-        if draw(data, st.sampled_from((False,) * 9 + (True,))):
+        if draw(data, st.sampled_from((False,) * 9 + (True,))) and self._allowed("skip_reading_prefix_cache"):
             op["skip_reading_prefix_cache"] = True
         enc = draw(data, st.integers(1, 12)) if any(isinstance(k, CrossAttention) for k in self.cfg.groups) else 0
         self._sched.add(op, enc, reusable)
@@ -287,6 +338,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         prompt = (prefix + suffix)[: self._prompt_limit()] or [0]
         op: Json = {"op": "add_request", "rid": rid, "prompt": prompt}
         extra = draw(data, st.sampled_from(["", "", "", "salt", "lora", "mm", "embeds"]))
+        if extra and not self._allowed(_EXTRA_FEATURES[extra]):
+            extra = ""
         if extra == "salt":
             op["extra"] = {"cache_salt": "s"}
         elif extra == "lora":
@@ -357,7 +410,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         # (a hit and external tokens together exercise the touch-then-allocate order).
         if st_.computed == 0 and draw(data, st.integers(0, 1 if hit else 4)) == 0 and total - hit > 1:
             external = draw(data, st.integers(1, total - hit - 1))
-        delay = external > 0 and draw(data, st.booleans())
+            if not self._allowed("external"):
+                external = 0
+        delay = external > 0 and draw(data, st.booleans()) and self._allowed("delay_cache_blocks")
         new = 0 if delay else self._chunk(data, st_, st_.computed + hit + external)
         op.update(
             num_new_tokens=new, num_external_computed_tokens=external, delay_cache_blocks=delay,
@@ -422,7 +477,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             st_ = self._sched.forget(rid)
             if st_.reusable:
                 self._remember(self._sched.tokens(rid), st_.extra)
-            self._sched.release(rid, pop=False)
+            self._sched.release(rid, pop=self._pop(False))
 
     @precondition(lambda self: self.live and bool(self.pending))
     @rule(data=st.data())
@@ -628,7 +683,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         allocations = sum(1 for op in lock.log if op["op"] == "allocate_slots" and isinstance(op.get("expect"), list))
         if facade_steps < 3 or allocations < setup.min_allocations:
             return
-        trace = Trace(self.cfg, lock.trace_log(), {"shape": self.shape})
+        log = lock.trace_log()
+        meta = {"shape": self.shape, "features": trace_features(self.cfg, log)}
+        trace = Trace(self.cfg, log, meta)
         text = trace.dumps()
         if text in setup.recorded_texts:
             return

@@ -60,3 +60,36 @@ def test_schema_rejects_a_foreign_header() -> None:
     assert not HEADER.is_valid({**header, "version": 3})
     assert not END.is_valid({"end": {"steps": 1}})
     assert not HEADER.is_valid({**header, "config": {**header["config"], "groups": []}})
+
+
+POOL_STEPS = [
+    {"op": "get_new_blocks", "num_blocks": 2, "expect": [1, 2], "view": "0" * 64},
+    {"op": "cache_full_blocks", "rid": "a", "block_ids": [1, 2], "num_cached_blocks": 0, "num_full_blocks": 2,
+     "block_size": 2, "group_id": 0, "view": "0" * 64},
+    {"op": "get_cached_block", "block_hash": "ab01", "group_ids": [0], "expect": [1]},
+    {"op": "touch", "block_ids": [1]},
+    {"op": "free_blocks", "block_ids": [2, 1]},
+    {"op": "get_num_free_blocks", "expect": 15},
+    {"op": "get_usage", "expect": 0.0},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("step", POOL_STEPS, ids=lambda s: str(s["op"]))
+def test_schema_accepts_pool_steps(step: dict[str, Any]) -> None:
+    assert STEP.is_valid(step), [e.message for e in STEP.iter_errors(step)]
+
+
+@pytest.mark.parametrize(
+    "step",
+    [{"op": "get_new_blocks", "num_blocks": -1}, {"op": "get_cached_block", "block_hash": "xyz"},
+     {"op": "touch", "block_ids": [1], "num_tokens": 3}],
+)  # fmt: skip
+def test_schema_rejects_malformed_pool_steps(step: dict[str, Any]) -> None:
+    assert not STEP.is_valid(step)
+
+
+def test_header_features_and_layer() -> None:
+    header = json.loads((CORPUS[0]).read_text().splitlines()[0])
+    assert HEADER.is_valid({**header, "features": ["caching", "kind:FullAttention"], "layer": "pool"})
+    assert not HEADER.is_valid({**header, "features": "caching"})
+    assert not HEADER.is_valid({**header, "layer": "scheduler"})

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,26 @@ from kvref.traces import load
 
 RNG = random.Random(20261201)
 """The interrupt delays are random but the same on every run of the suite."""
+
+
+@pytest.fixture(autouse=True)
+def _sigint_not_ignored() -> Iterator[None]:
+    """Children get SIGINT as under an interactive shell.
+
+    NOTE: a shell without job control starts background commands with SIGINT
+    ignored, and an ignored signal stays ignored across ``exec`` (Python then
+    installs no KeyboardInterrupt handler): a suite run as ``pytest ... &``
+    would send its interrupts into the void and wait. A handled signal is
+    reset to the default across ``exec``, so while a test runs this process
+    handles SIGINT (Python's own handler) and every child starts with the default.
+    """
+    previous = signal.getsignal(signal.SIGINT)
+    if previous == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _start(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:

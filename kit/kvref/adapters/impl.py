@@ -23,15 +23,23 @@ unsupported) and ``impl-python`` is always the pure-Python manager.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import fields
 from typing import Any
 
 from kvimpl import PROFILE_SWITCHES
+from kvimpl.block_pool import BlockPool, requeue_unhashed_first
 from kvimpl.kv_cache_manager import KVCacheManager
 from kvimpl.native import NativeKVCacheManager, native_enabled, native_unsupported, notice_if_missing
+from kvref.layers.pool import pool_view
+from kvspec.block_pool import BlockId
 from kvspec.config import KVCacheConfig
 from kvspec.errors import UnsupportedByProfileError
+from kvspec.events import KVCacheEvent
+from kvspec.hashing import BlockHash
 from kvspec.profiles import FEATURE_SWITCHES, PROFILES, SemanticsProfile, features_used
+from kvspec.request import Request
+from kvspec.view import KVView
 
 IMPL_FEATURES: frozenset[str] = frozenset()
 """The state-adding features of :func:`kvspec.profiles.features_used` that kvimpl models today."""
@@ -75,7 +83,7 @@ def make_impl_adapter(config: KVCacheConfig) -> Any:
         UnsupportedByProfileError: For a profile kvimpl does not follow (see
             the module docstring).
     """
-    make_impl_python_adapter(config)  # the profile checks
+    _check_config(config)
     notice_if_missing()
     if native_enabled() and native_unsupported(config) is None:
         return NativeImplAdapter(config)
@@ -89,7 +97,7 @@ def make_impl_native_adapter(config: KVCacheConfig) -> Any:
         UnsupportedByProfileError: For a profile kvimpl does not follow, or a
             configuration the native core does not implement (or no build).
     """
-    make_impl_python_adapter(config)
+    _check_config(config)
     reason = native_unsupported(config)
     if reason is not None:
         raise UnsupportedByProfileError(f"kvimpl's native core: {reason}")
@@ -104,7 +112,12 @@ def make_impl_python_adapter(config: KVCacheConfig) -> ImplAdapter:
             configuration that needs a feature kvimpl does not model yet (see
             the module docstring).
     """
-    p = config.profile
+    _check_config(config)
+    return ImplAdapter(config)
+
+
+def _check_profile(p: SemanticsProfile) -> None:
+    """Refuse a profile kvimpl does not follow (see the module docstring)."""
     unread = unread_switches(p)
     if unread:
         raise UnsupportedByProfileError(f"kvimpl does not follow {p.name}: it does not read {', '.join(unread)}")
@@ -113,7 +126,95 @@ def make_impl_python_adapter(config: KVCacheConfig) -> ImplAdapter:
             f"kvimpl does not follow {p.name}: it is not one of kvspec's profiles "
             f"(kvimpl follows {', '.join(sorted(IMPL_PROFILES))})"
         )
+
+
+def _check_config(config: KVCacheConfig) -> None:
+    """Refuse a profile kvimpl does not follow, or a feature it does not model."""
+    p = config.profile
+    _check_profile(p)
     missing = sorted(features_used(config) - IMPL_FEATURES)
     if missing:
         raise UnsupportedByProfileError(f"{p.name}: kvimpl does not model {', '.join(missing)} yet")
-    return ImplAdapter(config)
+
+
+class ImplPoolAdapter:
+    """kvimpl's ``BlockPool`` for the pool layer (:mod:`kvref.layers.pool`)."""
+
+    name = "impl"
+
+    def __init__(self, config: KVCacheConfig) -> None:
+        """A pool of ``config.num_blocks`` hashing at its one group's block size."""
+        self.pool = BlockPool(
+            config.num_blocks, config.enable_caching, config.groups[0].block_size,
+            config.enable_kv_cache_events, config.int_block_hashes, requeue_unhashed_first(config),
+        )  # fmt: skip
+
+    def get_new_blocks(self, num_blocks: int) -> list[int]:
+        """See :class:`kvref.layers.pool.BlockPoolAdapter`."""
+        return list(self.pool.get_new_blocks(num_blocks))
+
+    def free_blocks(self, block_ids: Sequence[int]) -> None:
+        """See :class:`kvref.layers.pool.BlockPoolAdapter`."""
+        self.pool.free_blocks(BlockId(b) for b in block_ids)
+
+    def touch(self, block_ids: Sequence[int]) -> None:
+        """See :class:`kvref.layers.pool.BlockPoolAdapter`."""
+        self.pool.touch([BlockId(b) for b in block_ids])
+
+    def cache_full_blocks(
+        self,
+        request: Request,
+        block_ids: Sequence[int],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        group_id: int,
+    ) -> None:
+        """See :class:`kvref.layers.pool.BlockPoolAdapter`."""
+        ids = [BlockId(b) for b in block_ids]
+        self.pool.cache_full_blocks(request, ids, num_cached_blocks, num_full_blocks, block_size, group_id)
+
+    def get_cached_block(self, block_hash: bytes, group_ids: Sequence[int]) -> list[int] | None:
+        """See :class:`kvref.layers.pool.BlockPoolAdapter`."""
+        found = self.pool.get_cached_block(BlockHash(block_hash), group_ids)
+        return None if found is None else list(found)
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """See :class:`kvref.layers.pool.BlockPoolAdapter`."""
+        self.pool.evict_blocks(block_ids)
+
+    def reset_prefix_cache(self) -> bool:
+        """See :class:`kvref.layers.pool.BlockPoolAdapter`."""
+        return self.pool.reset_prefix_cache()
+
+    def get_num_free_blocks(self) -> int:
+        """See :class:`kvref.layers.pool.BlockPoolAdapter`."""
+        return self.pool.get_num_free_blocks()
+
+    def get_usage(self) -> float:
+        """See :class:`kvref.layers.pool.BlockPoolAdapter`."""
+        return self.pool.get_usage()
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """See :class:`kvref.layers.pool.BlockPoolAdapter`."""
+        return self.pool.take_events()
+
+    def check_invariants(self) -> None:
+        """kvimpl's pool invariants."""
+        self.pool.check_invariants()
+
+    def to_view(self) -> KVView:
+        """See :class:`kvref.layers.pool.BlockPoolAdapter`."""
+        p = self.pool
+        return pool_view(p.free_order(), p.ref_cnt, p.cached, p.get_usage())
+
+
+def make_impl_pool(config: KVCacheConfig) -> ImplPoolAdapter:
+    """Factory for ``--layer pool --target impl``.
+
+    Raises:
+        UnsupportedByProfileError: For a profile kvimpl does not follow (see
+            the module docstring).
+    """
+    _check_profile(config.profile)
+    return ImplPoolAdapter(config)
