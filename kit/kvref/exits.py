@@ -18,10 +18,12 @@ When several apply, the first of 2, 4, 1, 3 in that order wins.
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any
 
 OK = 0
 DIVERGENCE = 1
@@ -73,11 +75,22 @@ def interruptible() -> Iterator[None]:
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         yield  # started with Ctrl-C ignored (a background job): keep it so
         return
+    previous_hook = sys.unraisablehook
+
+    def quiet_interrupts(unraisable: Any) -> None:
+        # A swallowed interrupt is re-raised by raise_if_interrupted; Python's
+        # report of it ("Exception ignored in ...", a traceback) is noise.
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            return
+        previous_hook(unraisable)
+
     _INTERRUPTED.clear()
     previous = signal.signal(signal.SIGINT, on_sigint)
+    sys.unraisablehook = quiet_interrupts
     try:
         yield
     finally:
+        sys.unraisablehook = previous_hook
         signal.signal(signal.SIGINT, previous)
         _INTERRUPTED.clear()
 

@@ -147,3 +147,31 @@ def test_a_swallowed_interrupt_is_raised_again_at_the_next_adapter_operation() -
             pass
     with watchdog(None, "allocate_slots"):  # a new command starts with the latch cleared
         pass
+
+
+_FINALISER_SCRIPT = """
+import os, signal, time
+from kvref.exits import interruptible, watchdog
+
+class Finalised:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)  # the handler runs here, inside the finaliser, where Python swallows what it raises
+
+with interruptible():
+    obj = Finalised()
+    del obj  # Python hands the KeyboardInterrupt to sys.unraisablehook and goes on
+    try:
+        with watchdog(None, "allocate_slots"):
+            pass
+    except KeyboardInterrupt:
+        print("raised again")
+"""
+
+
+def test_an_interrupt_inside_a_finaliser_is_not_printed_and_is_raised_again() -> None:
+    """Run outside pytest, whose own unraisable hook would hide what Python prints."""
+    script = [sys.executable, "-c", _FINALISER_SCRIPT]
+    done = subprocess.run(script, check=False, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "raised again", (done.stdout, done.stderr)
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr
