@@ -89,6 +89,9 @@ class RunStats:
     """Collect divergence classes instead of stopping at the first (see :class:`DivergenceClass`)."""
     classes: dict[str, DivergenceClass] = field(default_factory=dict)
     """Divergence classes found so far, by key; a run that meets a known one halts quietly."""
+    accepted: list[DivergenceClass] = field(default_factory=list)
+    """Divergence classes a drift run attributed to profile switches and accepted
+    (:mod:`kvref.drift`); the hunt goes on under those switches."""
     last_failure_key: str | None = None
     """Class key of the last unexplained divergence."""
     class_found_at: dict[str, int] = field(default_factory=dict)
@@ -136,6 +139,8 @@ class DivergenceClass:
     steps_to_find: int
     occurrences: int = 1
     shapes: Counter[str] = field(default_factory=Counter)
+    explained_by: str = ""
+    """The profile switches that reproduce the trace (:mod:`kvref.drift`), if any."""
 
 
 class _Halted(Exception):
