@@ -35,6 +35,10 @@ from kvspec.profiles import PROFILES, SemanticsProfile
 SWITCHES: tuple[str, ...] = tuple(f.name for f in fields(SemanticsProfile) if f.name not in ("name", "release"))
 """Every behaviour switch of a semantics profile, in declaration order."""
 
+REFUSED_AT_CONSTRUCTION = "crashed: ConfigError"
+"""How a lockstep failure message says an adapter refused the configuration
+at construction (:meth:`kvref.lockstep.Lockstep._construct`)."""
+
 MAX_SWITCHES = 2
 """The largest set of switches tried together for one class (22 switches give
 253 replays of a short trace at most: well under a second)."""
@@ -105,11 +109,18 @@ def _candidates(switches: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
 
 def _replays(trace: Trace, factory: AdapterFactory, profile: SemanticsProfile) -> bool:
     """Whether ``factory`` under ``profile`` reproduces every recorded output
-    and view digest of ``trace`` (a profile that refuses the configuration
-    does not)."""
+    and view digest of ``trace``.
+
+    A trace of a reference that refused its configuration at construction
+    (no steps, the failure a ConfigError) is reproduced by a profile that
+    refuses the configuration too; any other trace is not.
+    """
+    refused = not trace.steps and REFUSED_AT_CONSTRUCTION in str(trace.meta.get("failure", ""))
     try:
         config = replace(trace.config, profile=profile)
     except ConfigError:
+        return refused
+    if refused:
         return False
     result = replay(Trace(config, trace.steps, trace.meta), factory)
     return result.ok

@@ -270,6 +270,11 @@ class Lockstep:
             raise Refused(f"{name}: {exc}", getattr(exc, "feature", ""), type(exc).__name__) from exc
         except Exception as exc:
             message = f"constructing {name} crashed: {type(exc).__name__}: {exc}"
+            known = stats.classes.get("construct/crash") if stats.keep_going else None
+            if known is not None:  # a keep-going run registered this class: count it, check nothing
+                known.occurrences += 1
+                known.shapes[self.config_name] += 1
+                raise Refused(f"{name}: a known divergence class (construct/crash): {exc}", kind="known class") from exc
             stats.unexplained += 1
             stats.last_failure_key, stats.last_failure_shape = "construct/crash", self.config_name
             raise LockstepFailure(message, self._write_trace(message)) from exc

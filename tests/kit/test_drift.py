@@ -19,6 +19,7 @@ from jsonschema import Draft202012Validator
 from kvref.adapters import load_factory
 from kvref.drift import SWITCHES, attribute, differing_switches, introduced_in, with_switches
 from kvref.traces import Trace, TraceFormatError, load
+from kvspec.config import KVCacheConfig, Mamba
 from kvspec.profiles import PROFILES, VLLM_0_25_1, VLLM_0_27_1, VLLM_0_28_0, VLLM_0_33_0
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,3 +95,17 @@ def test_a_bad_switches_header_is_an_input_error(tmp_path: Path, switches: objec
     path.write_text(body + json.dumps(end) + "\n")
     with pytest.raises(TraceFormatError, match="switch"):
         load(path)
+
+
+def test_a_configuration_the_release_refuses_is_explained_by_the_switch_that_refuses_it() -> None:
+    # vLLM 0.33.0 refuses a cached Mamba group in mode 'all'; the lockstep's
+    # trace of that crash has no steps, and the 0.33.0 switch refuses it too.
+    config = KVCacheConfig(
+        num_blocks=16, groups=(Mamba(2, mode="all"),), max_model_len=32, enable_caching=True, profile=VLLM_0_25_1
+    )
+    message = "constructing make_vllm_adapter crashed: ConfigError: group 0: vLLM 0.33.0 caches Mamba only in 'align'"
+    found = attribute(Trace(config, [], {"failure": message}), SPEC, VLLM_0_25_1, VLLM_0_33_0)
+    assert found is not None and found.switches == ("mamba_caching_needs_align",)
+    # a crash that is not a refusal is not credited to a switch
+    crash = Trace(config, [], {"failure": "constructing make_vllm_adapter crashed: RuntimeError: boom"})
+    assert attribute(crash, SPEC, VLLM_0_25_1, VLLM_0_33_0) is None

@@ -78,6 +78,20 @@ def test_keep_going_lists_each_class_once_with_its_shortest_trace(tmp_path: Path
         assert load(c.trace).meta["features"]
 
 
+def test_keep_going_counts_a_known_construction_crash_instead_of_listing_it_again(tmp_path: Path) -> None:
+    def crashes_with_blocks_above_20(config: KVCacheConfig) -> Any:
+        if config.num_blocks > 20:
+            raise RuntimeError("cannot build this one")
+        return load_factory("spec")(config)
+
+    setup = _setup(crashes_with_blocks_above_20, tmp_path)
+    classes = run_keep_going(setup, seed=0, goal=1500, out_dir=tmp_path / "classes")
+    assert [c.key for c in classes] == ["construct/crash"]
+    assert setup.stats.refused_configs["known class"] > 0
+    assert classes[0].occurrences == 1 + setup.stats.refused_configs["known class"]
+    assert setup.stats.steps >= 1500  # the other configurations were still checked
+
+
 def test_a_declared_matcher_explains_the_difference(tmp_path: Path) -> None:
     setup = _setup(_ReversedPopDeclared, tmp_path)
     assert run_lockstep(setup, seed=0, goal=1500) is None
