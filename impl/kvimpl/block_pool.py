@@ -245,8 +245,14 @@ class BlockPool:
         ref = self.ref_cnt
         if len(set(blocks)) != len(blocks) or any(ref[b] < 1 for b in blocks):
             _check_double_free(ref, blocks)
+        # NOTE: FreeQueue.append and .prepend inlined (links and count updated
+        # here, one method call less per block): blocks reaching 0 go to the
+        # tail one by one; the unhashed ones are spliced in front as one chain in
+        # the given order, which is the order prepending them last-first gives.
         fq, bh, front = self.free_queue, self.block_hash, self.unhashed_first
+        nxt, prv, s = fq.nxt, fq.prv, fq.sentinel
         unhashed: list[BlockId] = []
+        linked = 0
         for b in blocks:
             n = ref[b] - 1
             ref[b] = n
@@ -254,9 +260,22 @@ class BlockPool:
                 if front and bh[b] is None:
                     unhashed.append(b)
                 else:
-                    fq.append(b)
-        for b in reversed(unhashed):
-            fq.prepend(b)
+                    t = prv[s]
+                    nxt[t] = b
+                    prv[b] = t
+                    nxt[b] = s
+                    prv[s] = b
+                    linked += 1
+        if unhashed:
+            head, prev = nxt[s], s
+            for b in unhashed:
+                nxt[prev] = b
+                prv[b] = prev
+                prev = b
+            nxt[prev] = head
+            prv[head] = prev
+            linked += len(unhashed)
+        fq._len += linked
 
     def cache_full_blocks(
         self,

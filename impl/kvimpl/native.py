@@ -18,8 +18,9 @@ build (the bug zoo and the mutation tests patch and subclass it). A missing
 extension is reported once, on one line, never as an error.
 
 What the core does not implement falls back to Python for the whole
-configuration: cross attention, KV-cache events, more than 64 groups, and
-any semantics-profile switch it does not know.
+configuration: cross attention, more than 64 groups, and any
+semantics-profile switch it does not know. KV-cache events are recorded by
+the core and built into kvspec events by :mod:`kvimpl.native_events`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from collections import Counter
 from collections.abc import Iterable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -34,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from kvimpl.config_rules import unmodelled_features
 from kvimpl.hash_functions import hash_function
 from kvimpl.native_checks import native_invariants, native_view
+from kvimpl.native_events import events_from_records, replay_events
 from kvimpl.request import RequestHasher
 from kvspec import errors as kv_errors
 from kvspec.config import (
@@ -47,6 +50,7 @@ from kvspec.config import (
     SlidingWindow,
 )
 from kvspec.errors import InvalidTokenCountError, UnsupportedOperationError
+from kvspec.events import KVCacheEvent
 from kvspec.hashing import ExtraKeySource, none_hash
 from kvspec.invariants import InvariantViolation
 from kvspec.request import Request as SpecRequest
@@ -119,8 +123,6 @@ def native_unsupported(config: KVCacheConfig) -> str | None:
     missing = unmodelled_features(config)
     if missing:
         return f"kvimpl does not model {', '.join(missing)} yet"
-    if config.enable_kv_cache_events:
-        return "KV-cache events are kept by the Python manager"
     if len(config.groups) > 64:
         return f"{len(config.groups)} groups (the native core takes up to 64)"
     for gid, kind in enumerate(config.groups):
@@ -232,6 +234,7 @@ def core_params(config: KVCacheConfig) -> dict[str, Any]:
         "mamba_eagle_counts_verified": int(p.mamba_eagle_counts_verified),
         "eagle_margin_hashed_cap": int(p.eagle_margin_hashed_cap),
         "stats_at_lookup": int(p.stats_at_lookup),
+        "enable_kv_cache_events": int(config.enable_kv_cache_events),
         "groups": groups,
         "spec_groups": spec_groups,
     }
@@ -286,6 +289,8 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if config.log_stats else None
         self._stats = self.prefix_cache_stats
         self.hasher = RequestHasher.for_config(config, native=True)
+        self.event_keys: Counter[tuple[object, int | None]] = Counter()
+        """Cache keys implied by the events taken so far (the events-replay invariant)."""
         self.device_tables: Any = None
         if device is not None:
             from kvimpl.device_tables import BlockTable  # noqa: PLC0415 - torch is optional
@@ -329,9 +334,12 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
         self._stats = self.prefix_cache_stats
         return stats
 
-    def take_events(self) -> list[Any]:
-        """No events: configurations with events run on the Python manager."""
-        return []
+    def take_events(self) -> list[KVCacheEvent]:
+        """Drain the events (none unless ``enable_kv_cache_events``); BlockStored
+        carries its group's kind and window, as the Python manager's."""
+        events = events_from_records(self.config, self._take_raw_events())
+        replay_events(self.event_keys, events)
+        return events
 
     def block_table(self, group: int = 0) -> Any:
         """The device block table of ``group`` (see :class:`kvimpl.device_tables.BlockTable`).
