@@ -35,12 +35,12 @@ class CachedMap:
 
     def get_cached_block(self, block_hash: BlockHash, group_ids: Sequence[int]) -> list[BlockId] | None:
         """The oldest cached block of ``block_hash`` in each group, or None."""
-        found = []
+        found: list[BlockId] = []
         for gid in group_ids:
             ids = self.cached.get(make_key(block_hash, gid))
             if not ids:
                 return None
-            found.append(ids[0])
+            found.append(BlockId(ids[0]))
         return found
 
 
