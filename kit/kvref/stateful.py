@@ -401,9 +401,13 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert self.lock is not None
             if hit:
                 self.lock.stats.prefix_hits += 1
-            if self._sched.read_hint(rid):
-                self.lock.stats.prefix_hints += 1
-            self.lock.stats.prefix_hint_reads += 1
+            # NOTE: the hint can only be non-zero for a cached hybrid (one
+            # coordinator computes it); elsewhere reading it would lengthen
+            # every history and its shrunk traces for a constant 0.
+            if len(self.cfg.groups) > 1 and self.cfg.enable_caching:
+                if self._sched.read_hint(rid):
+                    self.lock.stats.prefix_hints += 1
+                self.lock.stats.prefix_hint_reads += 1
             if any(found["blocks"]):
                 op["new_computed_blocks"] = found["blocks"]
             op["num_new_computed_tokens"] = hit
