@@ -41,6 +41,7 @@ PROFILE_SWITCHES = frozenset(
         "mamba_eagle_counts_verified", "eagle_margin_hashed_cap",  # kv_cache_coordinator.hybrid_hit_search
         "eagle_flags_need_use_eagle",  # config_rules.eagle_group_ids
         "stats_at_lookup", "adopt_hit_without_new_tokens", "common_prefix",  # kv_cache_manager
+        "lookup_returns_boundary",  # kv_cache_manager.get_prefix_hint
         # Applied before kvimpl sees a value: the request hasher (kvspec.request) hashes with them.
         "extra_keys_tagged", "mm_resume_from_first_feature",
         # Applied by KVCacheConfig's own validation (a configuration kvimpl is given already obeys them).

@@ -89,8 +89,13 @@ class KVCacheManager(StepAPI):
         self.event_keys: Counter[tuple[object, int | None]] = Counter()
         """Cache keys implied by the events taken so far (:func:`inv_events_replay_to_cache`)."""
         self.prefix_cache_stats = PrefixCacheStats() if config.log_stats else None
+        self.shared_prefix_boundary: dict[str, int] = {}
+        """Non-zero ``shared_prefix_boundary`` of each request's latest lookup
+        (vLLM keeps it on the request; :meth:`get_prefix_hint`)."""
         p = config.profile
         self.stats_at_lookup = p.stats_at_lookup
+        self.lookup_returns_boundary = p.lookup_returns_boundary
+        """Profile switch read by :meth:`get_prefix_hint`."""
         """Profile switch: lookups record the statistics (else ``record_prefix_cache_stats`` does)."""
         self.adopt_hit_without_new_tokens = p.adopt_hit_without_new_tokens
         """Profile switch read by :func:`allocation_without_tokens`."""
@@ -109,12 +114,27 @@ class KVCacheManager(StepAPI):
         hit blocks are only pinned by ``allocate_slots``.
         """
         check_request(request)
+        self.shared_prefix_boundary.pop(request.request_id, None)
         if not self.enable_caching or request.skip_reading_prefix_cache:
             return self._ids(tuple([] for _ in self.config.groups)), 0
         blocks, n = self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
+        uncached = self.coordinator.num_uncached_common_prefix_tokens
+        if uncached:
+            self.shared_prefix_boundary[request.request_id] = n + uncached
         if self.prefix_cache_stats is not None and self.stats_at_lookup:
             self.prefix_cache_stats.record(request.num_tokens, n, request.num_preemptions > 0)
         return self._ids(blocks), n
+
+    def get_prefix_hint(self, request: Request) -> int:
+        """The prefix hint vLLM's scheduler reads right after ``request``'s
+        lookup (kvspec's ``KVCacheManager.get_prefix_hint``): the coordinator's
+        ``num_uncached_common_prefix_tokens`` up to vLLM 0.25.1, the request's
+        ``shared_prefix_boundary`` from 0.26.0 on. Changes nothing.
+        """
+        check_request(request)
+        if self.lookup_returns_boundary:
+            return self.shared_prefix_boundary.get(request.request_id, 0)
+        return self.coordinator.num_uncached_common_prefix_tokens
 
     def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
         """Record one admitted request's lookup in the statistics (vLLM 0.27.0

@@ -37,6 +37,7 @@ from kvimpl.config_rules import unmodelled_features
 from kvimpl.hash_functions import hash_function
 from kvimpl.native_checks import native_invariants, native_view
 from kvimpl.native_events import events_from_records, replay_events
+from kvimpl.native_hint import cached_map, native_hint_for
 from kvimpl.request import RequestHasher
 from kvspec import errors as kv_errors
 from kvspec.config import (
@@ -75,7 +76,7 @@ NATIVE_SWITCHES = frozenset(
         "free_unhashed_first", "free_unhashed_needs_caching", "sink_blocks_reserved", "new_block_ids",
         "mamba_skip_spec_slack", "mamba_align_estimate_capped", "mamba_eagle_counts_verified",
         "eagle_margin_hashed_cap", "eagle_flags_need_use_eagle", "stats_at_lookup", "adopt_hit_without_new_tokens",
-        "common_prefix", "pop_drops_leading_nulls",
+        "common_prefix", "pop_drops_leading_nulls", "lookup_returns_boundary",
         # Applied before the core sees a value (the request hasher) or by KVCacheConfig's validation.
         "extra_keys_tagged", "mm_resume_from_first_feature", "single_spec_group_hybrid", "mamba_caching_needs_align",
         # Features kvimpl does not model in either build: a configuration that needs one is refused
@@ -291,6 +292,11 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
         self.hasher = RequestHasher.for_config(config, native=True)
         self.event_keys: Counter[tuple[object, int | None]] = Counter()
         """Cache keys implied by the events taken so far (the events-replay invariant)."""
+        self._hint = native_hint_for(config)
+        self.num_uncached_common_prefix_tokens = 0
+        """The hybrid coordinator's value of the last lookup that searched (:mod:`kvimpl.native_hint`)."""
+        self.shared_prefix_boundary: dict[str, int] = {}
+        """Non-zero ``shared_prefix_boundary`` of each request's latest lookup."""
         self.device_tables: Any = None
         if device is not None:
             from kvimpl.device_tables import BlockTable  # noqa: PLC0415 - torch is optional
@@ -306,6 +312,25 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
     ) -> Any:
         """A WAITING native request hashing like this manager (see :class:`kvimpl.request.RequestHasher`)."""
         return self.hasher.new_request(request_id, list(prompt_token_ids), extra, skip_reading_prefix_cache)
+
+    def get_computed_blocks(self, request: Any) -> Any:
+        """The core's lookup; a cached hybrid also computes the prefix hint here."""
+        out = super().get_computed_blocks(request)
+        self.shared_prefix_boundary.pop(request.request_id, None)
+        if self._hint is not None and not request.skip_reading_prefix_cache:
+            hit = out[1]
+            longest = self._hint.longest(request.block_hashes, request.num_tokens - 1, cached_map(self))
+            self.num_uncached_common_prefix_tokens = uncached = longest - hit
+            if uncached:
+                self.shared_prefix_boundary[request.request_id] = hit + uncached
+        return out
+
+    def get_prefix_hint(self, request: Any) -> int:
+        """The scheduler's prefix hint (see the Python manager's ``get_prefix_hint``)."""
+        self.get_blocks(request.request_id)  # the request-id check of the Python manager's check_request
+        if self.config.profile.lookup_returns_boundary:
+            return self.shared_prefix_boundary.get(request.request_id, 0)
+        return self.num_uncached_common_prefix_tokens
 
     def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
         """Record an admitted request's lookup (vLLM 0.27.0 on; see the Python manager).

@@ -180,10 +180,14 @@ def _hit_lengths(cfg: KVCacheConfig, out: Json) -> list[int]:
 
 
 def _eagle_mamba(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> bool:
-    if op["op"] != "get_computed_blocks" or "blocks" not in vllm_out:
-        return False
     eagle = cfg.eagle_group_ids()
     if not any(isinstance(k, Mamba) and g in eagle for g, k in enumerate(cfg.groups)):
+        return False
+    if op["op"] == "get_prefix_hint":
+        # The Mamba look-ahead reaches further than the hit, so vLLM's longest
+        # single-kind hit, and with it the hint, is longer (the hit itself agreed).
+        return isinstance(vllm_out, int) and isinstance(spec_out, int) and vllm_out > spec_out
+    if op["op"] != "get_computed_blocks" or "blocks" not in vllm_out:
         return False
     # Some group's list does not cover the hit: a full-attention list shorter
     # than the hit (the look-ahead raised the hit after full attention was

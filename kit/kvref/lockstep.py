@@ -76,6 +76,10 @@ class RunStats:
     last_failure: Path | None = None
     prefix_hits: int = 0
     """Admissions whose prefix lookup found at least one token."""
+    prefix_hints: int = 0
+    """Lookups whose prefix hint (``get_prefix_hint``) was not 0."""
+    prefix_hint_reads: int = 0
+    """Prefix hints read (and compared) after a lookup."""
     first_failure_at: float | None = None
     """``time.monotonic()`` of the first unexplained divergence (shrinking starts there)."""
     first_failure_steps: int | None = None

@@ -66,6 +66,9 @@ class KVCacheManager:
         self.event_keys: Counter[tuple[object, int | None]] = Counter()
         """Cache keys implied by the events taken so far (:func:`inv_events_replay_to_cache`)."""
         self.prefix_cache_stats = PrefixCacheStats() if config.log_stats else None
+        self.shared_prefix_boundary: dict[str, int] = {}
+        """Non-zero ``shared_prefix_boundary`` of each request's latest lookup
+        (vLLM keeps it on the request; :meth:`get_prefix_hint`)."""
 
     @property
     def usage(self) -> float:
@@ -78,13 +81,32 @@ class KVCacheManager:
         hit blocks are only pinned by ``allocate_slots``.
         """
         check_request(request)
+        self.shared_prefix_boundary.pop(request.request_id, None)
         if not self.enable_caching or request.skip_reading_prefix_cache:
             return self._ids(tuple([] for _ in self.config.groups)), 0
         blocks, n = self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
+        uncached = self.coordinator.num_uncached_common_prefix_tokens
+        if uncached:
+            self.shared_prefix_boundary[request.request_id] = n + uncached
         require(hit_covers_length(self.config, blocks, n, request.num_tokens - 1), f"malformed hit {blocks}, {n}")
         if self.prefix_cache_stats is not None and self.config.profile.stats_at_lookup:
             self.prefix_cache_stats.record(request.num_tokens, n, request.num_preemptions > 0)
         return self._ids(blocks), n
+
+    def get_prefix_hint(self, request: Request) -> int:
+        """The prefix hint vLLM's scheduler reads right after ``request``'s
+        lookup to choose its chunk (:func:`prefix_hint`): up to vLLM 0.25.1 the
+        coordinator's ``num_uncached_common_prefix_tokens`` (of the last lookup
+        that searched, whichever request), from 0.26.0 on the request's
+        ``shared_prefix_boundary`` (0 without an uncached shared prefix).
+        Changes nothing.
+        """
+        check_request(request)
+        return prefix_hint(
+            self.config.profile.lookup_returns_boundary,
+            self.coordinator.num_uncached_common_prefix_tokens,
+            self.shared_prefix_boundary.get(request.request_id, 0),
+        )
 
     def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
         """Record one admitted request's lookup in the statistics (vLLM 0.27.0
@@ -417,6 +439,17 @@ _WATERMARKED = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 def is_int(value: object) -> bool:
     """Whether ``value`` is an int and not a bool (``True`` is not a count)."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def prefix_hint(lookup_returns_boundary: bool, num_uncached_common_prefix_tokens: int, boundary: int) -> int:
+    """The scheduler's prefix hint (profile switch ``lookup_returns_boundary``):
+    the request's shared-prefix boundary (the hit plus the uncached common
+    prefix, 0 when there is none) or the coordinator's uncached common prefix.
+
+    pre: num_uncached_common_prefix_tokens >= 0 and boundary >= 0
+    post: __return__ >= 0
+    """
+    return boundary if lookup_returns_boundary else num_uncached_common_prefix_tokens
 
 
 def check_request(request: object) -> None:

@@ -109,6 +109,11 @@ class SemanticsProfile:
     mamba_caching_needs_align: bool = False
     """A Mamba group with prefix caching on must use ``align`` mode:
     :func:`kvspec.config.validate_kind`."""
+    lookup_returns_boundary: bool = False
+    """The scheduler's prefix hint is the lookup's ``shared_prefix_boundary``
+    (``get_computed_blocks`` returns it, the request keeps it), not the
+    coordinator's last ``num_uncached_common_prefix_tokens``:
+    :func:`kvspec.kv_cache_manager.prefix_hint`."""
 
     # -- features that add state (their own modules; unsupported_reason) ------------------
     partial_tail_entries: bool = False
@@ -144,12 +149,14 @@ VLLM_0_26_0 = replace(
     mamba_eagle_counts_verified=True,
     partial_tail_entries=True,
     partial_hash_hits=True,
+    lookup_returns_boundary=True,
 )
 """0.26.0: fresh-block ids are recorded only for models with a Mamba group;
 Mamba keeps no speculative slack when freeing skipped blocks and gets no EAGLE
 look-ahead; coarse full-attention groups get partial-tail entries; Mamba
 align groups coarser than the hash block get fine-grained hits with
-copy-on-write."""
+copy-on-write; the lookup returns the shared-prefix boundary as the
+scheduler's prefix hint."""
 
 VLLM_0_27_0 = replace(
     VLLM_0_26_0, name="vllm-0.27.0", release="0.27.0", stats_at_lookup=False, free_unhashed_needs_caching=True

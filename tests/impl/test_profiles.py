@@ -228,6 +228,16 @@ def hybrid_hit(mgr: Any, h: RequestBlockHasher) -> object:
     return mgr.get_computed_blocks(h.new_request("b", [1] * 17))
 
 
+def prefix_hint(mgr: Any, h: RequestBlockHasher) -> object:
+    """``a`` runs 8 then 9 tokens (Mamba states at 8 and 16); ``b`` shares 12:
+    the hint is the uncached common prefix (4) or the boundary (12)."""
+    a = h.new_request("a", list(range(17)))
+    mgr.allocate_slots(a, 8)
+    mgr.allocate_slots(replace(a, num_computed_tokens=8), 9)
+    b = h.new_request("b", [*range(12), 99, 98, 97, 96, 95])
+    return mgr.get_computed_blocks(b), mgr.get_prefix_hint(b)
+
+
 EAGLE_HYBRID = {"groups": (FullAttention(4), SlidingWindow(4, 8)), "use_eagle": True}
 MAMBA_HYBRID = {"groups": (FullAttention(4), SlidingWindow(4, 8), Mamba(4, "all", 0)), "enable_caching": False}
 CASES = [
@@ -266,6 +276,10 @@ CASES = [
     ),
     Case("stats_at_lookup", VLLM_0_27_0, True, stats, {"groups": (FullAttention(4),), "log_stats": True}),
     Case("adopt_hit_without_new_tokens", VLLM_0_31_0, False, adopt_hit, {"groups": (FullAttention(4),)}),
+    Case(
+        "lookup_returns_boundary", VLLM_0_26_0, False, prefix_hint,
+        {"groups": (FullAttention(4), Mamba(4, "align", 0))},
+    ),
     Case("common_prefix", VLLM_0_32_0, "tables", common_prefix, {"groups": (FullAttention(4),)}),
     Case(
         "extra_keys_tagged", VLLM_0_31_0, False, lora_path,

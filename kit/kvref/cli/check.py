@@ -408,6 +408,7 @@ def _report(
     table.add_row("configurations covered", f"{len(covered)}{total}: {', '.join(covered)}")
     table.add_row("invariant checks", str(stats.invariant_checks))
     table.add_row("event-log checks", str(stats.event_log_checks))
+    table.add_row("prefix hints read (not 0)", f"{stats.prefix_hint_reads} ({stats.prefix_hints})")
     kinds = ", ".join(sorted(stats.invalid_calls)) or "0"
     table.add_row(
         "invalid calls rejected", f"{sum(stats.invalid_calls.values())} ({len(stats.invalid_calls)} kinds: {kinds})"

@@ -262,6 +262,15 @@ class VllmAdapter:
         self._last_hits[request.request_id] = (ids, blocks)
         return ids, num_tokens
 
+    def get_prefix_hint(self, request: Request) -> int:
+        """The scheduler's prefix hint after ``request``'s lookup (:meth:`VllmApi.prefix_hint`).
+
+        Raises:
+            Unsupported: On releases without the hint.
+        """
+        vreq = self._sync(request)
+        return self.api.prefix_hint(self.manager, vreq)
+
     def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
         """Record a lookup in the prefix-cache statistics, as vLLM's scheduler does at admission.
 

@@ -282,6 +282,11 @@ class VllmApi:
     """``get_computed_blocks`` returns ``(blocks, num_tokens, shared_prefix_boundary)``;
     the scheduler stores the boundary on the request, and so does the adapter."""
 
+    has_prefix_hint: ClassVar[bool] = True
+    """The hybrid coordinator sets ``num_uncached_common_prefix_tokens`` at a
+    lookup (the scheduler's prefix hint; from the 0.26 era the lookup returns
+    it as ``shared_prefix_boundary``)."""
+
     caller_records_stats: ClassVar[bool] = False
     """The lookup no longer records prefix-cache statistics; the scheduler calls
     ``record_prefix_cache_stats(request, num_hits)`` at admission."""
@@ -602,6 +607,22 @@ class VllmApi:
         blocks, num_tokens = out
         return blocks, int(num_tokens)
 
+    def prefix_hint(self, manager: Any, vreq: Any) -> int:
+        """The prefix hint the scheduler reads after ``vreq``'s lookup: the
+        coordinator's ``num_uncached_common_prefix_tokens`` (read as vLLM
+        0.25.1's scheduler does, ``getattr(coordinator, ..., 0)``), or from
+        the 0.26 era the ``shared_prefix_boundary`` the lookup stored on the
+        request.
+
+        Raises:
+            Unsupported: A release without the hint.
+        """
+        if not self.has_prefix_hint:
+            raise self.unsupported("KVCacheCoordinator.num_uncached_common_prefix_tokens")
+        if self.lookup_returns_boundary:
+            return int(getattr(vreq, "shared_prefix_boundary", 0))
+        return int(getattr(manager.coordinator, "num_uncached_common_prefix_tokens", 0))
+
     def record_prefix_cache_stats(self, manager: Any, vreq: Any, num_hits: int) -> None:
         """``record_prefix_cache_stats(request, num_hits)`` (the scheduler's call at admission).
 
@@ -722,7 +743,8 @@ class VllmApi016(VllmApi):
     ``pop_blocks_for_free``, ``take_new_block_ids`` or ``new_step_starts``;
     ``KVCacheGroupSpec`` has no ``is_eagle_group``; ``Request`` requires
     ``eos_token_id``; events carry no ``extra_keys``, ``group_idx`` or spec kind;
-    no retention-interval variable; ``SinkFullAttentionManager`` constructs unaided.
+    no retention-interval variable; ``SinkFullAttentionManager`` constructs unaided;
+    the coordinator keeps no ``num_uncached_common_prefix_tokens`` (no prefix hint).
     """
 
     era = "0.16"
@@ -750,6 +772,7 @@ class VllmApi016(VllmApi):
     block_stored_fields: ClassVar[tuple[str, ...]] = VllmApi.block_stored_fields[:7]
     block_removed_fields: ClassVar[tuple[str, ...]] = ("block_hashes", "medium")
     sinkfull_ctor_defect = None
+    has_prefix_hint = False
 
     def remove_skipped_blocks(
         self, manager: Any, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None
