@@ -13,10 +13,10 @@ per call from a counter (so a trace replays the same forms):
 
 * the plain one-item batch (a scalar lookahead count, or one per item);
 * an empty batch first (it must return ``[]`` and change nothing);
-* the item followed by a zero-token copy of itself, and the item after a
-  malformed one (a request id that is not a str for ``free_batch``): the
-  batch must raise the per-request call's typed error and change nothing,
-  and then the item runs alone;
+* the item with a malformed one after it (in turn: zero tokens, a count
+  that is not an int, a request that is not one, one count too many; a
+  request id that is not a str for ``free_batch``): the batch must raise a
+  typed error and change nothing, and then the item runs alone;
 * the item twice (a duplicate request): the second run of a step the first
   already ran must take nothing (empty per group, or None where the first
   did not fit) and leave the state as the one call did, which the lockstep
@@ -27,13 +27,15 @@ raise through the batch validator when they are batchable, and through
 ``allocate_slots`` otherwise. The outcome the lockstep compares with the
 reference is the item's own.
 
-The device tables (built on the CPU) are checked after every change, by
+The device tables (built on the CPU, one row and one column per group to
+start with, so that they grow as the run goes) are checked after every change, by
 :meth:`BatchImplAdapter.check_invariants`: the manager's own invariants (host
 rows equal the tables), then ``block_table(g)`` row by row against
 ``get_blocks``, ``slot_mapping`` of the first and last slot of each table
 against ``block_id * block_size + offset``, and the typed errors of a group
 out of range, a request without a row, a position past the table, a
-non-int position and unequal lengths.
+non-int position and unequal lengths; ``row_of`` and
+``slot_mapping_for_step`` (every input form) against the same slots.
 
 NOTE: the adapter derives from :class:`kvref.adapters.impl.ImplAdapter`, so
 the kit still imports kvimpl in one module only.
@@ -45,6 +47,7 @@ as an invariant failure of ``impl-batch``.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -73,6 +76,11 @@ class BatchImplAdapter(ImplAdapter):
     def __init__(self, config: KVCacheConfig) -> None:
         """A manager keeping device tables on the CPU (needs torch)."""
         super().__init__(config, device="cpu")
+        # Tables of one row and one column per group, so that every growth path (more live
+        # requests than rows, a table wider than the tensor) runs at the machine's small scale.
+        bt = self.device_tables
+        if bt is not None:
+            self.device_tables = type(bt)(bt.block_sizes, [1] * len(bt.block_sizes), 1, "cpu")
         self._calls = 0
         self._inside = False
         """True while a batch entry point runs: its own per-request calls go straight through."""
@@ -117,7 +125,7 @@ class BatchImplAdapter(ImplAdapter):
                 lambda: _expect(self.allocate_slots_batch([], []) == [], "an empty batch returned items")
             )
         elif form == "zero_tail":
-            self._refused(lambda: self.allocate_slots_batch([request, request], [num_new_tokens, 0], k))
+            self._refused(lambda: self.allocate_slots_batch(*self._malformed(request, num_new_tokens), k))
         if form == "listed":
             return self.allocate_slots_batch([request], [num_new_tokens], [k])[0]
         if form != "twice":
@@ -150,6 +158,18 @@ class BatchImplAdapter(ImplAdapter):
         """The manager's invariants, then the device tables against the tables."""
         super().check_invariants()
         check_device_tables(self)
+
+    def _malformed(self, request: Request, n: int) -> tuple[list[Any], list[Any]]:
+        """A batch whose last item (or shape) allocate_slots_batch must refuse, in turn: a
+        zero-token item, a count that is not an int, a request that is not one, one count too many."""
+        which = self._calls // len(FORMS) % 4
+        if which == 0:
+            return [request, request], [n, 0]
+        if which == 1:
+            return [request, request], [n, 1.5]
+        if which == 2:
+            return [request, "not a request"], [n, n]
+        return [request], [n, n]
 
     @contextmanager
     def _batch(self) -> Iterator[None]:
@@ -208,6 +228,7 @@ def check_device_tables(mgr: ImplAdapter) -> None:
                     want.append(ids[pos // bs] * bs + pos % bs)
         got = mgr.slot_mapping(rids, positions, g).tolist() if rids else []
         _expect(got == want, f"group {g}: slot_mapping {got} != {want}")
+    _check_step_slots(mgr, holders, rows)
     _raises(GroupCountError, lambda: mgr.block_table(groups))
     _raises(GroupCountError, lambda: mgr.slot_mapping([], [], -1))
     _raises(UnknownRequestError, lambda: mgr.slot_mapping(["no such request"], [0]))
@@ -218,6 +239,36 @@ def check_device_tables(mgr: ImplAdapter) -> None:
         rid = holders[0]
         held = len(mgr.get_blocks(rid)[0])
         _raises(InvalidTokenCountError, lambda: mgr.slot_mapping([rid], [held * mgr.config.groups[0].block_size]))
+
+
+def _check_step_slots(mgr: ImplAdapter, holders: list[str], rows: dict[str, int]) -> None:
+    """``slot_mapping_for_step`` (rows, starts, counts as a tensor, an int32 buffer or a list)
+    equals ``slot_mapping`` of the same positions; ``row_of`` agrees with ``rows``."""
+    bt = mgr.device_tables
+    if bt is None:
+        return
+    for rid in holders:
+        _expect(bt.row_of(rid) == rows[rid], f"row_of({rid!r}) != {rows[rid]}")
+    _raises(UnknownRequestError, lambda: bt.row_of("no such request"))
+    bs = mgr.config.groups[0].block_size
+    spans = [(rid, len(mgr.get_blocks(rid)[0]) * bs) for rid in holders]
+    spans = [(rid, n) for rid, n in spans if n]
+    if not spans:
+        return
+    starts, counts = [n // 2 for _, n in spans], [n - n // 2 for _, n in spans]
+    step_rows = [rows[rid] for rid, _ in spans]
+    rids = [rid for (rid, _), c in zip(spans, counts, strict=True) for _ in range(c)]
+    positions = [s + i for s, c in zip(starts, counts, strict=True) for i in range(c)]
+    want = mgr.slot_mapping(rids, positions, 0).tolist()
+    torch = bt._torch
+    forms = (
+        (torch.tensor(step_rows), torch.tensor(starts), torch.tensor(counts)),
+        (array("i", step_rows), array("i", starts), array("i", counts)),
+        (step_rows, starts, counts),
+    )
+    for form in forms:
+        got = bt.slot_mapping_for_step(form[0], form[1], form[2], 0).tolist()
+        _expect(got == want, f"slot_mapping_for_step {got} != slot_mapping {want}")
 
 
 def make_impl_batch_adapter(config: KVCacheConfig) -> BatchImplAdapter:
