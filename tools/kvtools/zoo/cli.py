@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     rows = [refresh(r) for r in json.loads(args.json.read_text())] if args.rewrite else _hunt(args)
     args.json.write_text(json.dumps(rows, indent=2) + "\n")
-    write_markdown(rows, args.markdown, args.budget, args.seed, args.profile, args.note)
+    write_markdown(rows, args.markdown, args.budget, args.seed, args.profile, args.note, fresh=args.fresh)
     return 0
 
 
