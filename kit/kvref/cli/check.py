@@ -45,7 +45,9 @@ def add_parser(sub: Any) -> None:
 def add_lockstep_arguments(check: argparse.ArgumentParser) -> None:
     """The options ``check`` and ``drift`` share."""
     check.add_argument(
-        "--target", default=None, help="impl (impl-native, impl-python: one build), spec, vllm or module:factory"
+        "--target",
+        default=None,
+        help="impl (impl-native, impl-python: one build; impl-batch: its batch API), spec, vllm or module:factory",
     )
     check.add_argument(
         "--against",
