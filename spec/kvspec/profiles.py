@@ -93,6 +93,13 @@ class SemanticsProfile:
     """A cached model of several groups with one attention kind is allowed
     (looked up jointly): :func:`kvspec.config.validate_groups`."""
 
+    # -- attention kinds (kvspec.config) ----------------------------------------------------
+    circular_buffer_kind: bool = False
+    """The ring kind ``CircularBuffer`` (one block per request, never cached)
+    exists: :func:`kvspec.config.validate_ring_kind`."""
+    kpool_tail_kind: bool = False
+    """The ring kind ``KpoolTail`` exists: :func:`kvspec.config.validate_ring_kind`."""
+
     # -- facade (kvspec.kv_cache_manager) -------------------------------------------------
     stats_at_lookup: bool = True
     """``get_computed_blocks`` records prefix-cache statistics; without it the
@@ -171,13 +178,18 @@ VLLM_0_28_0 = replace(
 """0.28.0: the free order of 0.26.0 is back; with a Mamba group every
 attention kind records its fresh blocks."""
 
-VLLM_0_29_0 = replace(VLLM_0_28_0, name="vllm-0.29.0", release="0.29.0", single_spec_group_hybrid=True)
+VLLM_0_29_0 = replace(
+    VLLM_0_28_0, name="vllm-0.29.0", release="0.29.0", single_spec_group_hybrid=True, circular_buffer_kind=True
+)
 """0.29.0: every full-attention group is trimmed to the hit (kvspec always
 did; the ``second-full-group`` divergence ends); cached models whose groups
-share one kind are allowed."""
+share one kind are allowed; the ring kind ``CircularBuffer``."""
 
-VLLM_0_30_0 = replace(VLLM_0_29_0, name="vllm-0.30.0", release="0.30.0", sink_blocks_reserved=False)
-"""0.30.0: SinkFull groups reserve no sink blocks (plain full attention)."""
+VLLM_0_30_0 = replace(
+    VLLM_0_29_0, name="vllm-0.30.0", release="0.30.0", sink_blocks_reserved=False, kpool_tail_kind=True
+)
+"""0.30.0: SinkFull groups reserve no sink blocks (plain full attention); the
+ring kind ``KpoolTail``."""
 
 VLLM_0_31_0 = replace(
     VLLM_0_30_0,
