@@ -272,18 +272,21 @@ def features_used(config: KVCacheConfig) -> frozenset[str]:
     * ``"partial-hash-hits"`` (0.26.0 on): a cached hybrid with a Mamba
       align group coarser than the hash block (fine-grained hits with
       copy-on-write);
-    * ``"mamba-tail-entries"`` (0.32.0 on): a cached Mamba align group.
+    * ``"mamba-tail-entries"`` (0.32.0 on): a cached Mamba align group;
+    * ``"ring-kinds"`` (0.29.0 on): a ring group (``CircularBuffer``,
+      ``KpoolTail``), cached or not.
 
     An implementation that models only some of them refuses the others
     (kvref's impl adapter compares this set with what kvimpl models).
     """
-    from kvspec.config import FULL_TYPE_KINDS, Mamba  # noqa: PLC0415 - config imports this module
+    from kvspec.config import FULL_TYPE_KINDS, RING_KINDS, Mamba  # noqa: PLC0415 - config imports this module
 
     p = config.profile
+    ring = {"ring-kinds"} if any(isinstance(k, RING_KINDS) for k in config.groups) else set()
     if not config.enable_caching:
-        return frozenset()
+        return frozenset(ring)
     hbs = config.resolved_hash_block_size()
-    used: set[str] = set()
+    used: set[str] = set(ring)
     for kind in config.groups:
         align = isinstance(kind, Mamba) and kind.mode == "align"
         if p.mamba_tail_entries and align:
@@ -297,13 +300,14 @@ def features_used(config: KVCacheConfig) -> frozenset[str]:
     return frozenset(used)
 
 
-MODELLED_FEATURES = frozenset({"partial-tail-entries", "mamba-tail-entries"})
+MODELLED_FEATURES = frozenset({"partial-tail-entries", "mamba-tail-entries", "ring-kinds"})
 """The features of :func:`features_used` that kvspec models."""
 
 FEATURE_SWITCHES: dict[str, frozenset[str]] = {
     "partial-tail-entries": frozenset({"partial_tail_entries", "fa_tail_below_last_token"}),
     "partial-hash-hits": frozenset({"partial_hash_hits"}),
     "mamba-tail-entries": frozenset({"mamba_tail_entries", "mamba_tail_skip_keyed"}),
+    "ring-kinds": frozenset({"circular_buffer_kind", "kpool_tail_kind"}),
 }
 """The profile switches each feature of :func:`features_used` reads. They
 change nothing for a configuration that does not use the feature, so an
