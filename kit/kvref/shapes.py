@@ -23,7 +23,7 @@ Kind tokens (``+`` separates groups in a shape name):
 ``mamba-align``     ``Mamba(bs, "align", spec_blocks)``
 ``mamba-align@2x``  ``Mamba(2 * bs, "align", spec_blocks)``
 ``ring``            ``CircularBuffer(bs // 2)`` (vLLM 0.29.0 on)
-``kpool``           ``KpoolTail(bs // 2, window)`` (vLLM 0.30.0 on)
+``kpool``           ``KpoolTail(bs // 2, window)`` (vLLM 0.30.0 and 0.31.0)
 =================== ==============================================================
 
 A shape with a ``since`` switch is drawn only under the profiles that set it

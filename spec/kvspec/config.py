@@ -103,7 +103,7 @@ class KpoolTail:
     """A kpool indexer's one-block circular tail, managed like
     :class:`CircularBuffer`; ``window`` is its ``sliding_window``, which only
     names its event kind (upstream: ``KpoolTailSpec``, a ``SlidingWindowSpec``
-    subclass, vLLM 0.30.0 on)."""
+    subclass, vLLM 0.30.0 and 0.31.0; removed in 0.32.0)."""
 
     block_size: int
     window: int
@@ -330,9 +330,9 @@ def validate_kind(gid: int, kind: AttentionKind, cfg: KVCacheConfig) -> None:
 
 def validate_ring_kind(where: str, kind: CircularBuffer | KpoolTail, profile: SemanticsProfile) -> None:
     """A ring kind needs a release that has it: ``CircularBuffer`` from vLLM
-    0.29.0, ``KpoolTail`` from 0.30.0 (profile switches
+    0.29.0, ``KpoolTail`` in 0.30.0 and 0.31.0 only (profile switches
     ``circular_buffer_kind`` and ``kpool_tail_kind``)."""
     if isinstance(kind, CircularBuffer) and not profile.circular_buffer_kind:
         raise ConfigError(f"{where}: CircularBufferSpec is new in vLLM 0.29.0; not in {profile.name}")
     if isinstance(kind, KpoolTail) and not profile.kpool_tail_kind:
-        raise ConfigError(f"{where}: KpoolTailSpec is new in vLLM 0.30.0; not in {profile.name}")
+        raise ConfigError(f"{where}: KpoolTailSpec exists in vLLM 0.30.0 and 0.31.0 only, not in {profile.name}")

@@ -98,7 +98,8 @@ class SemanticsProfile:
     """The ring kind ``CircularBuffer`` (one block per request, never cached)
     exists: :func:`kvspec.config.validate_ring_kind`."""
     kpool_tail_kind: bool = False
-    """The ring kind ``KpoolTail`` exists: :func:`kvspec.config.validate_ring_kind`."""
+    """The ring kind ``KpoolTail`` exists (0.30.0 and 0.31.0 only):
+    :func:`kvspec.config.validate_ring_kind`."""
 
     # -- facade (kvspec.kv_cache_manager) -------------------------------------------------
     stats_at_lookup: bool = True
@@ -212,11 +213,12 @@ VLLM_0_32_0 = replace(
     eagle_margin_hashed_cap=True,
     fa_tail_below_last_token=True,
     mamba_tail_entries=True,
+    kpool_tail_kind=False,
 )
 """0.32.0: ``get_num_common_prefix_blocks`` always answers zeros; the hybrid
 EAGLE look-ahead is capped by hashed tokens; the full-attention partial tail
 moves to the last hash boundary below the prompt's last token; Mamba align
-tail entries."""
+tail entries; ``KpoolTailSpec`` is gone."""
 
 VLLM_0_33_0 = replace(
     VLLM_0_32_0,

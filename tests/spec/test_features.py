@@ -45,7 +45,7 @@ def config(groups: tuple[AttentionKind, ...], profile: SemanticsProfile, caching
         ((Mamba(4, "align"),), VLLM_0_33_0, True, {"mamba-tail-entries"}),
         ((Mamba(4, "align"),), VLLM_0_33_0, False, set()),
         ((FullAttention(4), CircularBuffer(2)), VLLM_0_29_0, True, {"ring-kinds"}),
-        ((FullAttention(4), KpoolTail(2, 8)), VLLM_0_33_0, False, {"ring-kinds"}),
+        ((FullAttention(4), KpoolTail(2, 8)), VLLM_0_31_0, False, {"ring-kinds"}),
     ],
 )
 def test_features_used(

@@ -15,14 +15,23 @@ from kvspec.config import AttentionKind, CircularBuffer, FullAttention, KpoolTai
 from kvspec.errors import ConfigError
 from kvspec.events import BlockStored
 from kvspec.kv_cache_manager import KVCacheManager
-from kvspec.profiles import VLLM_0_28_0, VLLM_0_29_0, VLLM_0_30_0, VLLM_0_33_0, SemanticsProfile
+from kvspec.profiles import (
+    VLLM_0_28_0,
+    VLLM_0_29_0,
+    VLLM_0_30_0,
+    VLLM_0_31_0,
+    VLLM_0_32_0,
+    VLLM_0_33_0,
+    SemanticsProfile,
+)
 from kvspec.request import Request, RequestBlockHasher, RequestStatus
 
 RINGS: list[tuple[AttentionKind, SemanticsProfile]] = [
     (CircularBuffer(2), VLLM_0_29_0),
     (CircularBuffer(2), VLLM_0_30_0),
     (KpoolTail(2, 8), VLLM_0_30_0),
-    (KpoolTail(2, 8), VLLM_0_33_0),
+    (KpoolTail(2, 8), VLLM_0_31_0),
+    (CircularBuffer(2), VLLM_0_33_0),
 ]
 
 
@@ -92,15 +101,18 @@ def test_unitary_ring_never_hits() -> None:
 
 
 def test_kinds_need_their_release() -> None:
-    """CircularBuffer from 0.29.0, KpoolTail from 0.30.0; a cached hybrid
-    needs a prefix-cacheable group."""
+    """CircularBuffer from 0.29.0, KpoolTail in 0.30.0 and 0.31.0 only; a
+    cached hybrid needs a prefix-cacheable group."""
     with pytest.raises(ConfigError, match=r"0\.29\.0"):
         KVCacheConfig(num_blocks=8, groups=(FullAttention(4), CircularBuffer(2)), max_model_len=64, profile=VLLM_0_28_0)
     with pytest.raises(ConfigError, match=r"0\.30\.0"):
         KVCacheConfig(num_blocks=8, groups=(FullAttention(4), KpoolTail(2, 8)), max_model_len=64, profile=VLLM_0_29_0)
+    with pytest.raises(ConfigError, match=r"0\.31\.0 only"):
+        KVCacheConfig(num_blocks=8, groups=(FullAttention(4), KpoolTail(2, 8)), max_model_len=64, profile=VLLM_0_32_0)
+    rings = (CircularBuffer(2), KpoolTail(2, 8))
     with pytest.raises(ConfigError, match="prefix-cacheable"):
-        KVCacheConfig(num_blocks=8, groups=(CircularBuffer(2), KpoolTail(2, 8)), max_model_len=64)
-    KVCacheConfig(num_blocks=8, groups=(CircularBuffer(2), KpoolTail(2, 8)), max_model_len=64, enable_caching=False)
+        KVCacheConfig(num_blocks=8, groups=rings, max_model_len=64, profile=VLLM_0_30_0)
+    KVCacheConfig(num_blocks=8, groups=rings, max_model_len=64, enable_caching=False, profile=VLLM_0_30_0)
 
 
 def test_hash_block_size_leaves_rings_out() -> None:

@@ -821,11 +821,13 @@ class VllmApi030(VllmApi029):
 
 class VllmApi033(VllmApi030):
     """vLLM 0.33 era: constructing a cached Mamba group in a mode other than
-    ``align`` fails an assertion, reported here as :class:`kvspec.errors.ConfigError`."""
+    ``align`` fails an assertion, reported here as :class:`kvspec.errors.ConfigError`;
+    ``KpoolTailSpec`` is gone (since 0.32.0, where kvspec's profile refuses it)."""
 
     era = "0.33"
     since = (0, 33, 0)
     verified: ClassVar[tuple[str, ...]] = ("0.33.0",)
+    spec_classes = _frozen({k: v for k, v in VllmApi030.spec_classes.items() if k != "KpoolTail"})
 
     def check_config(self, config: KVCacheConfig) -> None:
         """Reject a cached Mamba group whose mode is not ``align`` (vLLM asserts)."""
