@@ -82,7 +82,7 @@ NATIVE_SWITCHES = frozenset(
         # Features kvimpl does not model in either build: a configuration that needs one is refused
         # (kvimpl.config_rules.unmodelled_features), so their switches never reach the core.
         "partial_tail_entries", "partial_hash_hits", "mamba_tail_entries",
-        "fa_tail_below_last_token", "mamba_tail_skip_keyed",
+        "fa_tail_below_last_token", "mamba_tail_skip_keyed", "circular_buffer_kind", "kpool_tail_kind",
     }
 )  # fmt: skip
 """Profile switches the native core follows; a profile that sets any other

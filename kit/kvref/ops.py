@@ -30,8 +30,10 @@ from kvspec.config import (
     MLA,
     AttentionKind,
     ChunkedLocal,
+    CircularBuffer,
     CrossAttention,
     FullAttention,
+    KpoolTail,
     KVCacheConfig,
     Mamba,
     SinkFullAttention,
@@ -80,8 +82,12 @@ ALLOCATE_KEYS = (
 )
 """Optional keyword arguments of ``allocate_slots``, in the protocol's order."""
 KIND_CLASSES: dict[str, type] = {
-    c.__name__: c for c in (FullAttention, MLA, SinkFullAttention, SlidingWindow, ChunkedLocal, Mamba, CrossAttention)
-}
+    c.__name__: c
+    for c in (
+        FullAttention, MLA, SinkFullAttention, SlidingWindow, ChunkedLocal, Mamba, CrossAttention, CircularBuffer,
+        KpoolTail,
+    )
+}  # fmt: skip
 
 
 class RequestBook:

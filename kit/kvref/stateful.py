@@ -32,7 +32,7 @@ from kvref.exits import DEFAULT_OP_TIMEOUT
 from kvref.hypothesis_compat import draw
 from kvref.lockstep import Lockstep, Refused, RunStats
 from kvref.scheduler import ReqState, Scheduler
-from kvref.shapes import SHAPES, Shape, build_kinds, shape_weight
+from kvref.shapes import SHAPES, Shape, build_kinds, drawable
 from kvref.traces import Trace
 from kvspec.config import CrossAttention, FullAttention, KVCacheConfig, SinkFullAttention, SlidingWindow
 from kvspec.errors import ConfigError, UnsupportedByProfileError
@@ -76,7 +76,7 @@ def configs(
     A switch named in ``excluded`` (``caching``, ``eagle``, ``events``,
     ``stats``, ``watermark``) is turned off after the draws, so the draws are
     the same with or without exclusions."""
-    shape = draw(st.sampled_from([s for s in shapes for _ in range(shape_weight(s))]))
+    shape = draw(st.sampled_from(drawable(shapes, profile)))
     bs = draw(st.sampled_from([2, 4]))
     window = draw(st.integers(1, 3 * bs))
     eagle = shape.eagle_ok and draw(st.sampled_from([False, True, True]))

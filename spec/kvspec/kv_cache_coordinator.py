@@ -16,7 +16,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvspec.block_pool import BlockId, BlockPool
-from kvspec.config import FULL_TYPE_KINDS, AttentionKind, CrossAttention, KVCacheConfig, Mamba, admission_cap
+from kvspec.config import (
+    FULL_TYPE_KINDS,
+    AttentionKind,
+    CrossAttention,
+    KVCacheConfig,
+    Mamba,
+    admission_cap,
+    prefix_cacheable,
+)
 from kvspec.hashing import BlockHash, coarse_block_hashes
 from kvspec.request import Request
 from kvspec.single_type_kv_cache_manager import MambaManager, find_longest_cache_hit, make_manager
@@ -202,11 +210,14 @@ class HybridCoordinator(KVCacheCoordinator):
     """Several groups with at least two distinct kinds."""
 
     def __init__(self, config: KVCacheConfig, enable_caching: bool) -> None:
-        """Merge equal kinds into spec groups, full-attention kinds first."""
+        """Merge equal kinds into spec groups, full-attention kinds first.
+        Groups that are not prefix-cacheable (rings) join no spec group: their
+        hit stays empty and they never drop an EAGLE block."""
         super().__init__(config, enable_caching)
         merged: dict[AttentionKind, list[int]] = {}
         for gid, kind in enumerate(config.groups):
-            merged.setdefault(kind, []).append(gid)
+            if prefix_cacheable(kind):
+                merged.setdefault(kind, []).append(gid)
         groups = [SpecGroup(k, tuple(ids), any(i in self.eagle_group_ids for i in ids)) for k, ids in merged.items()]
         self.spec_groups = sorted(groups, key=lambda g: not isinstance(g.kind, FULL_TYPE_KINDS))
         for sg in self.spec_groups:

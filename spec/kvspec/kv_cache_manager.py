@@ -16,11 +16,13 @@ from dataclasses import replace
 from kvspec.block_pool import NULL_BLOCK, BlockId
 from kvspec.config import (
     FULL_TYPE_KINDS,
+    RING_KINDS,
     CrossAttention,
     KVCacheConfig,
     Mamba,
     event_sliding_window,
     kind_name,
+    prefix_cacheable,
 )
 from kvspec.errors import (
     CacheBeyondAllocationError,
@@ -310,7 +312,8 @@ class KVCacheManager:
                 f"cache_blocks: {num_computed_tokens} tokens > the request's {request.num_tokens}"
             )
         for g, (kind, table) in enumerate(zip(self.config.groups, self.get_blocks(request.request_id), strict=True)):
-            if not isinstance(kind, CrossAttention) and num_computed_tokens // kind.block_size > len(table):
+            ring_or_cross = isinstance(kind, CrossAttention) or not prefix_cacheable(kind)
+            if not ring_or_cross and num_computed_tokens // kind.block_size > len(table):
                 raise CacheBeyondAllocationError(
                     f"cache_blocks: group {g} holds {len(table)} blocks, fewer than "
                     f"{num_computed_tokens // kind.block_size} full blocks to cache"
@@ -413,6 +416,8 @@ class KVCacheManager:
         if not self.config.enable_caching:
             raise StaleHitError(f"allocate_slots: prefix caching is off, so request {rid!r} can have no hit")
         for g, kind in enumerate(self.config.groups):
+            if not prefix_cacheable(kind) and hits[g]:
+                raise StaleHitError(f"allocate_slots: a hit in group {g}, a ring group, which is never cached")
             if isinstance(kind, FULL_TYPE_KINDS) and NULL_BLOCK in hits[g]:
                 raise StaleHitError(
                     f"allocate_slots: the null block in group {g}'s hit: a full-attention hit never contains it"
@@ -503,17 +508,23 @@ def hit_covers_length(config: KVCacheConfig, blocks: GroupBlocks, n: int, max_le
     """A hit never exceeds ``num_tokens - 1`` tokens, is a multiple of the
     scheduler block size, and every group's list covers exactly ``n`` tokens
     (vLLM 0.25.1 breaks this in two places, registered as the divergences
-    ``eagle-mamba-hit`` and ``second-full-group``)."""
-    sizes = [k.block_size for k in config.groups]
-    exact = all(len(b) * bs == n for b, bs in zip(blocks, sizes, strict=True))
+    ``eagle-mamba-hit`` and ``second-full-group``); a ring group's list is
+    always empty."""
+    exact = all(
+        len(b) * k.block_size == n if prefix_cacheable(k) else not b
+        for b, k in zip(blocks, config.groups, strict=True)
+    )
     return n <= max(max_len, 0) and n % config.scheduler_block_size == 0 and exact
 
 
 def tables_cover_slots(mgr: KVCacheManager, request_id: str, slots: int) -> bool:
     """After an allocation, every group but Mamba and cross attention holds
-    at least ``cdiv(slots, bs)`` entries."""
+    at least ``cdiv(slots, bs)`` entries; a ring group holds exactly one."""
     for kind, table in zip(mgr.config.groups, mgr.get_blocks(request_id), strict=True):
-        if not isinstance(kind, Mamba | CrossAttention) and len(table) * kind.block_size < slots:
+        if isinstance(kind, RING_KINDS):
+            if len(table) != 1:
+                return False
+        elif not isinstance(kind, Mamba | CrossAttention) and len(table) * kind.block_size < slots:
             return False
     return True
 

@@ -93,6 +93,14 @@ class SemanticsProfile:
     """A cached model of several groups with one attention kind is allowed
     (looked up jointly): :func:`kvspec.config.validate_groups`."""
 
+    # -- attention kinds (kvspec.config) ----------------------------------------------------
+    circular_buffer_kind: bool = False
+    """The ring kind ``CircularBuffer`` (one block per request, never cached)
+    exists: :func:`kvspec.config.validate_ring_kind`."""
+    kpool_tail_kind: bool = False
+    """The ring kind ``KpoolTail`` exists (0.30.0 and 0.31.0 only):
+    :func:`kvspec.config.validate_ring_kind`."""
+
     # -- facade (kvspec.kv_cache_manager) -------------------------------------------------
     stats_at_lookup: bool = True
     """``get_computed_blocks`` records prefix-cache statistics; without it the
@@ -178,13 +186,18 @@ VLLM_0_28_0 = replace(
 """0.28.0: the free order of 0.26.0 is back; with a Mamba group every
 attention kind records its fresh blocks."""
 
-VLLM_0_29_0 = replace(VLLM_0_28_0, name="vllm-0.29.0", release="0.29.0", single_spec_group_hybrid=True)
+VLLM_0_29_0 = replace(
+    VLLM_0_28_0, name="vllm-0.29.0", release="0.29.0", single_spec_group_hybrid=True, circular_buffer_kind=True
+)
 """0.29.0: every full-attention group is trimmed to the hit (kvspec always
 did; the ``second-full-group`` divergence ends); cached models whose groups
-share one kind are allowed."""
+share one kind are allowed; the ring kind ``CircularBuffer``."""
 
-VLLM_0_30_0 = replace(VLLM_0_29_0, name="vllm-0.30.0", release="0.30.0", sink_blocks_reserved=False)
-"""0.30.0: SinkFull groups reserve no sink blocks (plain full attention)."""
+VLLM_0_30_0 = replace(
+    VLLM_0_29_0, name="vllm-0.30.0", release="0.30.0", sink_blocks_reserved=False, kpool_tail_kind=True
+)
+"""0.30.0: SinkFull groups reserve no sink blocks (plain full attention); the
+ring kind ``KpoolTail``."""
 
 VLLM_0_31_0 = replace(
     VLLM_0_30_0,
@@ -207,11 +220,12 @@ VLLM_0_32_0 = replace(
     eagle_margin_hashed_cap=True,
     fa_tail_below_last_token=True,
     mamba_tail_entries=True,
+    kpool_tail_kind=False,
 )
 """0.32.0: ``get_num_common_prefix_blocks`` always answers zeros; the hybrid
 EAGLE look-ahead is capped by hashed tokens; the full-attention partial tail
 moves to the last hash boundary below the prompt's last token; Mamba align
-tail entries."""
+tail entries; ``KpoolTailSpec`` is gone."""
 
 VLLM_0_33_0 = replace(
     VLLM_0_32_0,
@@ -267,18 +281,21 @@ def features_used(config: KVCacheConfig) -> frozenset[str]:
     * ``"partial-hash-hits"`` (0.26.0 on): a cached hybrid with a Mamba
       align group coarser than the hash block (fine-grained hits with
       copy-on-write);
-    * ``"mamba-tail-entries"`` (0.32.0 on): a cached Mamba align group.
+    * ``"mamba-tail-entries"`` (0.32.0 on): a cached Mamba align group;
+    * ``"ring-kinds"`` (0.29.0 on): a ring group (``CircularBuffer``,
+      ``KpoolTail``), cached or not.
 
     An implementation that models only some of them refuses the others
     (kvref's impl adapter compares this set with what kvimpl models).
     """
-    from kvspec.config import FULL_TYPE_KINDS, Mamba  # noqa: PLC0415 - config imports this module
+    from kvspec.config import FULL_TYPE_KINDS, RING_KINDS, Mamba  # noqa: PLC0415 - config imports this module
 
     p = config.profile
+    ring = {"ring-kinds"} if any(isinstance(k, RING_KINDS) for k in config.groups) else set()
     if not config.enable_caching:
-        return frozenset()
+        return frozenset(ring)
     hbs = config.resolved_hash_block_size()
-    used: set[str] = set()
+    used: set[str] = set(ring)
     for kind in config.groups:
         align = isinstance(kind, Mamba) and kind.mode == "align"
         if p.mamba_tail_entries and align:
@@ -292,13 +309,14 @@ def features_used(config: KVCacheConfig) -> frozenset[str]:
     return frozenset(used)
 
 
-MODELLED_FEATURES = frozenset({"partial-tail-entries", "mamba-tail-entries"})
+MODELLED_FEATURES = frozenset({"partial-tail-entries", "mamba-tail-entries", "ring-kinds"})
 """The features of :func:`features_used` that kvspec models."""
 
 FEATURE_SWITCHES: dict[str, frozenset[str]] = {
     "partial-tail-entries": frozenset({"partial_tail_entries", "fa_tail_below_last_token"}),
     "partial-hash-hits": frozenset({"partial_hash_hits"}),
     "mamba-tail-entries": frozenset({"mamba_tail_entries", "mamba_tail_skip_keyed"}),
+    "ring-kinds": frozenset({"circular_buffer_kind", "kpool_tail_kind"}),
 }
 """The profile switches each feature of :func:`features_used` reads. They
 change nothing for a configuration that does not use the feature, so an

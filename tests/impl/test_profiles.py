@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from kvimpl import PROFILE_SWITCHES
+from kvimpl.config_rules import unmodelled_features
 from kvimpl.kv_cache_manager import KVCacheManager as ImplManager
-from kvimpl.native import create_manager
+from kvimpl.native import create_manager, native_unsupported
 from kvref.adapters.impl import (
     IMPL_FEATURES,
     IMPL_PROFILES,
@@ -31,6 +32,7 @@ from kvref.adapters.impl import (
 )
 from kvspec.config import (
     AttentionKind,
+    CircularBuffer,
     CrossAttention,
     FullAttention,
     KVCacheConfig,
@@ -300,6 +302,7 @@ CASES = [
 FEATURE_CASES: dict[str, tuple[SemanticsProfile, dict[str, Any]]] = {
     "partial-tail-entries": (VLLM_0_26_0, {"groups": (FullAttention(8), SlidingWindow(4, 8))}),
     "mamba-tail-entries": (VLLM_0_32_0, {"groups": (FullAttention(4), Mamba(4, "align", 0))}),
+    "ring-kinds": (VLLM_0_29_0, {"groups": (FullAttention(4), CircularBuffer(2))}),
 }
 """A configuration per state-adding feature kvspec models and kvimpl does not yet."""
 
@@ -380,3 +383,15 @@ def test_kvimpl_refuses_a_feature_it_does_not_model(groups: tuple[AttentionKind,
     for native in (True, False):
         with pytest.raises(UnsupportedByProfileError, match=feature):
             create_manager(config, native=native)
+
+
+def test_kvimpl_refuses_ring_kinds_in_both_builds() -> None:
+    """A ring group (cached or not) is refused by name by the Python manager
+    and by the native core's check, so the lockstep counts it unsupported."""
+    for caching in (True, False):
+        config = KVCacheConfig(num_blocks=16, groups=(FullAttention(4), CircularBuffer(2)), max_model_len=64,
+                               enable_caching=caching, profile=VLLM_0_30_0)  # fmt: skip
+        with pytest.raises(UnsupportedByProfileError, match="ring-kinds"):
+            ImplManager(config)
+        assert unmodelled_features(config) == ["ring-kinds"]
+        assert native_unsupported(config) is not None

@@ -8,13 +8,14 @@ from typing import Any
 
 import pytest
 
-from kvspec.config import AttentionKind, FullAttention, KVCacheConfig, Mamba, SlidingWindow
+from kvspec.config import AttentionKind, CircularBuffer, FullAttention, KpoolTail, KVCacheConfig, Mamba, SlidingWindow
 from kvspec.errors import UnsupportedByProfileError
 from kvspec.kv_cache_manager import KVCacheManager
 from kvspec.profiles import (
     FEATURE_SWITCHES,
     VLLM_0_25_1,
     VLLM_0_26_0,
+    VLLM_0_29_0,
     VLLM_0_31_0,
     VLLM_0_32_0,
     VLLM_0_33_0,
@@ -43,6 +44,8 @@ def config(groups: tuple[AttentionKind, ...], profile: SemanticsProfile, caching
         ((FullAttention(4), Mamba(4, "align")), VLLM_0_32_0, True, {"mamba-tail-entries"}),
         ((Mamba(4, "align"),), VLLM_0_33_0, True, {"mamba-tail-entries"}),
         ((Mamba(4, "align"),), VLLM_0_33_0, False, set()),
+        ((FullAttention(4), CircularBuffer(2)), VLLM_0_29_0, True, {"ring-kinds"}),
+        ((FullAttention(4), KpoolTail(2, 8)), VLLM_0_31_0, False, {"ring-kinds"}),
     ],
 )
 def test_features_used(

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from kvref.adapters import DeclaredSemantics
-from kvspec.config import FULL_TYPE_KINDS, KVCacheConfig
+from kvspec.config import FULL_TYPE_KINDS, KVCacheConfig, prefix_cacheable
 from kvspec.errors import (
     CacheBeyondAllocationError,
     DoubleFreeError,
@@ -494,8 +494,8 @@ class VllmAdapter:
                 f"request {request.request_id!r}: cannot cache {n} tokens, it has {num_tokens}"
             )
         for g in range(self._num_groups):
-            if self._is_cross[g]:
-                continue
+            if self._is_cross[g] or not prefix_cacheable(self.config.groups[g]):
+                continue  # ring groups cache nothing: vLLM's cache_blocks is a no-op there
             have = self._table_len(g, request.request_id)
             if n // self._block_sizes[g] > have:
                 raise CacheBeyondAllocationError(

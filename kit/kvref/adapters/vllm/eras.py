@@ -815,11 +815,13 @@ class VllmApi027(VllmApi026):
 
 class VllmApi029(VllmApi027):
     """vLLM 0.29 era: the retention interval is a ``KVCacheConfig`` field; no
-    environment variable is read for it any more."""
+    environment variable is read for it any more; the ring kind
+    ``CircularBufferSpec``."""
 
     era = "0.29"
     since = (0, 29, 0)
     verified: ClassVar[tuple[str, ...]] = ("0.29.0",)
+    spec_classes = _frozen({**VllmApi.spec_classes, "CircularBuffer": "CircularBufferSpec"})
     env = EnvNames(
         int_block_hashes="VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES",
         hash_seed="PYTHONHASHSEED",
@@ -830,21 +832,25 @@ class VllmApi029(VllmApi027):
 
 class VllmApi030(VllmApi029):
     """vLLM 0.30 era (0.30.0 to 0.32.x): ``SinkFullAttentionManager.__init__``
-    no longer reserves sink blocks (its signature defect remains)."""
+    no longer reserves sink blocks (its signature defect remains); the ring
+    kind ``KpoolTailSpec``."""
 
     era = "0.30"
     since = (0, 30, 0)
     verified: ClassVar[tuple[str, ...]] = ("0.30.0", "0.31.0", "0.32.0")
+    spec_classes = _frozen({**VllmApi029.spec_classes, "KpoolTail": "KpoolTailSpec"})
     sinkfull_reserves_sink_blocks = False
 
 
 class VllmApi033(VllmApi030):
     """vLLM 0.33 era: constructing a cached Mamba group in a mode other than
-    ``align`` fails an assertion, reported here as :class:`kvspec.errors.ConfigError`."""
+    ``align`` fails an assertion, reported here as :class:`kvspec.errors.ConfigError`;
+    ``KpoolTailSpec`` is gone (since 0.32.0, where kvspec's profile refuses it)."""
 
     era = "0.33"
     since = (0, 33, 0)
     verified: ClassVar[tuple[str, ...]] = ("0.33.0",)
+    spec_classes = _frozen({k: v for k, v in VllmApi030.spec_classes.items() if k != "KpoolTail"})
 
     def check_config(self, config: KVCacheConfig) -> None:
         """Reject a cached Mamba group whose mode is not ``align`` (vLLM asserts)."""
