@@ -276,9 +276,7 @@ class KVCacheManager(StepAPI):
         Raises:
             InvalidBlockIdError: An id outside the pool.
             DoubleFreeError: A block that is not pending (as often as given).
-            UnsupportedOperationError: Before vLLM 0.25.1 (no deferred free).
         """
-        require_operation(self.config.profile, "free_blocks")
         for b in ordered_block_ids:
             if not is_int(b) or not 0 <= b < self.config.num_blocks:
                 raise InvalidBlockIdError(f"free_blocks: block id {b!r} is outside 0..{self.config.num_blocks - 1}")
@@ -582,7 +580,6 @@ def inv_events_replay_to_cache(mgr: KVCacheManager) -> bool:
 
 _OPERATION_SWITCHES = {
     "pop_blocks_for_free": "deferred_free",
-    "free_blocks": "deferred_free",
     "take_new_block_ids": "new_block_ids_list",
     "new_step_starts": "mamba_step_guard",
 }

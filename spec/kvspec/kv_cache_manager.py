@@ -202,9 +202,7 @@ class KVCacheManager:
         Raises:
             InvalidBlockIdError: An id outside the pool.
             DoubleFreeError: A block that is not pending (as often as given).
-            UnsupportedOperationError: Before vLLM 0.25.1 (no deferred free).
         """
-        require_operation(self.config.profile, "free_blocks")
         for b in ordered_block_ids:
             if not is_int(b) or not 0 <= b < self.config.num_blocks:
                 raise InvalidBlockIdError(f"free_blocks: block id {b!r} is outside 0..{self.config.num_blocks - 1}")
@@ -444,7 +442,6 @@ def check_request_id(op: str, request_id: object) -> None:
 
 OPERATION_SWITCHES = {
     "pop_blocks_for_free": "deferred_free",
-    "free_blocks": "deferred_free",
     "take_new_block_ids": "new_block_ids_list",
     "new_step_starts": "mamba_step_guard",
 }
@@ -453,8 +450,9 @@ OPERATION_SWITCHES = {
 
 def require_operation(profile: SemanticsProfile, op: str) -> None:
     """Raise UnsupportedOperationError if ``op`` does not exist in the
-    profile's release: ``pop_blocks_for_free`` and ``free_blocks`` need
-    ``deferred_free``, ``take_new_block_ids`` needs ``new_block_ids_list``,
+    profile's release: ``pop_blocks_for_free`` needs ``deferred_free``
+    (``free_blocks`` stays: the pool's method exists, and with nothing
+    popped every block it is given is a double free), ``take_new_block_ids`` needs ``new_block_ids_list``,
     ``new_step_starts`` needs ``mamba_step_guard`` (all from vLLM 0.25.1)."""
     if not getattr(profile, OPERATION_SWITCHES[op]):
         raise UnsupportedOperationError(f"{op}: not in {profile.name}")

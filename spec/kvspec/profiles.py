@@ -126,8 +126,9 @@ class SemanticsProfile:
     exist; before 0.25.1 the only capacity test is need > free:
     :func:`kvspec.config.validate_admission`, :func:`kvspec.kv_cache_manager.check_admission_args`."""
     deferred_free: bool = True
-    """``pop_blocks_for_free`` and the facade's ``free_blocks`` exist (before
-    0.25.1 a request is always freed at once): :func:`kvspec.kv_cache_manager.require_operation`."""
+    """``pop_blocks_for_free`` exists (before 0.25.1 a request is always freed
+    at once; ``free_blocks`` then only ever sees double frees):
+    :func:`kvspec.kv_cache_manager.require_operation`."""
     new_block_ids_list: bool = True
     """``take_new_block_ids`` exists (before 0.25.1 there is no zeroing list):
     :func:`kvspec.kv_cache_manager.require_operation`."""
@@ -190,6 +191,7 @@ VLLM_0_16_0 = SemanticsProfile(
     prompt_embeds_digest=False,
     free_unhashed_first=False,
     event_annotations=False,
+    mamba_skip_spec_slack=False,
     mamba_step_guard=False,
     eagle_group_flags=False,
     admission_controls=False,
@@ -201,8 +203,8 @@ VLLM_0_16_0 = SemanticsProfile(
 """vLLM 0.16.0, the oldest modelled release: freed blocks all go to the
 free-queue tail; multimodal keys are bare identifiers (closed at a feature's
 end) and prompt-embedding keys raw bytes; events have no extra keys, group
-index or kind; EAGLE is global; a Mamba state cached this step is usable at
-once; no watermark, admission arguments, deferred free or zeroing list.
+index or kind; EAGLE is global; Mamba keeps no speculative slack when
+freeing skipped blocks, and a state cached this step is usable at once; no watermark, admission arguments, deferred free or zeroing list.
 Cached hybrids and degenerate windows are refused (not modelled yet)."""
 
 VLLM_0_25_1 = replace(
@@ -213,6 +215,7 @@ VLLM_0_25_1 = replace(
     prompt_embeds_digest=True,
     free_unhashed_first=True,
     event_annotations=True,
+    mamba_skip_spec_slack=True,
     mamba_step_guard=True,
     eagle_group_flags=True,
     admission_controls=True,
@@ -223,7 +226,8 @@ VLLM_0_25_1 = replace(
 )
 """vLLM 0.25.1 (the dataclass defaults): freed unhashed blocks go to the
 front; offset multimodal keys and digested embeddings; annotated events;
-per-group EAGLE flags; Mamba's this-step guard with ``new_step_starts``; the
+per-group EAGLE flags; Mamba's speculative slack when freeing skipped blocks
+and its this-step guard with ``new_step_starts``; the
 admission controls, ``pop_blocks_for_free`` and ``take_new_block_ids``;
 the hybrid caching and lookup rules kvspec was written against."""
 
