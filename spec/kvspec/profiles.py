@@ -204,8 +204,9 @@ VLLM_0_16_0 = SemanticsProfile(
 free-queue tail; multimodal keys are bare identifiers (closed at a feature's
 end) and prompt-embedding keys raw bytes; events have no extra keys, group
 index or kind; EAGLE is global; Mamba keeps no speculative slack when
-freeing skipped blocks, and a state cached this step is usable at once; no watermark, admission arguments, deferred free or zeroing list.
-Cached hybrids and degenerate windows are refused (not modelled yet)."""
+freeing skipped blocks, and a state cached this step is usable at once; no
+watermark, admission arguments, deferred free or zeroing list. Cached
+hybrids and degenerate windows are refused (not modelled yet)."""
 
 VLLM_0_25_1 = replace(
     VLLM_0_16_0,

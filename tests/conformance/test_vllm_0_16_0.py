@@ -19,7 +19,6 @@ from kvspec.profiles import VLLM_0_16_0, VLLM_0_25_1
 from kvspec.request import RequestBlockHasher
 
 
-
 def _vllm_0_16_0() -> bool:
     try:
         from kvref.adapters.vllm import installed_vllm_version  # noqa: PLC0415 - optional dependency
@@ -109,7 +108,7 @@ def test_prompt_embeds_key_is_the_raw_bytes() -> None:
 def test_missing_operations_raise(side: str, call: Any) -> None:
     """Operations 0.16.0 does not have are refused, not emulated."""
     mgr, _ = build(side, fa4())
-    with pytest.raises(UnsupportedOperationError, match="0.16.0"):
+    with pytest.raises(UnsupportedOperationError, match=r"0\.16\.0"):
         call(mgr)
 
 
@@ -140,7 +139,7 @@ def test_admission_arguments_are_refused(side: str, kw: dict[str, Any]) -> None:
 def test_configurations_refused(kw: dict[str, Any]) -> None:
     """Options 0.16.0 lacks, and rules kvspec does not model for it, are refused."""
     args: dict[str, Any] = {"num_blocks": 8, "groups": (FullAttention(4),), "max_model_len": 64, **kw}
-    with pytest.raises(UnsupportedByProfileError, match="vllm-0.16.0"):
+    with pytest.raises(UnsupportedByProfileError, match=r"vllm-0\.16\.0"):
         KVCacheConfig(profile=VLLM_0_16_0, **args)
     KVCacheConfig(profile=VLLM_0_25_1, **args)
 
