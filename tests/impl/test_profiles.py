@@ -315,7 +315,10 @@ CASES = [
         "partial_hash_hits", VLLM_0_26_0, False, hybrid_hit,
         {"groups": (FullAttention(4), Mamba(8, "align", 0))},
     ),
-    Case("event_annotations", VLLM_0_25_1, False, events, {"groups": (FullAttention(4),), "enable_kv_cache_events": True}),
+    Case(
+        "event_annotations", VLLM_0_25_1, False, events,
+        {"groups": (FullAttention(4),), "enable_kv_cache_events": True},
+    ),
     Case("mamba_step_guard", VLLM_0_25_1, False, step_guard, {"groups": (Mamba(4, "all", 0),)}),
     Case("eagle_group_flags", VLLM_0_25_1, False, eagle_flags, {"groups": (FullAttention(4),), "eagle_groups": (0,)}),
     Case("admission_controls", VLLM_0_25_1, False, operation("allocate_slots"), {"groups": (FullAttention(4),)}),
