@@ -155,13 +155,17 @@ class BlockPool:
         enable_kv_cache_events: bool = False,
         int_block_hashes: bool = True,
         unhashed_first: bool = True,
+        annotated_events: bool = True,
     ) -> None:
         """An empty pool: every block but the null block is free, in id order.
 
         ``unhashed_first``: freed unhashed blocks go to the front of the free
         queue (else every freed block goes to the tail; see
-        :func:`requeue_unhashed_first`)."""
+        :func:`requeue_unhashed_first`). ``annotated_events``: events carry
+        extra keys and the group index (profile switch ``event_annotations``;
+        before vLLM 0.25.1 those fields are None)."""
         self.num_gpu_blocks = num_gpu_blocks
+        self.annotated_events = annotated_events
         self.unhashed_first = unhashed_first
         self.enable_caching = enable_caching
         self.hash_block_size = hash_block_size
@@ -382,7 +386,8 @@ class BlockPool:
             ids.remove(b)
         if self.enable_kv_cache_events:
             digest, gid = split_key(key)
-            self.events.append(BlockRemoved((external_block_hash(digest, self.int_block_hashes),), MEDIUM_GPU, gid))
+            ext = external_block_hash(digest, self.int_block_hashes)
+            self.events.append(BlockRemoved((ext,), MEDIUM_GPU, gid if self.annotated_events else None))
 
 
 def requeue_unhashed_first(config: KVCacheConfig) -> bool:
@@ -430,6 +435,6 @@ def _stored_event(
         lora_id=lora.adapter_id if lora else None,
         medium=MEDIUM_GPU,
         lora_name=lora.name if lora else None,
-        extra_keys=tuple(extra_keys) if extra_keys else None,
-        group_idx=group_id,
+        extra_keys=tuple(extra_keys) if extra_keys and pool.annotated_events else None,
+        group_idx=group_id if pool.annotated_events else None,
     )

@@ -101,10 +101,11 @@ def has_mamba(config: KVCacheConfig) -> bool:
 def eagle_group_ids(config: KVCacheConfig) -> frozenset[int]:
     """Groups that drop the EAGLE block: the flagged ones, else all groups
     under ``use_eagle``; from vLLM 0.33.0 flags need ``use_eagle`` too
-    (profile switch ``eagle_flags_need_use_eagle``)."""
+    (profile switch ``eagle_flags_need_use_eagle``); before 0.25.1 there are
+    no flags (``eagle_group_flags``)."""
     if config.profile.eagle_flags_need_use_eagle and not config.use_eagle:
         return frozenset()
-    if config.eagle_groups:
+    if config.eagle_groups and config.profile.eagle_group_flags:
         return frozenset(config.eagle_groups)
     return frozenset(range(len(config.groups))) if config.use_eagle else frozenset()
 

@@ -58,6 +58,7 @@ class KVCacheCoordinator:
             config.enable_kv_cache_events,
             config.int_block_hashes,
             requeue_unhashed_first(config),
+            config.profile.event_annotations,
         )
         self.eagle_group_ids = eagle_group_ids(config)
         mnbt, mml = batched_tokens(config), config.max_model_len

@@ -254,7 +254,8 @@ class Lockstep:
             if getattr(adapter, "construction_workaround", None) == "sinkfull-ctor":
                 stats.known["sinkfull-ctor"] += 1
             self.adapters.append(adapter)
-            self.event_logs.append(EventLog(config.int_block_hashes) if config.enable_kv_cache_events else None)
+            log = EventLog(config.int_block_hashes, config.profile.event_annotations)
+            self.event_logs.append(log if config.enable_kv_cache_events else None)
         self.declared = [resolve(semantics_of(a).known) for a in self.adapters]
         for extra in self.declared[1:]:
             extra.extend(known)
@@ -528,9 +529,12 @@ class EventLog:
     the spec is caught too.
     """
 
-    def __init__(self, int_block_hashes: bool) -> None:
-        """An empty index; hashes are ints when ``int_block_hashes``."""
+    def __init__(self, int_block_hashes: bool, grouped: bool = True) -> None:
+        """An empty index; hashes are ints when ``int_block_hashes``. Without
+        ``grouped`` (releases before vLLM 0.25.1, whose events have no group
+        index) every entry is indexed under group None."""
         self.int_block_hashes = int_block_hashes
+        self.grouped = grouped
         self.counts: dict[tuple[Json, Json], int] = {}
         self.consumed = 0
         self.parents: dict[tuple[Json, Json], Json] = {}
@@ -592,7 +596,8 @@ class EventLog:
         for key, ids in view.cached:
             digest, group = key[:-4], int.from_bytes(key[-4:], "big")
             ext: Json = int.from_bytes(digest[-8:], "big") if self.int_block_hashes else digest.hex()
-            expected[(ext, group)] = expected.get((ext, group), 0) + len(ids)
+            where = group if self.grouped else None
+            expected[(ext, where)] = expected.get((ext, where), 0) + len(ids)
         if expected == self.counts:
             return ""
         diffs = [

@@ -244,10 +244,11 @@ class KVCacheConfig:
     def eagle_group_ids(self) -> frozenset[int]:
         """Groups that drop the EAGLE block: the flagged ones, else all groups
         under ``use_eagle``; from vLLM 0.33.0 flags need ``use_eagle`` too
-        (profile switch ``eagle_flags_need_use_eagle``)."""
+        (profile switch ``eagle_flags_need_use_eagle``); before 0.25.1 there
+        are no flags (``eagle_group_flags``; a flagged config is refused)."""
         if self.profile.eagle_flags_need_use_eagle and not self.use_eagle:
             return frozenset()
-        if self.eagle_groups:
+        if self.eagle_groups and self.profile.eagle_group_flags:
             return frozenset(self.eagle_groups)
         return frozenset(range(len(self.groups))) if self.use_eagle else frozenset()
 
@@ -271,6 +272,7 @@ def _validate(cfg: KVCacheConfig) -> None:
     if not 0.0 <= cfg.watermark < 1.0:
         raise ConfigError(f"watermark must be in [0, 1), got {cfg.watermark}")
     get_hash_fn_by_name(cfg.hash_function)
+    validate_release_options(cfg)
     for gid, kind in enumerate(cfg.groups):
         validate_kind(gid, kind, cfg)
     validate_groups(cfg)
@@ -285,6 +287,28 @@ def _validate(cfg: KVCacheConfig) -> None:
     reason = unsupported_reason(cfg)
     if reason is not None:
         raise UnsupportedByProfileError(reason)
+
+
+def validate_release_options(cfg: KVCacheConfig) -> None:
+    """Refuse options the profile's release does not have: before vLLM 0.25.1
+    there is no watermark, no ``max_num_batched_tokens`` (profile switch
+    ``admission_controls``) and no per-group EAGLE flag (``eagle_group_flags``).
+
+    Raises:
+        UnsupportedByProfileError: Naming the option and the release.
+    """
+    p = cfg.profile
+    if not p.admission_controls:
+        if cfg.watermark != 0.0:
+            raise UnsupportedByProfileError(f"{p.name} has no watermark (got {cfg.watermark})")
+        if cfg.max_num_batched_tokens is not None:
+            raise UnsupportedByProfileError(
+                f"{p.name} has no max_num_batched_tokens (got {cfg.max_num_batched_tokens})"
+            )
+    if not p.eagle_group_flags and cfg.eagle_groups:
+        raise UnsupportedByProfileError(
+            f"{p.name} has no per-group EAGLE flags (got eagle_groups={cfg.eagle_groups})"
+        )
 
 
 def validate_groups(cfg: KVCacheConfig) -> None:

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
-from kvspec.block_pool import NULL_BLOCK, BlockId
+from kvspec.block_pool import NULL_BLOCK, BlockId, annotated_events
 from kvspec.config import (
     FULL_TYPE_KINDS,
     RING_KINDS,
@@ -165,7 +165,11 @@ class KVCacheManager:
             InvalidTokenCountError, GroupCountError, ExceedsMaxModelLenError,
             UnexpectedPrefixHitError, InvalidBlockIdError, StaleHitError: in
             this order of checking; nothing has changed when they are raised.
+            UnsupportedOperationError: Before vLLM 0.25.1, for a non-default
+                ``full_sequence_must_fit``, ``reserved_blocks`` or
+                ``has_scheduled_reqs`` (first of all).
         """
+        check_admission_args(self.config.profile, full_sequence_must_fit, reserved_blocks, has_scheduled_reqs)
         hits = self._validate_allocation(
             request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, num_lookahead_tokens,
             num_external_computed_tokens, num_encoder_tokens, reserved_blocks,
@@ -208,6 +212,7 @@ class KVCacheManager:
         """Forget the request but keep its references: the blocks (groups
         concatenated) are *pending* until the caller passes them to
         :meth:`free_blocks`, normally reversed. Unknown request → ()."""
+        require_operation(self.config.profile, "pop_blocks_for_free")
         check_request_id("pop_blocks_for_free", request_id)
         self.requests.pop(request_id, None)
         blocks = tuple(self.coordinator.pop_blocks_for_free(request_id))
@@ -322,11 +327,15 @@ class KVCacheManager:
         self.requests[request.request_id] = request
 
     def take_new_block_ids(self) -> list[BlockId]:
-        """Drain fresh full-attention/MLA block ids, in group order."""
+        """Drain fresh full-attention/MLA block ids, in group order
+        (UnsupportedOperationError before vLLM 0.25.1)."""
+        require_operation(self.config.profile, "take_new_block_ids")
         return [b for m in self.coordinator.managers for b in m.take_new_block_ids()]
 
     def new_step_starts(self) -> None:
-        """A scheduler step begins (Mamba may now use states cached earlier)."""
+        """A scheduler step begins (Mamba may now use states cached earlier;
+        UnsupportedOperationError before vLLM 0.25.1)."""
+        require_operation(self.config.profile, "new_step_starts")
         self.coordinator.new_step_starts()
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
@@ -469,6 +478,36 @@ def check_request_id(op: str, request_id: object) -> None:
         raise InvalidRequestError(f"{op}: request_id must be a str, got {request_id!r}")
 
 
+OPERATION_SWITCHES = {
+    "pop_blocks_for_free": "deferred_free",
+    "take_new_block_ids": "new_block_ids_list",
+    "new_step_starts": "mamba_step_guard",
+}
+"""Facade operations that exist only with a profile switch on."""
+
+
+def require_operation(profile: SemanticsProfile, op: str) -> None:
+    """Raise UnsupportedOperationError if ``op`` does not exist in the
+    profile's release: ``pop_blocks_for_free`` needs ``deferred_free``
+    (``free_blocks`` stays: the pool's method exists, and with nothing
+    popped every block it is given is a double free), ``take_new_block_ids`` needs ``new_block_ids_list``,
+    ``new_step_starts`` needs ``mamba_step_guard`` (all from vLLM 0.25.1)."""
+    if not getattr(profile, OPERATION_SWITCHES[op]):
+        raise UnsupportedOperationError(f"{op}: not in {profile.name}")
+
+
+def check_admission_args(profile: SemanticsProfile, must_fit: bool, reserved: int, has_scheduled: bool) -> None:
+    """Raise UnsupportedOperationError for an admission argument of
+    ``allocate_slots`` the profile's release lacks (before vLLM 0.25.1:
+    profile switch ``admission_controls``)."""
+    if profile.admission_controls:
+        return
+    given = [f"{k}={v!r}" for k, v, d in (("full_sequence_must_fit", must_fit, False),
+             ("reserved_blocks", reserved, 0), ("has_scheduled_reqs", has_scheduled, True)) if v != d]  # fmt: skip
+    if given:
+        raise UnsupportedOperationError(f"allocate_slots: {profile.name} has no {', '.join(given)}")
+
+
 def allocation_without_tokens(profile: SemanticsProfile, n_new: int, n_hit: int, n_external: int) -> bool:
     """Whether an allocation's token counts are acceptable: some new or
     external tokens, or, from vLLM 0.31.0 on, hit tokens to adopt (profile
@@ -568,5 +607,6 @@ def inv_events_replay_to_cache(mgr: KVCacheManager) -> bool:
     expected: Counter[tuple[object, int | None]] = Counter()
     for key, ids in pool.cached.items():
         digest, gid = split_key(key)
-        expected[(external_block_hash(digest, pool.int_block_hashes), gid)] += len(ids)
+        group = gid if annotated_events(pool) else None
+        expected[(external_block_hash(digest, pool.int_block_hashes), group)] += len(ids)
     return {k: v for k, v in keys.items() if v} == expected

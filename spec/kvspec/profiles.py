@@ -3,10 +3,16 @@
 A profile is a frozen value of named behaviour switches. Each release's
 constant is built from its predecessor with :func:`dataclasses.replace`,
 naming only what that release changed, so this module reads as a changelog of
-observable behaviour, oldest first. A release with no observable change
+observable behaviour, oldest first (0.16.0, then 0.25.1 onwards). A release with no observable change
 shares its predecessor's switches (and says so). Each switch is read in one
 named place of the spec (given after it below), so every rule stays a small
 function a port can check alone.
+
+NOTE: The dataclass defaults are vLLM 0.25.1's switches, the release kvspec
+was first written against; :data:`VLLM_0_16_0` (the oldest) names every
+switch that differs from them, and :data:`VLLM_0_25_1` is built from it by
+the inverse changes, so it equals the defaults and the changelog still reads
+oldest first.
 
 Releases change more than these switches: some add state (partial-tail
 entries, fine-grained hits with copy-on-write, new managers, a second pool).
@@ -52,11 +58,23 @@ class SemanticsProfile:
     mm_resume_from_first_feature: bool = False
     """Hashing that resumes after construction looks at every multimodal
     feature, not only the last: :func:`kvspec.hashing.extend_block_hashes`."""
+    mm_key_with_offset: bool = True
+    """The multimodal extra key is ``(identifier, offset - start)`` and a
+    feature overlaps a block only if it ends after the block's start; without
+    it (before 0.25.1) the key is the bare identifier and a block starting
+    exactly at a feature's end gets that key too: :func:`kvspec.request.v025_key_forms`."""
+    prompt_embeds_digest: bool = True
+    """The prompt-embedding extra key is the SHA-256 digest of the block's
+    rows; without it (before 0.25.1) the raw bytes: :func:`kvspec.request.v025_key_forms`."""
 
     # -- block pool (kvspec.block_pool) ------------------------------------------------
     free_unhashed_first: bool = True
     """Freed blocks without a hash go to the front of the free queue (they can
     never be hit), hashed ones to the tail: :func:`kvspec.block_pool.requeue_unhashed_first`."""
+    event_annotations: bool = True
+    """Events carry ``extra_keys`` and the group index (and, added by the
+    facade, the attention kind); before 0.25.1 those fields do not exist (None):
+    :func:`kvspec.block_pool.annotated_events`."""
     free_unhashed_needs_caching: bool = False
     """Freed unhashed blocks go to the front of the free queue only with prefix
     caching on (otherwise every freed block goes to the tail):
@@ -72,6 +90,10 @@ class SemanticsProfile:
     mamba_skip_spec_slack: bool = True
     """Mamba's ``remove_skipped_blocks`` first subtracts the speculative block
     count from the computed tokens: :meth:`MambaManager.remove_skipped_blocks`."""
+    mamba_step_guard: bool = True
+    """A Mamba hit on a state cached in the current scheduler step is not
+    usable until ``new_step_starts`` (which exists only with this switch):
+    :func:`kvspec.single_type_kv_cache_manager.mamba_step_guarded`."""
     mamba_align_estimate_capped: bool = False
     """Mamba align's admission estimate is ``min(need, 1 + spec)`` instead of
     ``1 + spec`` for a request that needs any block:
@@ -86,6 +108,10 @@ class SemanticsProfile:
     eagle_margin_hashed_cap: bool = False
     """The hybrid search's EAGLE look-ahead is capped by the request's hashed
     tokens instead of ``num_tokens - 1``: :func:`kvspec.kv_cache_coordinator.eagle_search_limit`."""
+    eagle_group_flags: bool = True
+    """Groups can be flagged as EAGLE groups (``eagle_groups``); without it
+    (before 0.25.1) EAGLE applies to every group or none:
+    :meth:`kvspec.config.KVCacheConfig.eagle_group_ids`."""
     eagle_flags_need_use_eagle: bool = False
     """Per-group EAGLE flags drop blocks only when ``use_eagle`` is set:
     :meth:`kvspec.config.KVCacheConfig.eagle_group_ids`."""
@@ -102,6 +128,18 @@ class SemanticsProfile:
     :func:`kvspec.config.validate_ring_kind`."""
 
     # -- facade (kvspec.kv_cache_manager) -------------------------------------------------
+    admission_controls: bool = True
+    """The watermark, ``max_num_batched_tokens`` and ``allocate_slots``'s
+    ``full_sequence_must_fit``, ``reserved_blocks`` and ``has_scheduled_reqs``
+    exist; before 0.25.1 the only capacity test is need > free:
+    :func:`kvspec.config.validate_admission`, :func:`kvspec.kv_cache_manager.check_admission_args`."""
+    deferred_free: bool = True
+    """``pop_blocks_for_free`` exists (before 0.25.1 a request is always freed
+    at once; ``free_blocks`` then only ever sees double frees):
+    :func:`kvspec.kv_cache_manager.require_operation`."""
+    new_block_ids_list: bool = True
+    """``take_new_block_ids`` exists (before 0.25.1 there is no zeroing list):
+    :func:`kvspec.kv_cache_manager.require_operation`."""
     stats_at_lookup: bool = True
     """``get_computed_blocks`` records prefix-cache statistics; without it the
     scheduler calls ``record_prefix_cache_stats`` at admission."""
@@ -122,6 +160,20 @@ class SemanticsProfile:
     (``get_computed_blocks`` returns it, the request keeps it), not the
     coordinator's last ``num_uncached_common_prefix_tokens``:
     :func:`kvspec.kv_cache_manager.prefix_hint`."""
+
+    # -- rules of 0.16.0's cached hybrids and degenerate windows (not modelled yet) ---------
+    hybrid_rules_v025: bool = True
+    """Cached hybrids follow 0.25.1's rules: coarse hashes are the last fine
+    hash (0.16.0: the concatenation), caching is aligned to the scheduler
+    block (plus one for EAGLE) and masked to SWA-reachable blocks, the hybrid
+    EAGLE search looks one block ahead, hits are touched before external
+    tokens take blocks. Without it (0.16.0) kvspec refuses cached hybrids:
+    :func:`unsupported_reason`."""
+    external_cap_any_skip: bool = True
+    """The external-token cap applies whenever tokens are skipped (0.16.0:
+    only when a whole block is), which differs only for a sliding window of 1
+    or a chunk below the block size; without it kvspec refuses those windows:
+    :func:`unsupported_reason`."""
 
     # -- features that add state (their own modules; unsupported_reason) ------------------
     partial_tail_entries: bool = False
@@ -145,8 +197,53 @@ class SemanticsProfile:
     :func:`kvspec.mamba_tail.cache_mamba_tail_block`."""
 
 
-VLLM_0_25_1 = SemanticsProfile("vllm-0.25.1", "0.25.1")
-"""The baseline: vLLM 0.25.1 (the defects of ``docs/divergences.md`` aside)."""
+VLLM_0_16_0 = SemanticsProfile(
+    "vllm-0.16.0",
+    "0.16.0",
+    mm_key_with_offset=False,
+    prompt_embeds_digest=False,
+    free_unhashed_first=False,
+    event_annotations=False,
+    mamba_skip_spec_slack=False,
+    mamba_step_guard=False,
+    eagle_group_flags=False,
+    admission_controls=False,
+    deferred_free=False,
+    new_block_ids_list=False,
+    hybrid_rules_v025=False,
+    external_cap_any_skip=False,
+)
+"""vLLM 0.16.0, the oldest modelled release: freed blocks all go to the
+free-queue tail; multimodal keys are bare identifiers (closed at a feature's
+end) and prompt-embedding keys raw bytes; events have no extra keys, group
+index or kind; EAGLE is global; Mamba keeps no speculative slack when
+freeing skipped blocks, and a state cached this step is usable at once; no
+watermark, admission arguments, deferred free or zeroing list. Cached
+hybrids and degenerate windows are refused (not modelled yet)."""
+
+VLLM_0_25_1 = replace(
+    VLLM_0_16_0,
+    name="vllm-0.25.1",
+    release="0.25.1",
+    mm_key_with_offset=True,
+    prompt_embeds_digest=True,
+    free_unhashed_first=True,
+    event_annotations=True,
+    mamba_skip_spec_slack=True,
+    mamba_step_guard=True,
+    eagle_group_flags=True,
+    admission_controls=True,
+    deferred_free=True,
+    new_block_ids_list=True,
+    hybrid_rules_v025=True,
+    external_cap_any_skip=True,
+)
+"""vLLM 0.25.1 (the dataclass defaults): freed unhashed blocks go to the
+front; offset multimodal keys and digested embeddings; annotated events;
+per-group EAGLE flags; Mamba's speculative slack when freeing skipped blocks
+and its this-step guard with ``new_step_starts``; the
+admission controls, ``pop_blocks_for_free`` and ``take_new_block_ids``;
+the hybrid caching and lookup rules kvspec was written against."""
 
 VLLM_0_26_0 = replace(
     VLLM_0_25_1,
@@ -243,6 +340,7 @@ skips a block already keyed at the boundary."""
 PROFILES: dict[str, SemanticsProfile] = {
     p.name: p
     for p in (
+        VLLM_0_16_0,
         VLLM_0_25_1,
         VLLM_0_26_0,
         VLLM_0_27_0,
@@ -329,8 +427,12 @@ def unsupported_reason(config: KVCacheConfig) -> str | None:
     One feature of newer releases adds state kvspec does not model yet
     (:func:`features_used`); a cached configuration that would use it is
     refused: fine-grained hits with copy-on-write (0.26.0 on), a hybrid with
-    a Mamba align group whose block size is above the hash block size.
+    a Mamba align group whose block size is above the hash block size. Some
+    rules of vLLM 0.16.0 are not modelled either (:func:`unmodelled_v016_rules`).
     """
+    old_rules = unmodelled_v016_rules(config)
+    if old_rules is not None:
+        return f"{config.profile.name}: {old_rules}"
     missing = sorted(features_used(config) - MODELLED_FEATURES)
     if not missing:
         return None
@@ -340,3 +442,26 @@ def unsupported_reason(config: KVCacheConfig) -> str | None:
         "mamba-tail-entries": "Mamba align tail cache entries are not modelled",
     }
     return f"{config.profile.name}: " + "; ".join(why[f] for f in missing)
+
+
+def unmodelled_v016_rules(config: KVCacheConfig) -> str | None:
+    """Which 0.16.0 rule kvspec would need for ``config`` and lacks, or None.
+
+    * Without ``hybrid_rules_v025``: a hybrid with prefix caching (0.16.0's
+      concatenated coarse hashes, unaligned and unmasked caching, the hybrid
+      EAGLE search without look-ahead and the per-group touch order);
+    * without ``external_cap_any_skip``: a sliding window of 1 token or a
+      chunk shorter than the block (where 0.16.0's external-token cap differs).
+    """
+    from kvspec.config import ChunkedLocal, SlidingWindow  # noqa: PLC0415 - config imports this module
+
+    p = config.profile
+    if not p.hybrid_rules_v025 and config.enable_caching and len(config.groups) > 1:
+        return "its rules for hybrids with prefix caching are not modelled"
+    if not p.external_cap_any_skip:
+        for kind in config.groups:
+            if (isinstance(kind, SlidingWindow) and kind.window == 1) or (
+                isinstance(kind, ChunkedLocal) and kind.chunk < kind.block_size
+            ):
+                return "its external-token cap for a window of 1 or a chunk below the block size is not modelled"
+    return None

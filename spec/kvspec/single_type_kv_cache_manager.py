@@ -331,7 +331,7 @@ class MambaManager(SingleTypeKVCacheManager):
         of vLLM's estimate and the exact count (docs/divergences.md,
         "mamba-align-external-estimate").
         """
-        if new_computed_blocks and self.pool.block_hash[new_computed_blocks[-1]] in self.cached_blocks_this_step:
+        if mamba_step_guarded(self, new_computed_blocks):
             return self.pool.num_gpu_blocks + 1
         spec = self.mamba.num_speculative_blocks
         if self.mamba.mode != "align":
@@ -449,6 +449,15 @@ def records_new_block_ids(kind: AttentionKind, profile: SemanticsProfile, has_ma
     if profile.new_block_ids == "full-mla-with-mamba":
         return has_mamba and type(kind) in (FullAttention, MLA)
     return has_mamba and not isinstance(kind, Mamba)
+
+
+def mamba_step_guarded(manager: MambaManager, hits: Sequence[BlockId]) -> bool:
+    """Whether a Mamba hit ends on a state cached in this very scheduler step,
+    which is not usable before ``new_step_starts``: from vLLM 0.25.1 on (profile
+    switch ``mamba_step_guard``; before it the hit is admitted at once)."""
+    if not manager.profile.mamba_step_guard or not hits:
+        return False
+    return manager.pool.block_hash[hits[-1]] in manager.cached_blocks_this_step
 
 
 def num_sink_blocks(kind: SinkFullAttention, profile: SemanticsProfile) -> int:

@@ -94,7 +94,8 @@ def outcome(make: Callable[[KVCacheConfig], Any], case: Case, profile: Semantics
     except KVCacheError as exc:
         got = ("error", type(exc).__name__)
     mgr.check_invariants()
-    return got, mgr.to_view(), mgr.take_events(), mgr.take_new_block_ids()
+    new_ids = mgr.take_new_block_ids() if profile.new_block_ids_list else "no take_new_block_ids"
+    return got, mgr.to_view(), mgr.take_events(), new_ids
 
 
 def admit(mgr: Any, req: Request) -> Request:
@@ -230,6 +231,39 @@ def hybrid_hit(mgr: Any, h: RequestBlockHasher) -> object:
     return mgr.get_computed_blocks(h.new_request("b", [1] * 17))
 
 
+def events(mgr: Any, h: RequestBlockHasher) -> object:
+    """A salted request's stored events: with or without extra keys and group."""
+    admit(mgr, h.new_request("a", [1] * 9, ExtraKeySource(cache_salt="s")))
+    return mgr.take_events()
+
+
+def step_guard(mgr: Any, h: RequestBlockHasher) -> object:
+    """A Mamba hit on a state cached in this very step: admitted or not."""
+    admit(mgr, h.new_request("a", list(range(9))))
+    b = h.new_request("b", [*range(8), 99, 98])
+    hits, n = mgr.get_computed_blocks(b)
+    return mgr.allocate_slots(b, 2, n, hits)
+
+
+def operation(name: str) -> Scenario:
+    """A scenario calling facade operation ``name`` after one admission."""
+
+    def call(mgr: Any, h: RequestBlockHasher) -> object:
+        admit(mgr, h.new_request("a", [1] * 9))
+        if name == "allocate_slots":
+            return mgr.allocate_slots(h.new_request("b", [2] * 3), 3, has_scheduled_reqs=False)
+        return getattr(mgr, name)(*(("a",) if name == "pop_blocks_for_free" else ()))
+
+    call.__name__ = name
+    return call
+
+
+def mm_key(mgr: Any, h: RequestBlockHasher) -> object:
+    """A feature ending exactly where the second block starts; prompt embeddings."""
+    mm = ExtraKeySource(mm_features=(MultiModalFeature("A", 0, 4),), prompt_embeds=tuple(b"ab" for _ in range(9)))
+    return admit(mgr, h.new_request("a", [1] * 9, mm)).block_hashes
+
+
 def prefix_hint(mgr: Any, h: RequestBlockHasher) -> object:
     """``a`` runs 8 then 9 tokens (Mamba states at 8 and 16); ``b`` shares 12:
     the hint is the uncached common prefix (4) or the boundary (12)."""
@@ -297,6 +331,19 @@ CASES = [
         "partial_hash_hits", VLLM_0_26_0, False, hybrid_hit,
         {"groups": (FullAttention(4), Mamba(8, "align", 0))},
     ),
+    Case(
+        "event_annotations", VLLM_0_25_1, False, events,
+        {"groups": (FullAttention(4),), "enable_kv_cache_events": True},
+    ),
+    Case("mamba_step_guard", VLLM_0_25_1, False, step_guard, {"groups": (Mamba(4, "all", 0),)}),
+    Case("eagle_group_flags", VLLM_0_25_1, False, eagle_flags, {"groups": (FullAttention(4),), "eagle_groups": (0,)}),
+    Case("admission_controls", VLLM_0_25_1, False, operation("allocate_slots"), {"groups": (FullAttention(4),)}),
+    Case("deferred_free", VLLM_0_25_1, False, operation("pop_blocks_for_free"), {"groups": (FullAttention(4),)}),
+    Case("new_block_ids_list", VLLM_0_25_1, False, operation("take_new_block_ids"), {"groups": (FullAttention(4),)}),
+    Case("mm_key_with_offset", VLLM_0_25_1, False, mm_key, {"groups": (FullAttention(4),)}),
+    Case("prompt_embeds_digest", VLLM_0_25_1, False, mm_key, {"groups": (FullAttention(4),)}),
+    Case("hybrid_rules_v025", VLLM_0_25_1, False, hybrid_hit, {"groups": (FullAttention(4), SlidingWindow(4, 8))}),
+    Case("external_cap_any_skip", VLLM_0_25_1, False, hybrid_hit, {"groups": (SlidingWindow(4, 1),)}),
 ]  # fmt: skip
 
 FEATURE_CASES: dict[str, tuple[SemanticsProfile, dict[str, Any]]] = {
