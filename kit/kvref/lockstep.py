@@ -300,8 +300,11 @@ class Lockstep:
         assert op["op"] not in REQUEST_OPS
         if self.excluded and op["op"] == "allocate_slots":
             op = without_arguments(op, self.excluded)
-        if self.skipped or (self.excluded and op_features(op) & self.excluded):
-            if not self.skipped:
+        if self.halted or self.skipped or (self.excluded and op_features(op) & self.excluded):
+            # NOTE: a run that met a halting known divergence compares nothing more, not even
+            # the rest of the rule that met it (the scheduler reads the prefix hint right
+            # after the lookup that diverged)
+            if not (self.skipped or self.halted):
                 self.stats.left_out[op["op"]] += 1
             return neutral_output(op["op"], len(self.config.groups))
         outs: list[Json] = []
