@@ -13,7 +13,7 @@ from kvspec.errors import UnsupportedByProfileError
 from kvspec.profiles import VLLM_0_25_1
 from kvspec.request import RequestBlockHasher
 from kvspec.view import KVView
-from kvtools.zoo import dcp_unscaled_request_hashes
+from kvtools.zoo.context_parallel import dcp_unscaled_request_hashes
 
 
 def _after_one_request(adapter: Any, cfg: KVCacheConfig) -> KVView:
@@ -21,7 +21,8 @@ def _after_one_request(adapter: Any, cfg: KVCacheConfig) -> KVView:
         "r", list(range(20))
     )
     assert adapter.allocate_slots(req, 20, 0, ((),)) is not None
-    return adapter.to_view()
+    view: KVView = adapter.to_view()
+    return view
 
 
 def test_the_fault_shows_in_the_cache_keys_under_dcp() -> None:
