@@ -80,8 +80,8 @@ def _shape(*kinds: str, caching: bool | None = None, eagle_ok: bool = True, sinc
 
 
 def _cp_shape(kind: str, dcp: int, pcp: int = 1, caching: bool | None = None, eagle_ok: bool = True) -> Shape:
-    """A one-group shape under context parallelism, named ``kind/dcpN`` (``-pcpM``)."""
-    name = f"{kind}/dcp{dcp}" + (f"-pcp{pcp}" if pcp > 1 else "")
+    """A one-group shape under context parallelism, named ``kind@dcpN`` (``-pcpM``)."""
+    name = f"{kind}@dcp{dcp}" + (f"-pcp{pcp}" if pcp > 1 else "")
     return Shape(name, (kind,), caching, eagle_ok, None, dcp, pcp)
 
 
@@ -116,7 +116,7 @@ SHAPES = (
     ),
 )
 """The shapes the lockstep machine draws from (the order is part of the seeded
-draws: append new shapes at the end). The ``/dcp`` shapes run one group under
+draws: append new shapes at the end). The ``@dcp`` shapes run one group under
 decode (and prefill) context parallelism; the sliding-window, chunked and
 Mamba ones keep caching off, where their lookups (which refuse context
 parallelism) never run."""

@@ -24,7 +24,7 @@ from kvtools.zoo.hashing import _RehashingAdapter
     "under decode context parallelism the request hasher uses the engine's unscaled block size while the "
     "managers cache and look up blocks of the DCP-scaled size, so block i is keyed by the hash of its first "
     "block_size tokens instead of its own",
-    "view diff (cache keys) once a block of a full/dcp or mla/dcp shape is cached",
+    "view diff (cache keys) once a block of a full@dcp or mla@dcp shape is cached",
 )
 def dcp_unscaled_request_hashes(config: KVCacheConfig) -> ImplAdapter:
     """Request hashes at the unscaled block size under DCP (plain kvimpl otherwise)."""
