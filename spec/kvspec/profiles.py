@@ -502,7 +502,7 @@ def unmodelled_v016_rules(config: KVCacheConfig) -> str | None:
     if not p.hybrid_rules_v025 and config.enable_caching and len(config.groups) > 1:
         return "its rules for hybrids with prefix caching are not modelled"
     if not p.external_cap_any_skip:
-        for kind in config.groups:
+        for kind in config.manager_groups():  # block sizes as the managers run them
             if (isinstance(kind, SlidingWindow) and kind.window == 1) or (
                 isinstance(kind, ChunkedLocal) and kind.chunk < kind.block_size
             ):
