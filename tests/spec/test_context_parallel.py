@@ -170,7 +170,7 @@ def test_hash_block_size_must_equal_the_scaled_block_when_caching() -> None:
         ((CircularBuffer(2),), V033, False, "CircularBuffer"),
         ((Mamba(4, "align"),), V026, True, "cached Mamba group"),
         # 0.16.0's external-token cap for a chunk below the (scaled) block size is not modelled
-        ((ChunkedLocal(4, 8),), V016, False, "chunk below the block size"),
+        ((ChunkedLocal(4, 4),), V016, False, "chunk below the block size"),
     ],
 )
 def test_unmodelled_context_parallel_configs_are_refused(
