@@ -62,7 +62,9 @@ SCALED = [
 
 
 @pytest.mark.parametrize(("profile", "kind", "dcp", "pcp", "bs"), SCALED)
-def test_manager_block_size_by_release(profile: SemanticsProfile, kind: AttentionKind, dcp: int, pcp: int, bs: int) -> None:
+def test_manager_block_size_by_release(
+    profile: SemanticsProfile, kind: AttentionKind, dcp: int, pcp: int, bs: int
+) -> None:
     cfg = _cfg(kind, profile, dcp, pcp, enable_caching=False)
     assert cfg.manager_groups()[0].block_size == bs
     assert cfg.scheduler_block_size == bs
@@ -92,7 +94,9 @@ def _cached_blocks(profile: SemanticsProfile) -> list[int]:
     return [b for b in range(cfg.num_blocks) if kv.block_pool.block_hash[b] is not None]
 
 
-@pytest.mark.parametrize(("profile", "cached"), [(V016, [1, 2, 3, 4]), (V025, [2, 4]), (V026, [2, 4]), (V033, [1, 2, 3, 4])])
+@pytest.mark.parametrize(
+    ("profile", "cached"), [(V016, [1, 2, 3, 4]), (V025, [2, 4]), (V026, [2, 4]), (V033, [1, 2, 3, 4])]
+)
 def test_swa_cache_mask_counts_in_the_unscaled_size_until_0_30(profile: SemanticsProfile, cached: list[int]) -> None:
     """SWA(4, window 5), DCP 2, 33 tokens: 0.25.1 to 0.28.0 cache every
     second block (the mask's window and alignment use the unscaled size)."""
