@@ -8,6 +8,12 @@ Upstream: the ``*Spec`` classes of ``vllm/v1/kv_cache_interface.py`` (our
 names drop "Spec"), ``KVCacheConfig``/``KVCacheGroupSpec``, the
 ``KVCacheManager`` constructor arguments and
 ``resolve_kv_cache_block_sizes``.
+
+NOTE: The module is above the usual length because the context-parallel
+rules (:func:`cp_scale`, :func:`scales_by_dcp`, :func:`cp_lookup_refusal`,
+:func:`validate_cp`) decide the block sizes ``KVCacheConfig`` derives and
+validates; split off, they would import the kinds from here and be imported
+back.
 """
 
 from __future__ import annotations
