@@ -54,6 +54,7 @@ PROFILE_SWITCHES = frozenset(
         "partial_tail_entries", "partial_hash_hits", "mamba_tail_entries",
         "fa_tail_below_last_token", "mamba_tail_skip_keyed",  # read only by those features
         "circular_buffer_kind", "kpool_tail_kind",  # the ring kinds (feature "ring-kinds")
+        "cp_block_scaling", "cp_swa_mask_unscaled",  # context parallelism (feature "context-parallelism")
     }
 )  # fmt: skip
 """The fields of :class:`kvspec.profiles.SemanticsProfile` whose values kvimpl

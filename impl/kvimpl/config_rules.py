@@ -121,10 +121,15 @@ def unmodelled_features(config: KVCacheConfig) -> list[str]:
       than the hash block (``partial_hash_hits``);
     * ``mamba-tail-entries``: a cached Mamba align group (``mamba_tail_entries``);
     * ``ring-kinds``: a ring group, ``CircularBuffer`` or ``KpoolTail``, cached
-      or not (``circular_buffer_kind``, ``kpool_tail_kind``).
+      or not (``circular_buffer_kind``, ``kpool_tail_kind``);
+    * ``context-parallelism``: ``dcp_world_size`` or ``pcp_world_size`` above 1
+      (``cp_block_scaling``, ``cp_swa_mask_unscaled``; kvspec scales the
+      manager block sizes, kvimpl refuses rather than mirror the rules).
     """
     p = config.profile
     ring = ["ring-kinds"] if any(isinstance(k, (CircularBuffer, KpoolTail)) for k in config.groups) else []
+    if config.dcp_world_size * config.pcp_world_size > 1:
+        ring.append("context-parallelism")
     if not config.enable_caching:
         return ring
     hbs = hash_block_size(config)

@@ -83,6 +83,7 @@ NATIVE_SWITCHES = frozenset(
         # (kvimpl.config_rules.unmodelled_features), so their switches never reach the core.
         "partial_tail_entries", "partial_hash_hits", "mamba_tail_entries",
         "fa_tail_below_last_token", "mamba_tail_skip_keyed", "circular_buffer_kind", "kpool_tail_kind",
+        "cp_block_scaling", "cp_swa_mask_unscaled",
     }
 )  # fmt: skip
 """Profile switches the native core follows; a profile that sets any other

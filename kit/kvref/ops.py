@@ -246,9 +246,13 @@ def extra_from_json(obj: Json) -> ExtraKeySource:
 
 def config_to_json(cfg: KVCacheConfig) -> Json:
     """A config as a JSON object; kinds are ``{"kind": ClassName, ...fields}``.
-    The semantics profile is not part of it (a trace header names it)."""
+    The semantics profile is not part of it (a trace header names it), nor are
+    context-parallel world sizes of 1 (traces older than them stay byte-equal)."""
     data = asdict(cfg)
     del data["profile"]
+    for name in ("dcp_world_size", "pcp_world_size"):
+        if data[name] == 1:
+            del data[name]
     data["groups"] = [{"kind": type(k).__name__, **asdict(k)} for k in cfg.groups]
     data["eagle_groups"] = list(cfg.eagle_groups)
     return data

@@ -62,6 +62,8 @@ class Shape:
         eagle_ok: Whether EAGLE may be drawn (chunked local refuses it).
         since: The profile switch a release must set for the shape to be
             drawn (None: every release has its kinds).
+        dcp: The configuration's ``dcp_world_size`` (decode context parallelism).
+        pcp: The configuration's ``pcp_world_size`` (prefill context parallelism).
     """
 
     name: str
@@ -69,10 +71,18 @@ class Shape:
     caching: bool | None = None
     eagle_ok: bool = True
     since: str | None = None
+    dcp: int = 1
+    pcp: int = 1
 
 
 def _shape(*kinds: str, caching: bool | None = None, eagle_ok: bool = True, since: str | None = None) -> Shape:
     return Shape("+".join(kinds), kinds, caching, eagle_ok, since)
+
+
+def _cp_shape(kind: str, dcp: int, pcp: int = 1, caching: bool | None = None, eagle_ok: bool = True) -> Shape:
+    """A one-group shape under context parallelism, named ``kind@dcpN`` (``-pcpM``)."""
+    name = f"{kind}@dcp{dcp}" + (f"-pcp{pcp}" if pcp > 1 else "")
+    return Shape(name, (kind,), caching, eagle_ok, None, dcp, pcp)
 
 
 SHAPES = (
@@ -97,9 +107,22 @@ SHAPES = (
     _shape("full@2x", "mamba-align@2x", "swa"),
     _shape("full", "ring", since="circular_buffer_kind"),
     _shape("full", "swa", "kpool", since="kpool_tail_kind"),
+    *(
+        _cp_shape("full", 2),
+        _cp_shape("full", 4),
+        _cp_shape("mla", 2, 2),
+        _cp_shape("swa", 2, caching=False),
+        _cp_shape("chunked", 2, 2, caching=False, eagle_ok=False),
+    ),
 )
 """The shapes the lockstep machine draws from (the order is part of the seeded
-draws: append new shapes at the end)."""
+draws: append new shapes at the end). The ``@dcp`` shapes run one group under
+decode (and prefill) context parallelism; the sliding-window, chunked and
+Mamba ones keep caching off, where their lookups (which refuse context
+parallelism) never run."""
+
+CP_SHAPES = tuple(s for s in SHAPES if s.dcp * s.pcp > 1)
+"""The context-parallel shapes of :data:`SHAPES` (``--shapes`` takes their names)."""
 
 FULL_TYPE_TOKENS = frozenset({"full", "full@2x", "mla", "sink"})
 """Kind tokens that build full-attention-type kinds."""

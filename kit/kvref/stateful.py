@@ -100,6 +100,8 @@ def configs(
         hash_function=draw(st.sampled_from(["sha256_cbor", "sha256_cbor", *HASH_FUNCTION_NAMES])),
         hash_seed=draw(st.sampled_from(["0", "42"])),
         log_stats=draw(st.sampled_from([False, True, True])),
+        dcp_world_size=shape.dcp,
+        pcp_world_size=shape.pcp,
     )
     for feature, key, off in _SWITCHES:
         if feature in excluded:

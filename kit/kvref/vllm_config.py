@@ -21,8 +21,8 @@ NOTE: **Nothing is dropped silently.** A value kvspec cannot express raises
 :class:`kvspec.errors.ConfigError` naming it, instead of becoming a config
 that behaves otherwise: a spec class with no kvspec kind, a field of a vLLM
 dataclass that the manager reads and kvspec does not model, set to other than
-its default (e.g. ``SlidingWindowSpec.extra_retained_tokens``), context
-parallelism (``dcp_world_size``/``pcp_world_size`` above 1), a keyword the
+its default (e.g. ``SlidingWindowSpec.extra_retained_tokens``; under context
+parallelism a ``dcp_sharded`` other than the spec class's), a keyword the
 release's manager does not take, or a ``scheduler_block_size`` other than the
 one kvspec derives. Fields that only size pages or choose kernels (head
 counts and sizes, dtypes, state shapes, padding, quantisation) are ignored:
@@ -94,7 +94,7 @@ LAYOUT_FIELDS: Final = frozenset(
         "tp_replicated",
         "num_heads",
         "tokens_per_state",
-        # Read only under context parallelism, which is refused on its own.
+        # Read only under context parallelism (checked there: _check_cp_sharding).
         "dcp_sharded",
         # A FullAttentionSpec standing in for a windowed layer (the hybrid
         # allocator off): FullAttentionManager ignores both.
@@ -109,8 +109,6 @@ LAYOUT_FIELDS: Final = frozenset(
 """vLLM dataclass fields ignored by the translation (see the module NOTE)."""
 
 DEFAULT_ONLY_KEYWORDS: Final[Mapping[str, Any]] = {
-    "dcp_world_size": 1,
-    "pcp_world_size": 1,
     "metrics_collector": None,
     "num_hash_lookahead_tokens": 0,
     "num_prefill_lookahead": 0,
@@ -215,6 +213,8 @@ def config_from_vllm(
             eagle_groups.append(g)
     if not groups:
         raise ConfigError("kv_cache_config.kv_cache_groups is empty")
+    if values.get("dcp_world_size", 1) * values.get("pcp_world_size", 1) != 1:
+        _check_cp_sharding(specs)
 
     scheduler_block_size = values.pop("scheduler_block_size", None)
     config = KVCacheConfig(
@@ -233,6 +233,21 @@ def config_from_vllm(
             "(the LCM of the group block sizes) and takes no other"
         )
     return config
+
+
+def _check_cp_sharding(specs: list[Any]) -> None:
+    """Under context parallelism kvspec scales groups by the release's rule
+    (``kvspec.config.scales_by_dcp``), which follows each spec class's
+    default ``dcp_sharded``; refuse a spec that sets another value."""
+    for g, spec in enumerate(specs):
+        if not dataclasses.is_dataclass(spec):
+            continue
+        for f in dataclasses.fields(spec):
+            if f.name == "dcp_sharded" and getattr(spec, f.name) != f.default:
+                raise ConfigError(
+                    f"kv_cache_groups[{g}].kv_cache_spec: dcp_sharded={getattr(spec, f.name)!r} is not modelled "
+                    f"(kvspec follows {type(spec).__name__}'s default, {f.default!r})"
+                )
 
 
 def status_from_vllm(status: Any) -> RequestStatus:

@@ -8,12 +8,18 @@ Upstream: the ``*Spec`` classes of ``vllm/v1/kv_cache_interface.py`` (our
 names drop "Spec"), ``KVCacheConfig``/``KVCacheGroupSpec``, the
 ``KVCacheManager`` constructor arguments and
 ``resolve_kv_cache_block_sizes``.
+
+NOTE: The module is above the usual length because the context-parallel
+rules (:func:`cp_scale`, :func:`scales_by_dcp`, :func:`cp_lookup_refusal`,
+:func:`validate_cp`) decide the block sizes ``KVCacheConfig`` derives and
+validates; split off, they would import the kinds from here and be imported
+back.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from kvspec.errors import ConfigError, UnsupportedByProfileError
@@ -194,6 +200,12 @@ class KVCacheConfig:
             :meth:`resolved_hash_block_size`).
         int_block_hashes: Events carry 64-bit ints (vLLM default) or bytes.
         log_stats: Keep prefix-cache statistics.
+        dcp_world_size: Decode context parallelism: ranks a group's KV is
+            sharded over (vLLM's ``dcp_world_size``); it multiplies the
+            manager block size of the groups the profile scales
+            (:func:`cp_scale`).
+        pcp_world_size: Prefill context parallelism (vLLM's
+            ``pcp_world_size``); up to vLLM 0.25.1 it scales block sizes too.
         profile: The vLLM release whose behaviour applies (default: the newest
             supported, :data:`kvspec.profiles.NEWEST`).
 
@@ -215,25 +227,37 @@ class KVCacheConfig:
     int_block_hashes: bool = True
     log_stats: bool = False
     profile: SemanticsProfile = NEWEST
+    dcp_world_size: int = 1
+    pcp_world_size: int = 1
 
     def __post_init__(self) -> None:
         _validate(self)
 
     @property
     def scheduler_block_size(self) -> int:
-        """The LCM of the group block sizes (the group's size for one group)."""
-        return math.lcm(*(g.block_size for g in self.groups))
+        """The LCM of the manager block sizes (the group's size for one group;
+        context parallelism scales them, :meth:`manager_groups`)."""
+        return math.lcm(*(g.block_size for g in self.manager_groups()))
 
     def resolved_hash_block_size(self) -> int:
         """Hash granularity: the override, else the GCD of the prefix-cacheable
         group sizes (all groups if none is) when caching a hybrid model, else
-        the scheduler block size."""
+        the scheduler block size; sizes are manager block sizes."""
         if self.hash_block_size is not None:
             return self.hash_block_size
         if len(self.groups) == 1 or not self.enable_caching:
             return self.scheduler_block_size
-        sizes = [g.block_size for g in self.groups if prefix_cacheable(g)] or [g.block_size for g in self.groups]
+        groups = self.manager_groups()
+        sizes = [g.block_size for g in groups if prefix_cacheable(g)] or [g.block_size for g in groups]
         return math.gcd(*sizes)
+
+    def manager_groups(self) -> tuple[AttentionKind, ...]:
+        """The kinds the managers run: ``groups`` with each block size
+        multiplied by :func:`cp_scale` (``groups`` itself without context
+        parallelism). Upstream: ``SingleTypeKVCacheManager.block_size``."""
+        if self.dcp_world_size * self.pcp_world_size == 1:
+            return self.groups
+        return tuple(replace(g, block_size=g.block_size * cp_scale(g, self)) for g in self.groups)
 
     def batched_tokens(self) -> int:
         """``max_num_batched_tokens`` with vLLM's default applied."""
@@ -271,6 +295,10 @@ def _validate(cfg: KVCacheConfig) -> None:
         raise ConfigError(f"max_num_batched_tokens must be positive, got {cfg.max_num_batched_tokens}")
     if not 0.0 <= cfg.watermark < 1.0:
         raise ConfigError(f"watermark must be in [0, 1), got {cfg.watermark}")
+    for name in ("dcp_world_size", "pcp_world_size"):
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{name} must be a positive int, got {value!r}")
     get_hash_fn_by_name(cfg.hash_function)
     validate_release_options(cfg)
     for gid, kind in enumerate(cfg.groups):
@@ -282,8 +310,9 @@ def _validate(cfg: KVCacheConfig) -> None:
     hbs = cfg.resolved_hash_block_size()
     if hbs < 1 or cfg.scheduler_block_size % hbs:
         raise ConfigError(f"hash_block_size {hbs} must divide the scheduler block size")
-    if cfg.enable_caching and any(g.block_size % hbs for g in cfg.groups if prefix_cacheable(g)):
+    if cfg.enable_caching and any(g.block_size % hbs for g in cfg.manager_groups() if prefix_cacheable(g)):
         raise ConfigError(f"hash_block_size {hbs} must divide every prefix-cacheable group block size when caching")
+    validate_cp(cfg)
     reason = unsupported_reason(cfg)
     if reason is not None:
         raise UnsupportedByProfileError(reason)
@@ -337,7 +366,7 @@ def validate_kind(gid: int, kind: AttentionKind, cfg: KVCacheConfig) -> None:
             raise ConfigError(f"{where}: chunk must be positive, got {kind.chunk}")
         if cfg.enable_caching and gid in cfg.eagle_group_ids():
             raise ConfigError(f"{where}: EAGLE is not supported with chunked local attention")
-        if cfg.enable_caching and kind.block_size != cfg.scheduler_block_size:
+        if cfg.enable_caching and kind.block_size * cp_scale(kind, cfg) != cfg.scheduler_block_size:
             raise ConfigError(f"{where}: chunked local attention needs every group to share its block size")
     if isinstance(kind, SinkFullAttention) and (kind.sink_len < 1 or kind.sink_len % kind.block_size):
         raise ConfigError(f"{where}: sink_len {kind.sink_len} must be a positive multiple of the block size")
@@ -360,3 +389,69 @@ def validate_ring_kind(where: str, kind: CircularBuffer | KpoolTail, profile: Se
         raise ConfigError(f"{where}: CircularBufferSpec is new in vLLM 0.29.0; not in {profile.name}")
     if isinstance(kind, KpoolTail) and not profile.kpool_tail_kind:
         raise ConfigError(f"{where}: KpoolTailSpec exists in vLLM 0.30.0 and 0.31.0 only, not in {profile.name}")
+
+
+def cp_scale(kind: AttentionKind, cfg: KVCacheConfig) -> int:
+    """What context parallelism multiplies ``kind``'s manager block size by:
+    ``dcp_world_size`` where :func:`scales_by_dcp`, times ``pcp_world_size``
+    up to vLLM 0.25.1 (profile switch ``cp_block_scaling`` ``dcp-pcp``).
+
+    pre: cfg.dcp_world_size >= 1 and cfg.pcp_world_size >= 1
+    post: __return__ >= 1
+    """
+    if cfg.profile.cp_block_scaling == "dcp-pcp":
+        return cfg.dcp_world_size * cfg.pcp_world_size
+    return cfg.dcp_world_size if scales_by_dcp(kind, cfg.profile) else 1
+
+
+def scales_by_dcp(kind: AttentionKind, profile: SemanticsProfile) -> bool:
+    """Whether ``kind``'s manager block size is multiplied by the DCP size
+    (profile switch ``cp_block_scaling``): every kind up to vLLM 0.25.1; from
+    0.26.0 to 0.28.0 every kind but Mamba (``MambaManager`` undoes the
+    scaling); in 0.29.0 and 0.30.0 only the full-attention-type kinds
+    (``dcp_world_size_for_kv_cache_spec``); from 0.31.0 the ``dcp_sharded``
+    specs, every attention kind but Mamba."""
+    rule = profile.cp_block_scaling
+    if rule == "dcp-pcp":
+        return True
+    if rule == "dcp-full-attention":
+        return isinstance(kind, FULL_TYPE_KINDS)
+    return not isinstance(kind, Mamba)
+
+
+def cp_lookup_refusal(kind: AttentionKind, cfg: KVCacheConfig) -> str | None:
+    """Why a prefix-cache lookup of ``kind``'s single group refuses context
+    parallelism, or None: sliding window, chunked local and Mamba lookups
+    assert that the DCP and PCP sizes they get are 1 (vLLM: ``assert
+    dcp_world_size == 1, "DCP not support sliding window attn now."`` and
+    the like). Up to vLLM 0.28.0 the coordinator passes the process DCP size;
+    from 0.29.0 the size the group's manager got (1 where
+    :func:`scales_by_dcp` is false)."""
+    if not isinstance(kind, SlidingWindow | ChunkedLocal | Mamba):
+        return None
+    name = {SlidingWindow: "sliding window attn", ChunkedLocal: "chunked local attn", Mamba: "mamba"}[type(kind)]
+    process_dcp = cfg.profile.cp_block_scaling in ("dcp-pcp", "dcp")
+    dcp = cfg.dcp_world_size if process_dcp or scales_by_dcp(kind, cfg.profile) else 1
+    if dcp > 1:
+        return f"DCP not support {name} now (dcp_world_size={dcp}, {cfg.profile.name})"
+    if cfg.pcp_world_size > 1:
+        return f"PCP not support {name} now (pcp_world_size={cfg.pcp_world_size}, {cfg.profile.name})"
+    return None
+
+
+def validate_cp(cfg: KVCacheConfig) -> None:
+    """With context parallelism and prefix caching, one group's hash block
+    must be its manager block (vLLM's ``UnitaryKVCacheCoordinator`` asserts
+    ``hash_block_size == block_size``).
+
+    Raises:
+        ConfigError: Naming both sizes.
+    """
+    if cfg.dcp_world_size * cfg.pcp_world_size == 1 or not cfg.enable_caching or len(cfg.groups) != 1:
+        return
+    bs, hbs = cfg.manager_groups()[0].block_size, cfg.resolved_hash_block_size()
+    if hbs != bs:
+        raise ConfigError(
+            f"hash_block_size {hbs} must equal the context-parallel manager block size {bs} "
+            f"(block_size {cfg.groups[0].block_size} x {bs // cfg.groups[0].block_size}) for one group with caching"
+        )

@@ -92,3 +92,9 @@ class CacheBeyondAllocationError(KVCacheError, ValueError):
 
 class PoolExhaustedError(KVCacheError, ValueError):
     """More blocks were requested from the pool than are free."""
+
+
+class ContextParallelLookupError(KVCacheError):
+    """A prefix-cache lookup of a kind that refuses decode/prefill context
+    parallelism (sliding window, chunked local, Mamba with a DCP or PCP size
+    above 1; vLLM asserts at ``find_longest_cache_hit``). Nothing changes."""

@@ -57,14 +57,19 @@ class KVCacheCoordinator:
         )
         self.eagle_group_ids = config.eagle_group_ids()
         mnbt, mml = config.batched_tokens(), config.max_model_len
+        # NOTE: the admission cap counts in the engine's unscaled block size
+        # while the manager counts its table in the context-parallel one, as
+        # in every vLLM release (the cap is about dcp x pcp times too loose).
         self.managers = tuple(
             make_manager(kind, self.pool, enable_caching, gid, self.scheduler_block_size,
-                         admission_cap(kind, mnbt, mml), config.profile, config.has_mamba())
-            for gid, kind in enumerate(config.groups)
+                         admission_cap(engine_kind, mnbt, mml), config.profile, config.has_mamba())
+            for gid, (kind, engine_kind) in enumerate(zip(config.manager_groups(), config.groups, strict=True))
         )  # fmt: skip
-        for m in self.managers:
+        for m, engine_kind in zip(self.managers, config.groups, strict=True):
             if isinstance(m, MambaManager):
                 m.drop_eagle_checkpoint = config.use_eagle
+            if config.profile.cp_swa_mask_unscaled:
+                m.mask_kind = engine_kind
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int

@@ -20,12 +20,14 @@ from kvspec.config import (
     CrossAttention,
     KVCacheConfig,
     Mamba,
+    cp_lookup_refusal,
     event_sliding_window,
     kind_name,
     prefix_cacheable,
 )
 from kvspec.errors import (
     CacheBeyondAllocationError,
+    ContextParallelLookupError,
     DoubleFreeError,
     ExceedsMaxModelLenError,
     GroupCountError,
@@ -58,6 +60,8 @@ class KVCacheManager:
     def __init__(self, config: KVCacheConfig) -> None:
         """An empty manager (SinkFull groups take their sink blocks now)."""
         self.config = config
+        self.kinds = config.manager_groups()
+        """The kinds the managers run (context parallelism scales block sizes)."""
         self.enable_caching = config.enable_caching
         self.coordinator = make_coordinator(config)
         self.block_pool = self.coordinator.pool
@@ -81,8 +85,16 @@ class KVCacheManager:
         """The longest prefix-cache hit, at most ``num_tokens - 1`` tokens (the
         last token is always recomputed for its logits). Changes nothing: the
         hit blocks are only pinned by ``allocate_slots``.
+
+        Raises:
+            ContextParallelLookupError: A sliding-window, chunked-local or Mamba
+                group under context parallelism (:func:`kvspec.config.cp_lookup_refusal`).
         """
         check_request(request)
+        if self.enable_caching and not request.skip_reading_prefix_cache:
+            refusal = cp_lookup_refusal(self.config.groups[0], self.config) if len(self.kinds) == 1 else None
+            if refusal is not None:
+                raise ContextParallelLookupError(f"get_computed_blocks: {refusal}")
         self.shared_prefix_boundary.pop(request.request_id, None)
         if not self.enable_caching or request.skip_reading_prefix_cache:
             return self._ids(tuple([] for _ in self.config.groups)), 0
@@ -316,7 +328,7 @@ class KVCacheManager:
             raise CacheBeyondAllocationError(
                 f"cache_blocks: {num_computed_tokens} tokens > the request's {request.num_tokens}"
             )
-        for g, (kind, table) in enumerate(zip(self.config.groups, self.get_blocks(request.request_id), strict=True)):
+        for g, (kind, table) in enumerate(zip(self.kinds, self.get_blocks(request.request_id), strict=True)):
             ring_or_cross = isinstance(kind, CrossAttention) or not prefix_cacheable(kind)
             if not ring_or_cross and num_computed_tokens // kind.block_size > len(table):
                 raise CacheBeyondAllocationError(
@@ -432,7 +444,7 @@ class KVCacheManager:
                     f"allocate_slots: the null block in group {g}'s hit: a full-attention hit never contains it"
                 )
         hbs = self.coordinator.hash_block_size
-        for g, (kind, ids) in enumerate(zip(self.config.groups, hits, strict=True)):
+        for g, (kind, ids) in enumerate(zip(self.kinds, hits, strict=True)):
             divisible = kind.block_size % hbs == 0
             hashes = coarse_block_hashes(request.block_hashes, hbs, kind.block_size) if divisible else ()
             for i, b in enumerate(ids):
@@ -551,7 +563,7 @@ def hit_covers_length(config: KVCacheConfig, blocks: GroupBlocks, n: int, max_le
     always empty."""
     exact = all(
         len(b) * k.block_size == n if prefix_cacheable(k) else not b
-        for b, k in zip(blocks, config.groups, strict=True)
+        for b, k in zip(blocks, config.manager_groups(), strict=True)
     )
     return n <= max(max_len, 0) and n % config.scheduler_block_size == 0 and exact
 
@@ -559,7 +571,7 @@ def hit_covers_length(config: KVCacheConfig, blocks: GroupBlocks, n: int, max_le
 def tables_cover_slots(mgr: KVCacheManager, request_id: str, slots: int) -> bool:
     """After an allocation, every group but Mamba and cross attention holds
     at least ``cdiv(slots, bs)`` entries; a ring group holds exactly one."""
-    for kind, table in zip(mgr.config.groups, mgr.get_blocks(request_id), strict=True):
+    for kind, table in zip(mgr.kinds, mgr.get_blocks(request_id), strict=True):
         if isinstance(kind, RING_KINDS):
             if len(table) != 1:
                 return False

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 NewBlockIds = Literal["full-mla", "full-mla-with-mamba", "attention-with-mamba"]
 CommonPrefix = Literal["tables", "zero"]
+CpBlockScaling = Literal["dcp-pcp", "dcp", "dcp-full-attention", "dcp-sharded"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +99,21 @@ class SemanticsProfile:
     """Mamba align's admission estimate is ``min(need, 1 + spec)`` instead of
     ``1 + spec`` for a request that needs any block:
     :func:`kvspec.single_type_kv_cache_manager.mamba_align_new_blocks`."""
+
+    # -- context parallelism (kvspec.config, the managers' block sizes) ---------------------
+    cp_block_scaling: CpBlockScaling = "dcp-pcp"
+    """Which groups' manager block size ``dcp_world_size`` / ``pcp_world_size``
+    multiply: every group by both (``dcp-pcp``); every group but Mamba by DCP
+    only, lookups getting the process DCP size (``dcp``); full-attention-type
+    groups by DCP only, lookups getting their manager's size
+    (``dcp-full-attention``); every ``dcp_sharded`` group (every kind but
+    Mamba) by DCP only, lookups getting their manager's size (``dcp-sharded``):
+    :func:`kvspec.config.cp_scale`, :func:`kvspec.config.cp_lookup_refusal`."""
+    cp_swa_mask_unscaled: bool = True
+    """The sliding-window cache mask counts its window and alignment in the
+    unscaled block size while indexing the scaled manager blocks, so a
+    DCP-scaled window group caches only some of its full blocks:
+    :meth:`SingleTypeKVCacheManager.cache_blocks`."""
 
     # -- coordinator (kvspec.kv_cache_coordinator) ----------------------------------------
     mamba_eagle_counts_verified: bool = False
@@ -212,14 +228,17 @@ VLLM_0_16_0 = SemanticsProfile(
     new_block_ids_list=False,
     hybrid_rules_v025=False,
     external_cap_any_skip=False,
+    cp_swa_mask_unscaled=False,
 )
 """vLLM 0.16.0, the oldest modelled release: freed blocks all go to the
 free-queue tail; multimodal keys are bare identifiers (closed at a feature's
 end) and prompt-embedding keys raw bytes; events have no extra keys, group
 index or kind; EAGLE is global; Mamba keeps no speculative slack when
 freeing skipped blocks, and a state cached this step is usable at once; no
-watermark, admission arguments, deferred free or zeroing list. Cached
-hybrids and degenerate windows are refused (not modelled yet)."""
+watermark, admission arguments, deferred free or zeroing list; context
+parallelism scales every group's block size by DCP x PCP and the window
+cache mask uses the scaled size. Cached hybrids and degenerate windows are
+refused (not modelled yet)."""
 
 VLLM_0_25_1 = replace(
     VLLM_0_16_0,
@@ -237,13 +256,15 @@ VLLM_0_25_1 = replace(
     new_block_ids_list=True,
     hybrid_rules_v025=True,
     external_cap_any_skip=True,
+    cp_swa_mask_unscaled=True,
 )
 """vLLM 0.25.1 (the dataclass defaults): freed unhashed blocks go to the
 front; offset multimodal keys and digested embeddings; annotated events;
 per-group EAGLE flags; Mamba's speculative slack when freeing skipped blocks
 and its this-step guard with ``new_step_starts``; the
 admission controls, ``pop_blocks_for_free`` and ``take_new_block_ids``;
-the hybrid caching and lookup rules kvspec was written against."""
+the hybrid caching and lookup rules kvspec was written against; under context
+parallelism the window cache mask counts in the unscaled block size."""
 
 VLLM_0_26_0 = replace(
     VLLM_0_25_1,
@@ -255,13 +276,15 @@ VLLM_0_26_0 = replace(
     partial_tail_entries=True,
     partial_hash_hits=True,
     lookup_returns_boundary=True,
+    cp_block_scaling="dcp",
 )
 """0.26.0: fresh-block ids are recorded only for models with a Mamba group;
 Mamba keeps no speculative slack when freeing skipped blocks and gets no EAGLE
 look-ahead; coarse full-attention groups get partial-tail entries; Mamba
 align groups coarser than the hash block get fine-grained hits with
 copy-on-write; the lookup returns the shared-prefix boundary as the
-scheduler's prefix hint."""
+scheduler's prefix hint; PCP no longer scales block sizes, nor DCP a Mamba
+group's."""
 
 VLLM_0_27_0 = replace(
     VLLM_0_26_0, name="vllm-0.27.0", release="0.27.0", stats_at_lookup=False, free_unhashed_needs_caching=True
@@ -284,17 +307,29 @@ VLLM_0_28_0 = replace(
 attention kind records its fresh blocks."""
 
 VLLM_0_29_0 = replace(
-    VLLM_0_28_0, name="vllm-0.29.0", release="0.29.0", single_spec_group_hybrid=True, circular_buffer_kind=True
+    VLLM_0_28_0,
+    name="vllm-0.29.0",
+    release="0.29.0",
+    single_spec_group_hybrid=True,
+    circular_buffer_kind=True,
+    cp_block_scaling="dcp-full-attention",
 )
 """0.29.0: every full-attention group is trimmed to the hit (kvspec always
 did; the ``second-full-group`` divergence ends); cached models whose groups
-share one kind are allowed; the ring kind ``CircularBuffer``."""
+share one kind are allowed; the ring kind ``CircularBuffer``; DCP scales
+only full-attention-type groups."""
 
 VLLM_0_30_0 = replace(
-    VLLM_0_29_0, name="vllm-0.30.0", release="0.30.0", sink_blocks_reserved=False, kpool_tail_kind=True
+    VLLM_0_29_0,
+    name="vllm-0.30.0",
+    release="0.30.0",
+    sink_blocks_reserved=False,
+    kpool_tail_kind=True,
+    cp_swa_mask_unscaled=False,
 )
 """0.30.0: SinkFull groups reserve no sink blocks (plain full attention); the
-ring kind ``KpoolTail``."""
+ring kind ``KpoolTail``; the window cache mask counts in the DCP-scaled
+block size."""
 
 VLLM_0_31_0 = replace(
     VLLM_0_30_0,
@@ -304,10 +339,12 @@ VLLM_0_31_0 = replace(
     mm_resume_from_first_feature=True,
     adopt_hit_without_new_tokens=True,
     mamba_align_estimate_capped=True,
+    cp_block_scaling="dcp-sharded",
 )
 """0.31.0: tagged extra hash keys (the LoRA key includes the adapter path);
 resumed hashing sees every multimodal feature; an allocation may adopt hit
-tokens without new ones; Mamba align's estimate is capped by the real need."""
+tokens without new ones; Mamba align's estimate is capped by the real need;
+DCP scales every ``dcp_sharded`` group (every attention kind, not Mamba)."""
 
 VLLM_0_32_0 = replace(
     VLLM_0_31_0,
@@ -381,7 +418,9 @@ def features_used(config: KVCacheConfig) -> frozenset[str]:
       copy-on-write);
     * ``"mamba-tail-entries"`` (0.32.0 on): a cached Mamba align group;
     * ``"ring-kinds"`` (0.29.0 on): a ring group (``CircularBuffer``,
-      ``KpoolTail``), cached or not.
+      ``KpoolTail``), cached or not;
+    * ``"context-parallelism"`` (every release): ``dcp_world_size`` or
+      ``pcp_world_size`` above 1 (scaled manager block sizes, lookup refusals).
 
     An implementation that models only some of them refuses the others
     (kvref's impl adapter compares this set with what kvimpl models).
@@ -390,6 +429,8 @@ def features_used(config: KVCacheConfig) -> frozenset[str]:
 
     p = config.profile
     ring = {"ring-kinds"} if any(isinstance(k, RING_KINDS) for k in config.groups) else set()
+    if config.dcp_world_size * config.pcp_world_size > 1:
+        ring.add("context-parallelism")
     if not config.enable_caching:
         return frozenset(ring)
     hbs = config.resolved_hash_block_size()
@@ -407,7 +448,7 @@ def features_used(config: KVCacheConfig) -> frozenset[str]:
     return frozenset(used)
 
 
-MODELLED_FEATURES = frozenset({"partial-tail-entries", "mamba-tail-entries", "ring-kinds"})
+MODELLED_FEATURES = frozenset({"partial-tail-entries", "mamba-tail-entries", "ring-kinds", "context-parallelism"})
 """The features of :func:`features_used` that kvspec models."""
 
 FEATURE_SWITCHES: dict[str, frozenset[str]] = {
@@ -415,6 +456,7 @@ FEATURE_SWITCHES: dict[str, frozenset[str]] = {
     "partial-hash-hits": frozenset({"partial_hash_hits"}),
     "mamba-tail-entries": frozenset({"mamba_tail_entries", "mamba_tail_skip_keyed"}),
     "ring-kinds": frozenset({"circular_buffer_kind", "kpool_tail_kind"}),
+    "context-parallelism": frozenset({"cp_block_scaling", "cp_swa_mask_unscaled"}),
 }
 """The profile switches each feature of :func:`features_used` reads. They
 change nothing for a configuration that does not use the feature, so an
@@ -428,9 +470,10 @@ def unsupported_reason(config: KVCacheConfig) -> str | None:
     (:func:`features_used`); a cached configuration that would use it is
     refused: fine-grained hits with copy-on-write (0.26.0 on), a hybrid with
     a Mamba align group whose block size is above the hash block size. Some
-    rules of vLLM 0.16.0 are not modelled either (:func:`unmodelled_v016_rules`).
+    rules of vLLM 0.16.0 are not modelled either (:func:`unmodelled_v016_rules`),
+    nor context parallelism beyond one plain group (:func:`unmodelled_cp_rules`).
     """
-    old_rules = unmodelled_v016_rules(config)
+    old_rules = unmodelled_v016_rules(config) or unmodelled_cp_rules(config)
     if old_rules is not None:
         return f"{config.profile.name}: {old_rules}"
     missing = sorted(features_used(config) - MODELLED_FEATURES)
@@ -459,9 +502,36 @@ def unmodelled_v016_rules(config: KVCacheConfig) -> str | None:
     if not p.hybrid_rules_v025 and config.enable_caching and len(config.groups) > 1:
         return "its rules for hybrids with prefix caching are not modelled"
     if not p.external_cap_any_skip:
-        for kind in config.groups:
+        for kind in config.manager_groups():  # block sizes as the managers run them
             if (isinstance(kind, SlidingWindow) and kind.window == 1) or (
                 isinstance(kind, ChunkedLocal) and kind.chunk < kind.block_size
             ):
                 return "its external-token cap for a window of 1 or a chunk below the block size is not modelled"
+    return None
+
+
+def unmodelled_cp_rules(config: KVCacheConfig) -> str | None:
+    """Which context-parallel configuration kvspec does not model, or None.
+
+    kvspec models ``dcp_world_size`` / ``pcp_world_size`` above 1 for one
+    group of full attention, MLA, sliding window, chunked local, Mamba or
+    cross attention. It refuses several groups (each release has its own
+    hybrid rules: refused at construction up to 0.25.1, per-kind checks and
+    per-group scaled sizes later), SinkFull (its sink reservation under a
+    scaled block), the ring kinds, and a cached Mamba group from 0.26.0 to
+    0.28.0.
+    """
+    from kvspec.config import RING_KINDS, Mamba, SinkFullAttention  # noqa: PLC0415 - config imports this module
+
+    if config.dcp_world_size * config.pcp_world_size == 1:
+        return None
+    if len(config.groups) > 1:
+        return "context parallelism with several KV-cache groups is not modelled"
+    kind = config.groups[0]
+    if isinstance(kind, (SinkFullAttention, *RING_KINDS)):
+        return f"context parallelism with {type(kind).__name__} is not modelled"
+    if isinstance(kind, Mamba) and config.enable_caching and config.profile.cp_block_scaling == "dcp":
+        # The unitary coordinator scales its block size while MambaManager
+        # undoes the scaling: the two disagree and vLLM fails assertions.
+        return "context parallelism with a cached Mamba group is not modelled"
     return None

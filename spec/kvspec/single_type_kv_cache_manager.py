@@ -79,6 +79,10 @@ class SingleTypeKVCacheManager:
         self.scheduler_block_size = scheduler_block_size
         self.admission_cap = admission_cap
         self.use_eagle = False
+        self.mask_kind = kind
+        """The kind the sliding-window cache mask counts in: the engine's
+        unscaled kind under context parallelism up to vLLM 0.29.0 (profile
+        switch ``cp_swa_mask_unscaled``; set by the coordinator)."""
         self.req_to_blocks: dict[str, list[BlockId]] = {}
         self.num_cached_block: dict[str, int] = {}
         self.new_block_ids: list[BlockId] = []
@@ -147,7 +151,7 @@ class SingleTypeKVCacheManager:
         num_cached = self.num_cached_block.get(rid, 0)
         num_full = num_tokens // self.block_size
         if num_cached < num_full:
-            mask = reachable_block_mask(self.kind, num_cached, num_full, self.scheduler_block_size, self.use_eagle)
+            mask = reachable_block_mask(self.mask_kind, num_cached, num_full, self.scheduler_block_size, self.use_eagle)
             table = self.req_to_blocks.setdefault(rid, [])
             self.pool.cache_full_blocks(request, table, num_cached, num_full, self.block_size, self.group_id, mask)
             self.num_cached_block[rid] = num_full

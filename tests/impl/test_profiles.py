@@ -350,6 +350,7 @@ FEATURE_CASES: dict[str, tuple[SemanticsProfile, dict[str, Any]]] = {
     "partial-tail-entries": (VLLM_0_26_0, {"groups": (FullAttention(8), SlidingWindow(4, 8))}),
     "mamba-tail-entries": (VLLM_0_32_0, {"groups": (FullAttention(4), Mamba(4, "align", 0))}),
     "ring-kinds": (VLLM_0_29_0, {"groups": (FullAttention(4), CircularBuffer(2))}),
+    "context-parallelism": (VLLM_0_33_0, {"groups": (FullAttention(4),), "dcp_world_size": 2}),
 }
 """A configuration per state-adding feature kvspec models and kvimpl does not yet."""
 

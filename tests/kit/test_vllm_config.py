@@ -134,8 +134,8 @@ def test_mamba_defaults_to_vllms_mode() -> None:
     [
         (standin(TQFullAttentionSpec(16)), {}, "TQFullAttentionSpec has no kvspec kind"),
         (standin(SlidingWindowSpec(16, 64, extra_retained_tokens=4)), {}, "extra_retained_tokens=4 is not modelled"),
-        (standin(FullAttentionSpec(16)), {"dcp_world_size": 2}, "dcp_world_size=2"),
-        (standin(FullAttentionSpec(16)), {"pcp_world_size": 2}, "pcp_world_size=2"),
+        (standin(FullAttentionSpec(16)), {"dcp_world_size": 2}, "context-parallel manager block size 32"),
+        (standin(FullAttentionSpec(16), SlidingWindowSpec(16, 32)), {"dcp_world_size": 2}, "several KV-cache groups"),
         (standin(FullAttentionSpec(16)), {"enable_mamba_shared_prefix_checkpoint": True}, "shared_prefix"),
         (standin(FullAttentionSpec(16)), {"max_num_seqs": 8}, "takes no keyword 'max_num_seqs'"),
         (standin(FullAttentionSpec(16), FullAttentionSpec(16, head_size=16)), {}, "differ"),
@@ -150,6 +150,18 @@ def test_mamba_defaults_to_vllms_mode() -> None:
 def test_what_kvspec_cannot_express_is_refused_by_name(kvc: Any, kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         config_from_vllm(kvc, release="0.33.0", **{**MANAGER, **kwargs})
+
+
+def test_context_parallel_sizes_pass_through() -> None:
+    """The engine gives the manager block sizes scaled by DCP (and, up to
+    0.25.1, PCP); kvspec derives the same and keeps the world sizes."""
+    kvc = standin(FullAttentionSpec(16))
+    new = config_from_vllm(kvc, release="0.33.0", **{**MANAGER, "hash_block_size": 32, "dcp_world_size": 2,
+                                                     "pcp_world_size": 2, "scheduler_block_size": 32})  # fmt: skip
+    assert (new.dcp_world_size, new.pcp_world_size, new.scheduler_block_size) == (2, 2, 32)
+    old = config_from_vllm(kvc, release="0.25.1", **{**MANAGER, "hash_block_size": 64, "dcp_world_size": 2,
+                                                     "pcp_world_size": 2, "scheduler_block_size": 64})  # fmt: skip
+    assert old.scheduler_block_size == 64
 
 
 def test_config_fields_and_missing_keywords_are_refused() -> None:

@@ -28,6 +28,8 @@ def supports(config: KVCacheConfig) -> str | None:
     """None when the engine runs ``config``, else why not (a skip, counted)."""
     if any(type(kind) is not FullAttention for kind in config.groups):
         return "only full attention so far"
+    if config.dcp_world_size * config.pcp_world_size > 1:
+        return "no context parallelism so far (dcp_world_size / pcp_world_size scale block sizes)"
     return None
 
 

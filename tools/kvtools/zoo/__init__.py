@@ -12,7 +12,8 @@ by the part of the manager they break: :mod:`~kvtools.zoo.facade` (the
 facade's arguments, results and statistics), :mod:`~kvtools.zoo.pool`,
 :mod:`~kvtools.zoo.managers` (single-type managers and Mamba),
 :mod:`~kvtools.zoo.coordinator` (the hybrid hit search) and
-:mod:`~kvtools.zoo.hashing` (request hashing, planted on the caller side).
+:mod:`~kvtools.zoo.hashing` (request hashing, planted on the caller side) and
+:mod:`~kvtools.zoo.context_parallel` (hashing under context parallelism).
 :mod:`kvtools.zoo.vllm` plants faults into the installed vLLM instead.
 
 ``python -m kvtools zoo`` (or ``ci/mutation.sh``) hunts every entry with the
@@ -27,6 +28,7 @@ number could not be matched to the described fault it says "unconfirmed".
 from __future__ import annotations
 
 from kvtools.zoo.base import ENTRIES, Factory, ZooEntry
+from kvtools.zoo.context_parallel import dcp_unscaled_request_hashes
 from kvtools.zoo.coordinator import (
     eagle_drop_every_pass,
     eagle_window_drops_last,
@@ -77,6 +79,7 @@ ORDER: tuple[Factory, ...] = (
     preempted_counted_in_hit_rate,
     second_full_group_untrimmed,
     eagle_window_drops_last,
+    dcp_unscaled_request_hashes,
 )
 """The order of the report's rows: the order in which the entries joined the zoo."""
 

@@ -37,6 +37,7 @@ from kvref.adapters import DeclaredSemantics
 from kvspec.config import FULL_TYPE_KINDS, KVCacheConfig, prefix_cacheable
 from kvspec.errors import (
     CacheBeyondAllocationError,
+    ContextParallelLookupError,
     DoubleFreeError,
     ExceedsMaxModelLenError,
     GroupCountError,
@@ -254,10 +255,20 @@ class VllmAdapter:
     # ------------------------------------------------------------ facade
 
     def get_computed_blocks(self, request: Request) -> tuple[BlockIds, int]:
-        """Longest prefix-cache hit (no state change)."""
+        """Longest prefix-cache hit (no state change).
+
+        Raises:
+            ContextParallelLookupError: Where vLLM's lookup asserts that the
+                kind does not support DCP or PCP (it asserts before any change).
+        """
         self.apply_globals()
         vreq = self._sync(request)
-        blocks, num_tokens = self.api.get_computed_blocks(self.manager, vreq)
+        try:
+            blocks, num_tokens = self.api.get_computed_blocks(self.manager, vreq)
+        except AssertionError as exc:
+            if not str(exc).startswith(("DCP not support", "PCP not support")):
+                raise
+            raise ContextParallelLookupError(f"get_computed_blocks: {exc}") from exc
         ids = group_ids(self.api, blocks)
         self._last_hits[request.request_id] = (ids, blocks)
         return ids, num_tokens

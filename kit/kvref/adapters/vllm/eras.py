@@ -173,6 +173,8 @@ class VllmApi:
             "log_stats": "log_stats",
             "enable_kv_cache_events": "enable_kv_cache_events",
             "watermark": "watermark",
+            "dcp_world_size": "dcp_world_size",
+            "pcp_world_size": "pcp_world_size",
         }
     )
     """kvref config value -> ``KVCacheManager(kv_cache_config, **kw)`` keyword
@@ -382,6 +384,8 @@ class VllmApi:
             "log_stats": config.log_stats,
             "enable_kv_cache_events": config.enable_kv_cache_events,
             "watermark": config.watermark,
+            "dcp_world_size": config.dcp_world_size,
+            "pcp_world_size": config.pcp_world_size,
         }
         kwargs: dict[str, Any] = {}
         for name, value in values.items():
