@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 NewBlockIds = Literal["full-mla", "full-mla-with-mamba", "attention-with-mamba"]
 CommonPrefix = Literal["tables", "zero"]
+TailEagle = Literal["none", "group", "model"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +73,10 @@ class SemanticsProfile:
     mamba_skip_spec_slack: bool = True
     """Mamba's ``remove_skipped_blocks`` first subtracts the speculative block
     count from the computed tokens: :meth:`MambaManager.remove_skipped_blocks`."""
+    mamba_early_return_allocated: bool = False
+    """An align-mode allocation that needs no block still marks the request as
+    allocated (which decides, for a partial hit, between copying into the
+    table and moving the tail entry): :meth:`MambaManager._allocate_aligned`."""
     mamba_align_estimate_capped: bool = False
     """Mamba align's admission estimate is ``min(need, 1 + spec)`` instead of
     ``1 + spec`` for a request that needs any block:
@@ -121,7 +126,20 @@ class SemanticsProfile:
     :func:`kvspec.partial_tail.fa_tail_boundary`."""
     partial_hash_hits: bool = False
     """A Mamba align group coarser than the hash block enables hits inside a
-    block, served by copy-on-write."""
+    block, served by copy-on-write:
+    :func:`kvspec.partial_hits.partial_hash_hits_enabled`."""
+    partial_hits_gated: bool = False
+    """Fine-grained hits stay off when another group that cannot do them is
+    coarser than the hash block (before, vLLM fails an assertion):
+    :func:`kvspec.partial_hits.partial_hash_hits_enabled`."""
+    cache_mask_hit_alignment: bool = False
+    """The sliding-window caching mask uses the hit alignment (the hash block
+    under fine-grained hits) instead of the scheduler block:
+    :meth:`kvspec.kv_cache_coordinator.KVCacheCoordinator.cache_mask_alignment`."""
+    mamba_tail_eagle: TailEagle = "none"
+    """Which EAGLE flag lowers the Mamba tail boundary by one hash unit: none,
+    the group's own, or the model's ``use_eagle``:
+    :func:`kvspec.mamba_tail.tail_eagle_shift`."""
     mamba_tail_entries: bool = False
     """Mamba align groups key their state block at the prompt's tail boundary
     (which also re-caches a state block evicted while held):
@@ -167,17 +185,27 @@ VLLM_0_28_0 = replace(
     release="0.28.0",
     free_unhashed_needs_caching=False,
     new_block_ids="attention-with-mamba",
+    partial_hits_gated=True,
+    mamba_early_return_allocated=True,
 )
 """0.28.0: the free order of 0.26.0 is back; with a Mamba group every
-attention kind records its fresh blocks."""
+attention kind records its fresh blocks; fine-grained hits are switched off
+when a group cannot do them; an align-mode allocation that needs no block
+marks the request as allocated."""
 
-VLLM_0_29_0 = replace(VLLM_0_28_0, name="vllm-0.29.0", release="0.29.0", single_spec_group_hybrid=True)
+VLLM_0_29_0 = replace(
+    VLLM_0_28_0, name="vllm-0.29.0", release="0.29.0", single_spec_group_hybrid=True, cache_mask_hit_alignment=True
+)
 """0.29.0: every full-attention group is trimmed to the hit (kvspec always
 did; the ``second-full-group`` divergence ends); cached models whose groups
-share one kind are allowed."""
+share one kind are allowed; the sliding-window caching mask follows the hit
+alignment."""
 
-VLLM_0_30_0 = replace(VLLM_0_29_0, name="vllm-0.30.0", release="0.30.0", sink_blocks_reserved=False)
-"""0.30.0: SinkFull groups reserve no sink blocks (plain full attention)."""
+VLLM_0_30_0 = replace(
+    VLLM_0_29_0, name="vllm-0.30.0", release="0.30.0", sink_blocks_reserved=False, mamba_tail_eagle="group"
+)
+"""0.30.0: SinkFull groups reserve no sink blocks (plain full attention); an
+EAGLE Mamba group's tail boundary is one hash unit lower."""
 
 VLLM_0_31_0 = replace(
     VLLM_0_30_0,
@@ -187,10 +215,12 @@ VLLM_0_31_0 = replace(
     mm_resume_from_first_feature=True,
     adopt_hit_without_new_tokens=True,
     mamba_align_estimate_capped=True,
+    mamba_tail_eagle="model",
 )
 """0.31.0: tagged extra hash keys (the LoRA key includes the adapter path);
 resumed hashing sees every multimodal feature; an allocation may adopt hit
-tokens without new ones; Mamba align's estimate is capped by the real need."""
+tokens without new ones; Mamba align's estimate is capped by the real need;
+the Mamba tail's EAGLE shift follows the model's ``use_eagle``."""
 
 VLLM_0_32_0 = replace(
     VLLM_0_31_0,
@@ -285,24 +315,32 @@ def features_used(config: KVCacheConfig) -> frozenset[str]:
     return frozenset(used)
 
 
-MODELLED_FEATURES = frozenset({"partial-tail-entries", "mamba-tail-entries"})
+MODELLED_FEATURES = frozenset({"partial-tail-entries", "mamba-tail-entries", "partial-hash-hits"})
 """The features of :func:`features_used` that kvspec models."""
 
 
 def unsupported_reason(config: KVCacheConfig) -> str | None:
     """Why kvspec cannot model ``config`` under its profile, or None.
 
-    One feature of newer releases adds state kvspec does not model yet
-    (:func:`features_used`); a cached configuration that would use it is
-    refused: fine-grained hits with copy-on-write (0.26.0 on), a hybrid with
-    a Mamba align group whose block size is above the hash block size.
+    Every state-adding feature of :func:`features_used` is modelled. What is
+    refused is a configuration on which the release itself fails: in vLLM
+    0.26.x and 0.27.x, fine-grained hits together with a group that cannot do
+    them (a sliding-window or chunked-local group coarser than the hash
+    block) fail an assertion at the first lookup.
     """
+    from kvspec.partial_hits import blocks_fine_hits  # noqa: PLC0415 - partial_hits imports config
+
     missing = sorted(features_used(config) - MODELLED_FEATURES)
-    if not missing:
-        return None
-    why = {
-        "partial-hash-hits": "a Mamba align group coarser than the hash block needs fine-grained hits with "
-        "copy-on-write, which are not modelled",
-        "mamba-tail-entries": "Mamba align tail cache entries are not modelled",
-    }
-    return f"{config.profile.name}: " + "; ".join(why[f] for f in missing)
+    if missing:
+        return f"{config.profile.name}: {', '.join(missing)} not modelled"
+    p = config.profile
+    if "partial-hash-hits" in features_used(config) and not p.partial_hits_gated:
+        hbs = config.resolved_hash_block_size()
+        for gid, kind in enumerate(config.groups):
+            if blocks_fine_hits(kind, hbs):
+                return (
+                    f"{p.name}: group {gid} ({type(kind).__name__}, block size {kind.block_size}) is coarser than "
+                    f"the hash block ({hbs}) in a model with fine-grained hits; vLLM {p.release} fails an "
+                    "assertion at the first lookup"
+                )
+    return None

@@ -10,6 +10,7 @@ from kvspec.errors import UnsupportedByProfileError
 from kvspec.profiles import (
     VLLM_0_25_1,
     VLLM_0_26_0,
+    VLLM_0_28_0,
     VLLM_0_31_0,
     VLLM_0_32_0,
     VLLM_0_33_0,
@@ -47,7 +48,12 @@ def test_features_used(
     assert features_used(config(groups, profile, caching)) == used
 
 
-def test_unmodelled_features_are_refused() -> None:
-    """Fine-grained hits (a coarse Mamba align group) are still refused."""
-    with pytest.raises(UnsupportedByProfileError, match="fine-grained hits"):
-        config((FullAttention(4), Mamba(8, "align")), VLLM_0_26_0)
+def test_configurations_vllm_fails_on_are_refused() -> None:
+    """Fine-grained hits with a coarse sliding-window group: vLLM 0.26.x and
+    0.27.x fail an assertion at the first lookup, so kvspec refuses them;
+    0.28.0 switches fine-grained hits off instead."""
+    groups = (FullAttention(4), SlidingWindow(8, 4), Mamba(8, "align"))
+    with pytest.raises(UnsupportedByProfileError, match="assertion"):
+        config(groups, VLLM_0_26_0)
+    assert features_used(config(groups, VLLM_0_28_0)) == {"partial-hash-hits"}
+    config((FullAttention(4), Mamba(8, "align")), VLLM_0_26_0)
