@@ -55,6 +55,9 @@ install_kvref() {  # install_kvref VENV EXTRA
     fi
 }
 install_kvref "$VENV" "[dev]"
+# kvimpl's native core: the editable install compiled it in place; rebuild it
+# when a C source changed since (a failed build prints a notice, not an error).
+timed "kvimpl native core" "$VENV/bin/python" hatch_build.py
 
 if [[ "$WITH_NEWEST" == 1 ]]; then
     NEWEST_VENV="$KVREF_ROOT/.venv-vllm-newest"

@@ -37,11 +37,21 @@ else
 fi
 
 # kvimpl against kvspec: identical outputs and views at every step, under
-# every profile kvimpl follows.
+# every profile kvimpl follows (--target impl: the native core where it
+# implements the configuration), and the pure-Python build (KVREF_NATIVE=0)
+# under the baseline profile. The newest profile's run also measures branch
+# coverage of both (the gaps print; docs/reports/coverage.md; not a gate yet).
+echo "==> kvimpl build: $(python -c 'from kvimpl.native import build_description as d; print(d())')"
 for profile in $(python -c "from kvref.adapters.impl import IMPL_PROFILES; print(' '.join(sorted(IMPL_PROFILES)))"); do
-    timed "lockstep (impl vs spec, $profile)" kvref check --target impl --against spec --profile ci --seed 0 \
-        --semantics "$profile"
+    coverage=()
+    if [[ "$profile" == "$NEWEST" ]] && python -c "import coverage" 2>/dev/null; then
+        coverage=(--coverage)
+    fi
+    timed "lockstep (impl vs spec, $profile${coverage:+, branch coverage})" kvref check --target impl --against spec \
+        --profile ci --seed 0 --semantics "$profile" "${coverage[@]}"
 done
+KVREF_NATIVE=0 timed "lockstep (impl pure Python vs spec, $BASELINE)" kvref check --target impl --against spec \
+    --profile ci --seed 0 --semantics "$BASELINE"
 
 # Replay of the stored traces (traces/README.md): the golden and directed
 # corpora must pass everywhere; a known-divergence trace must pass on the spec
@@ -52,13 +62,15 @@ replay() {  # replay KVREF GLOB TARGET
     # shellcheck disable=SC2086  # GLOB is expanded here, not in the log line
     "$1" replay $2 --target "$3" | grep -v -e ': ok (' -e ': known divergence .* confirmed'
 }
-BASE_CORPUS='traces/golden/*.jsonl traces/directed/*.jsonl traces/divergences/*.jsonl'
+BASE_CORPUS="traces/$BASELINE/*/*.jsonl"
 NEW_CORPUS="traces/$NEWEST/*/*.jsonl"
 timed "replay $BASELINE corpus (spec)" replay kvref "$BASE_CORPUS" spec
 timed "replay $BASELINE corpus (impl)" replay kvref "$BASE_CORPUS" impl
+KVREF_NATIVE=0 timed "replay $BASELINE corpus (impl pure Python)" replay kvref "$BASE_CORPUS" impl
 timed "replay $NEWEST corpus (spec)" replay kvref "$NEW_CORPUS" spec
 if python -c "from kvref.adapters.impl import IMPL_PROFILES as p; raise SystemExit(0 if '$NEWEST' in p else 1)"; then
     timed "replay $NEWEST corpus (impl)" replay kvref "$NEW_CORPUS" impl
+    KVREF_NATIVE=0 timed "replay $NEWEST corpus (impl pure Python)" replay kvref "$NEW_CORPUS" impl
 fi
 if vllm_in python; then
     timed "replay $BASELINE corpus (vllm)" replay kvref "$BASE_CORPUS" vllm

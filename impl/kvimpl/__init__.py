@@ -1,6 +1,10 @@
-"""kvimpl: an optimized implementation of vLLM 0.25.1's paged KV-cache manager.
+"""kvimpl: an optimized implementation of vLLM's paged KV-cache manager.
 
-Observably identical to the executable specification :mod:`kvspec` (same
+It follows every semantics profile of :mod:`kvspec.profiles` (one per
+supported vLLM release), the one its configuration carries
+(``KVCacheConfig.profile``): each behaviour switch is read once, when the
+manager is built, in the kvimpl module that mirrors the spec module reading
+it. Observably identical to the executable specification :mod:`kvspec` (same
 block ids in the same order, same events, same errors raised before any
 state change, same :class:`kvspec.view.KVView`), as checked in lockstep by
 the conformance kit (``kvref check --target impl --against spec``). Module
@@ -13,7 +17,8 @@ It imports from ``kvspec`` only value types (the configuration classes,
 errors, events, view, stats, request types, ``BlockId`` and
 ``InvariantViolation``) and the hashing functions backed by the stored hash
 vectors, never its logic: kvimpl keeps its own copies of the rules it needs
-(:mod:`kvimpl.config_rules`), because a shared helper is a shared bug.
+(:mod:`kvimpl.config_rules`, :mod:`kvimpl.checks`), because a shared helper is
+a shared bug.
 
 Layers (bottom up): :mod:`kvimpl.block_pool`,
 :mod:`kvimpl.single_type_kv_cache_manager`, :mod:`kvimpl.kv_cache_coordinator`,
@@ -21,11 +26,31 @@ Layers (bottom up): :mod:`kvimpl.block_pool`,
 What the manager offers beyond the spec's facade lives in its base class
 :class:`kvimpl.step_api.StepAPI`: a batched step (``allocate_slots_batch``,
 ``free_batch``), the running-step fast path and, when built with a
-``device``, per-group device block tables (:mod:`kvimpl.block_table`, the only
+``device``, per-group device block tables (:mod:`kvimpl.device_tables`, the only
 module that imports torch, lazily).
 """
 
 from kvimpl.kv_cache_manager import KVCacheManager as KVCacheManager
 
-SEMANTICS_VERSION = "vllm-0.25.1"
-"""The vLLM release whose observable behaviour this package implements."""
+PROFILE_SWITCHES = frozenset(
+    {
+        # Read where kvimpl mirrors the spec module that reads them.
+        "free_unhashed_first", "free_unhashed_needs_caching",  # block_pool.requeue_unhashed_first
+        "sink_blocks_reserved", "new_block_ids", "mamba_skip_spec_slack",  # single_type_kv_cache_manager
+        "mamba_align_estimate_capped", "pop_drops_leading_nulls",
+        "mamba_eagle_counts_verified", "eagle_margin_hashed_cap",  # kv_cache_coordinator.hybrid_hit_search
+        "eagle_flags_need_use_eagle",  # config_rules.eagle_group_ids
+        "stats_at_lookup", "adopt_hit_without_new_tokens", "common_prefix",  # kv_cache_manager
+        # Applied before kvimpl sees a value: the request hasher (kvspec.request) hashes with them.
+        "extra_keys_tagged", "mm_resume_from_first_feature",
+        # Applied by KVCacheConfig's own validation (a configuration kvimpl is given already obeys them).
+        "single_spec_group_hybrid", "mamba_caching_needs_align",
+        # Features kvimpl does not model: a configuration that needs one is refused
+        # (kvimpl.config_rules.unmodelled_features), so kvimpl never runs with them on.
+        "partial_tail_entries", "partial_hash_hits", "mamba_tail_entries",
+        "fa_tail_below_last_token", "mamba_tail_skip_keyed",  # read only by those features
+    }
+)  # fmt: skip
+"""The fields of :class:`kvspec.profiles.SemanticsProfile` whose values kvimpl
+follows. A profile that sets any other field away from its default needs
+behaviour kvimpl does not have yet (the impl adapter refuses it)."""

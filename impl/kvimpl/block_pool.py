@@ -12,8 +12,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
+from kvimpl.checks import is_int
 from kvimpl.invariants import require
 from kvspec.block_pool import BlockId as BlockId  # noqa: PLC0414 - re-exported: callers of this module name ids with it
+from kvspec.config import KVCacheConfig
 from kvspec.errors import DoubleFreeError, InvalidBlockIdError, InvalidTokenCountError, PoolExhaustedError
 from kvspec.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from kvspec.hashing import BlockHash, BlockHashWithGroupId, block_extra_keys, external_block_hash, make_key, split_key
@@ -137,6 +139,8 @@ class BlockPool:
 
     ``ref_cnt`` and ``block_hash`` are flat lists indexed by block id; the
     cache map is ``dict[key, list[id]]`` (oldest first) as in the spec.
+    ``unhashed_first`` is the profile's free order, read once by
+    :func:`requeue_unhashed_first` when the coordinator builds the pool.
 
     inv: block 0 is never free, never hashed, never a cache-map value
     inv: a block is free <=> it is not null, not a sink block and ref_cnt == 0
@@ -150,9 +154,15 @@ class BlockPool:
         hash_block_size: int,
         enable_kv_cache_events: bool = False,
         int_block_hashes: bool = True,
+        unhashed_first: bool = True,
     ) -> None:
-        """An empty pool: every block but the null block is free, in id order."""
+        """An empty pool: every block but the null block is free, in id order.
+
+        ``unhashed_first``: freed unhashed blocks go to the front of the free
+        queue (else every freed block goes to the tail; see
+        :func:`requeue_unhashed_first`)."""
         self.num_gpu_blocks = num_gpu_blocks
+        self.unhashed_first = unhashed_first
         self.enable_caching = enable_caching
         self.hash_block_size = hash_block_size
         self.enable_kv_cache_events = enable_kv_cache_events
@@ -218,7 +228,8 @@ class BlockPool:
 
     def free_blocks(self, ordered_blocks: Iterable[BlockId]) -> None:
         """Drop one reference per element; blocks reaching 0 become free:
-        unhashed ones at the front (in the given order), hashed ones at the tail.
+        unhashed ones at the front (in the given order), hashed ones at the
+        tail; without ``unhashed_first`` all of them at the tail, in order.
 
         Raises:
             InvalidBlockIdError: For an id outside the pool.
@@ -234,13 +245,13 @@ class BlockPool:
         ref = self.ref_cnt
         if len(set(blocks)) != len(blocks) or any(ref[b] < 1 for b in blocks):
             _check_double_free(ref, blocks)
-        fq, bh = self.free_queue, self.block_hash
+        fq, bh, front = self.free_queue, self.block_hash, self.unhashed_first
         unhashed: list[BlockId] = []
         for b in blocks:
             n = ref[b] - 1
             ref[b] = n
             if n == 0:
-                if bh[b] is None:
+                if front and bh[b] is None:
                     unhashed.append(b)
                 else:
                     fq.append(b)
@@ -291,8 +302,8 @@ class BlockPool:
         n_blocks = self.num_gpu_blocks
         ids: set[int] = set()
         for b in block_ids:
-            if not 0 <= b < n_blocks:
-                raise InvalidBlockIdError(f"evict_blocks: block id {b} is outside 0..{n_blocks - 1}")
+            if not is_int(b) or not 0 <= b < n_blocks:
+                raise InvalidBlockIdError(f"evict_blocks: block id {b!r} is outside 0..{n_blocks - 1}")
             ids.add(b)
         bh = self.block_hash
         for b in sorted(ids):
@@ -353,6 +364,14 @@ class BlockPool:
         if self.enable_kv_cache_events:
             digest, gid = split_key(key)
             self.events.append(BlockRemoved((external_block_hash(digest, self.int_block_hashes),), MEDIUM_GPU, gid))
+
+
+def requeue_unhashed_first(config: KVCacheConfig) -> bool:
+    """Whether freed unhashed blocks go to the front of the free queue: from
+    vLLM 0.25.1 on, except in 0.27.x with prefix caching off (profile
+    switches ``free_unhashed_first``, ``free_unhashed_needs_caching``)."""
+    p = config.profile
+    return p.free_unhashed_first and (config.enable_caching or not p.free_unhashed_needs_caching)
 
 
 def _check_double_free(ref: list[int], blocks: list[BlockId]) -> None:

@@ -8,8 +8,7 @@ types and stay imported from :mod:`kvspec.config`.
 
 Upstream: ``vllm/v1/kv_cache_interface.py`` (the ``*Spec`` classes),
 ``vllm/v1/core/kv_cache_utils.py`` (block-size resolution) and
-``vllm/v1/core/single_type_kv_cache_manager.py`` (which kinds report new
-block ids).
+``vllm/v1/core/kv_cache_coordinator.py`` (the EAGLE groups).
 """
 
 from __future__ import annotations
@@ -52,15 +51,6 @@ def event_sliding_window(kind: AttentionKind) -> int | None:
     return kind.window if isinstance(kind, SlidingWindow) else None
 
 
-def tracks_new_block_ids(kind: AttentionKind) -> bool:
-    """Whether fresh blocks of this kind are reported by ``take_new_block_ids``.
-
-    NOTE: vLLM checks the exact spec type, so SinkFull, SWA, Mamba,
-    ChunkedLocal and Cross groups are not reported.
-    """
-    return type(kind) is FullAttention or type(kind) is MLA
-
-
 def admission_cap(kind: AttentionKind, max_num_batched_tokens: int, max_model_len: int) -> int | None:
     """Per-request block cap of the full-sequence admission gate, or None.
 
@@ -98,8 +88,45 @@ def batched_tokens(config: KVCacheConfig) -> int:
     return config.max_num_batched_tokens
 
 
+def has_mamba(config: KVCacheConfig) -> bool:
+    """Whether any group is a Mamba group (vLLM's ``has_mamba_layers``)."""
+    return any(isinstance(g, Mamba) for g in config.groups)
+
+
 def eagle_group_ids(config: KVCacheConfig) -> frozenset[int]:
-    """Groups that drop the EAGLE block (all groups when none is flagged)."""
+    """Groups that drop the EAGLE block: the flagged ones, else all groups
+    under ``use_eagle``; from vLLM 0.33.0 flags need ``use_eagle`` too
+    (profile switch ``eagle_flags_need_use_eagle``)."""
+    if config.profile.eagle_flags_need_use_eagle and not config.use_eagle:
+        return frozenset()
     if config.eagle_groups:
         return frozenset(config.eagle_groups)
     return frozenset(range(len(config.groups))) if config.use_eagle else frozenset()
+
+
+def unmodelled_features(config: KVCacheConfig) -> list[str]:
+    """The state-adding features of vLLM 0.26.0 on that ``config`` needs and
+    kvimpl does not model yet (kvspec does: ``kvspec.partial_tail``,
+    ``kvspec.mamba_tail``), in a fixed order.
+
+    * ``partial-tail-entries``: a cached hybrid with a full-attention-type
+      group coarser than the hash block (profile switch ``partial_tail_entries``);
+    * ``partial-hash-hits``: a cached hybrid with a Mamba align group coarser
+      than the hash block (``partial_hash_hits``);
+    * ``mamba-tail-entries``: a cached Mamba align group (``mamba_tail_entries``).
+    """
+    p = config.profile
+    if not config.enable_caching:
+        return []
+    hbs = hash_block_size(config)
+    used: list[str] = []
+    for kind in config.groups:
+        align = isinstance(kind, Mamba) and kind.mode == "align"
+        coarse = len(config.groups) > 1 and kind.block_size > hbs
+        if p.partial_tail_entries and coarse and isinstance(kind, FULL_TYPE_KINDS):
+            used.append("partial-tail-entries")
+        if p.partial_hash_hits and coarse and align:
+            used.append("partial-hash-hits")
+        if p.mamba_tail_entries and align:
+            used.append("mamba-tail-entries")
+    return sorted(set(used))

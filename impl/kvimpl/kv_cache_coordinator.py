@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvimpl.block_pool import BlockPool
+from kvimpl.block_pool import BlockPool, requeue_unhashed_first
 from kvimpl.config_rules import (
     FULL_TYPE_KINDS,
     admission_cap,
@@ -50,12 +50,13 @@ class KVCacheCoordinator:
             self.hash_block_size,
             config.enable_kv_cache_events,
             config.int_block_hashes,
+            requeue_unhashed_first(config),
         )
         self.eagle_group_ids = eagle_group_ids(config)
         mnbt, mml = batched_tokens(config), config.max_model_len
         self.managers = tuple(
             make_manager(kind, self.pool, enable_caching, gid, self.scheduler_block_size,
-                         admission_cap(kind, mnbt, mml))
+                         admission_cap(kind, mnbt, mml), config)
             for gid, kind in enumerate(config.groups)
         )  # fmt: skip
         self.is_cross = tuple(isinstance(kind, CrossAttention) for kind in config.groups)
@@ -214,6 +215,11 @@ class HybridCoordinator(KVCacheCoordinator):
         for sg in self.spec_groups:
             for gid in sg.group_ids:
                 self.managers[gid].use_eagle = sg.use_eagle
+        p = config.profile
+        self.mamba_eagle_counts_verified = p.mamba_eagle_counts_verified
+        """Profile switch read by :func:`hybrid_hit_search`."""
+        self.eagle_margin_hashed_cap = p.eagle_margin_hashed_cap
+        """Profile switch read by :func:`eagle_search_limit` (through :func:`hybrid_hit_search`)."""
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
@@ -225,9 +231,11 @@ class HybridCoordinator(KVCacheCoordinator):
         further and drops it, once per candidate length.
 
         NOTE: two deliberate departures from vLLM 0.25.1 (docs/divergences.md):
-        Mamba groups never take the EAGLE look-ahead ("eagle-mamba-hit"), and
-        every full-attention spec group, not only the first, is trimmed to the
-        final length ("second-full-group").
+        Mamba groups never take the EAGLE look-ahead ("eagle-mamba-hit"; from
+        vLLM 0.26.0 on vLLM agrees, and an EAGLE Mamba group counts its drop
+        as made), and every full-attention spec group, not only the first, is
+        trimmed to the final length ("second-full-group"; vLLM agrees from
+        0.29.0 on).
         """
         hit, hits = hybrid_hit_search(self, block_hashes, max_cache_hit_length)
         for sg in self.spec_groups:
@@ -257,6 +265,8 @@ def hybrid_hit_search(
     looked_up: set[int] = set()
     verified: set[int] = set()
     simple = len(coord.spec_groups) == 2 and isinstance(coord.spec_groups[0].kind, FULL_TYPE_KINDS)
+    mamba_counts, hashed_cap = coord.mamba_eagle_counts_verified, coord.eagle_margin_hashed_cap
+    hashed = len(block_hashes) * coord.hash_block_size
     hit = max_len
     while True:
         cur = hit
@@ -265,8 +275,9 @@ def hybrid_hit_search(
             if isinstance(sg.kind, FULL_TYPE_KINDS) and idx in looked_up:
                 cur = cur // bs * bs
                 continue
-            drop = sg.use_eagle and idx not in verified and not isinstance(sg.kind, Mamba)
-            limit = min(cur + bs, max_len) if drop else cur
+            mamba = isinstance(sg.kind, Mamba)
+            drop = sg.use_eagle and idx not in verified and (mamba_counts or not mamba)
+            limit = eagle_search_limit(cur, bs, max_len, hashed, hashed_cap) if drop and not mamba else cur
             found = find_longest_cache_hit(
                 sg.kind, coord._hashes_for(sg.kind, block_hashes), limit, sg.group_ids,
                 coord.pool, drop, coord.scheduler_block_size,
@@ -285,6 +296,20 @@ def hybrid_hit_search(
         hit = cur
         if simple:
             return hit, hits
+
+
+def eagle_search_limit(cur: int, block_size: int, max_len: int, hashed: int, hashed_cap: bool) -> int:
+    """How far an EAGLE group searches when its drop is not yet verified at
+    candidate length ``cur``: one block further, at most ``max_len``
+    (``num_tokens - 1``), or, from vLLM 0.32.0 on, at most the request's
+    hashed tokens (profile switch ``eagle_margin_hashed_cap``).
+
+    pre: cur >= 0 and block_size >= 1
+    post: __return__ >= 0
+    """
+    limit = cur + block_size
+    cap = hashed if hashed_cap else max_len
+    return limit if limit < cap else cap
 
 
 def make_coordinator(config: KVCacheConfig) -> KVCacheCoordinator:

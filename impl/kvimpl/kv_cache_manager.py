@@ -28,7 +28,8 @@ from dataclasses import replace
 from typing import cast
 
 from kvimpl.block_pool import NULL_BLOCK
-from kvimpl.config_rules import FULL_TYPE_KINDS, event_sliding_window, kind_name
+from kvimpl.checks import REQUEST_TYPES, check_request, check_request_id, is_int
+from kvimpl.config_rules import FULL_TYPE_KINDS, event_sliding_window, kind_name, unmodelled_features
 from kvimpl.invariants import require
 from kvimpl.kv_cache_coordinator import GroupBlocks, make_coordinator
 from kvimpl.step_api import WATERMARKED, StepAPI, inv_device_rows_match
@@ -44,6 +45,8 @@ from kvspec.errors import (
     StaleHitError,
     UnexpectedPrefixHitError,
     UnknownRequestError,
+    UnsupportedByProfileError,
+    UnsupportedOperationError,
 )
 from kvspec.events import BlockRemoved, BlockStored, KVCacheEvent
 from kvspec.hashing import BlockHash, coarse_block_hashes, external_block_hash, make_key, split_key
@@ -66,8 +69,15 @@ class KVCacheManager(StepAPI):
         Args:
             config: The cache configuration.
             device: None (the default) keeps no tensors at all; "cpu" or "cuda"
-                also maintains a :class:`kvimpl.block_table.BlockTable` (needs torch).
+                also maintains a :class:`kvimpl.device_tables.BlockTable` (needs torch).
+
+        Raises:
+            UnsupportedByProfileError: If ``config`` needs a feature kvimpl does
+                not model yet (:func:`kvimpl.config_rules.unmodelled_features`).
         """
+        missing = unmodelled_features(config)
+        if missing:
+            raise UnsupportedByProfileError(f"{config.profile.name}: kvimpl does not model {', '.join(missing)} yet")
         self.config = config
         self.enable_caching = config.enable_caching
         self.coordinator = make_coordinator(config)
@@ -79,6 +89,13 @@ class KVCacheManager(StepAPI):
         self.event_keys: Counter[tuple[object, int | None]] = Counter()
         """Cache keys implied by the events taken so far (:func:`inv_events_replay_to_cache`)."""
         self.prefix_cache_stats = PrefixCacheStats() if config.log_stats else None
+        p = config.profile
+        self.stats_at_lookup = p.stats_at_lookup
+        """Profile switch: lookups record the statistics (else ``record_prefix_cache_stats`` does)."""
+        self.adopt_hit_without_new_tokens = p.adopt_hit_without_new_tokens
+        """Profile switch read by :func:`allocation_without_tokens`."""
+        self.common_prefix_zero = p.common_prefix == "zero"
+        """Profile switch ``common_prefix``: ``get_num_common_prefix_blocks`` answers zeros."""
         StepAPI.__init__(self, device)
 
     @property
@@ -91,12 +108,35 @@ class KVCacheManager(StepAPI):
         last token is always recomputed for its logits). Changes nothing: the
         hit blocks are only pinned by ``allocate_slots``.
         """
+        check_request(request)
         if not self.enable_caching or request.skip_reading_prefix_cache:
             return self._ids(tuple([] for _ in self.config.groups)), 0
         blocks, n = self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
-        if self.prefix_cache_stats is not None:
+        if self.prefix_cache_stats is not None and self.stats_at_lookup:
             self.prefix_cache_stats.record(request.num_tokens, n, request.num_preemptions > 0)
         return self._ids(blocks), n
+
+    def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
+        """Record one admitted request's lookup in the statistics (vLLM 0.27.0
+        on, where the scheduler calls it after a successful admission; before,
+        ``get_computed_blocks`` records and this method does not exist).
+        Nothing is recorded without ``log_stats``, with caching off or when the
+        request skips reading the prefix cache.
+
+        Raises:
+            UnsupportedOperationError: Before vLLM 0.27.0.
+            InvalidTokenCountError: A negative ``num_hits``.
+        """
+        if self.stats_at_lookup:
+            raise UnsupportedOperationError(
+                f"record_prefix_cache_stats: not in {self.config.profile.name} (lookups record the statistics)"
+            )
+        check_request(request)
+        if not is_int(num_hits) or num_hits < 0:
+            raise InvalidTokenCountError(f"record_prefix_cache_stats: num_hits {num_hits!r} is not an int >= 0")
+        if self.prefix_cache_stats is None or not self.enable_caching or request.skip_reading_prefix_cache:
+            return
+        self.prefix_cache_stats.record(request.num_tokens, num_hits, request.num_preemptions > 0)
 
     def allocate_slots(
         self,
@@ -132,24 +172,28 @@ class KVCacheManager(StepAPI):
             UnexpectedPrefixHitError, InvalidBlockIdError, StaleHitError: in
             this order of checking; nothing has changed when they are raised.
         """
-        c = request.num_computed_tokens
-        end = c + num_new_tokens
         if (
-            new_computed_blocks is None
-            and not (
-                num_new_computed_tokens or num_external_computed_tokens or num_encoder_tokens or reserved_blocks
-                or full_sequence_must_fit
-            )
+            type(request) in REQUEST_TYPES
+            and new_computed_blocks is None
+            and num_new_computed_tokens is num_external_computed_tokens is num_encoder_tokens is _ZERO
+            and reserved_blocks is _ZERO
+            and not full_sequence_must_fit
+            and type(num_new_tokens) is int
+            and type(num_lookahead_tokens) is int
+            and type(c := request.num_computed_tokens) is int
             and num_new_tokens > 0
             and num_lookahead_tokens >= 0
             and c >= 0
-            and end <= self._max_len
+            and (end := c + num_new_tokens) <= self._max_len
         ):  # fmt: skip
-            # A running step whose counts pass every check below: kvimpl's fast path. A quiet step
-            # (the limits of StepAPI._set_quiet hold) only records the request's latest value; any
-            # other takes StepAPI._running_step. The test is inline: a call costs 40% of a quiet step.
+            # A running step whose arguments pass every check below: kvimpl's fast path. Exact
+            # types only (``type(x) is int`` refuses bools; the four unused counts must be the int 0
+            # itself, which CPython keeps as one object); anything else takes the ordinary path and
+            # its checks. A quiet step (the limits of StepAPI._set_quiet hold) only records the
+            # request's latest value; any other takes StepAPI._running_step. The test is inline: a
+            # call costs 40% of a quiet step.
             rid = request.request_id
-            q = self._quiet.get(rid)
+            q = self._quiet.get(rid)  # only str ids that passed an allocation's checks have limits
             if (
                 q is not None
                 and c < q[2]
@@ -159,9 +203,10 @@ class KVCacheManager(StepAPI):
             ):
                 self.requests[rid] = request
                 return self._no_hits
-            return self._running_step(
-                request, num_new_tokens, num_lookahead_tokens, has_scheduled_reqs, not delay_cache_blocks
-            )
+            if type(rid) is str:
+                return self._running_step(
+                    request, num_new_tokens, num_lookahead_tokens, has_scheduled_reqs, not delay_cache_blocks
+                )
         hits = self._validate_allocation(
             request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, num_lookahead_tokens,
             num_external_computed_tokens, num_encoder_tokens, reserved_blocks,
@@ -199,6 +244,7 @@ class KVCacheManager(StepAPI):
     def free(self, request_id: str) -> None:
         """Free the request's blocks, each group's table last entry first, in
         group order. Lenient: an unknown request is a no-op (as in vLLM)."""
+        check_request_id("free", request_id)
         self.requests.pop(request_id, None)
         self.coordinator.free(request_id)
         self._forget_request(request_id)
@@ -207,6 +253,7 @@ class KVCacheManager(StepAPI):
         """Forget the request but keep its references: the blocks (groups
         concatenated) are *pending* until the caller passes them to
         :meth:`free_blocks`, normally reversed. Unknown request → ()."""
+        check_request_id("pop_blocks_for_free", request_id)
         self.requests.pop(request_id, None)
         blocks = tuple(self.coordinator.pop_blocks_for_free(request_id))
         self.pending.update(b for b in blocks if b != NULL_BLOCK)
@@ -222,8 +269,8 @@ class KVCacheManager(StepAPI):
             DoubleFreeError: A block that is not pending (as often as given).
         """
         for b in ordered_block_ids:
-            if not 0 <= b < self.config.num_blocks:
-                raise InvalidBlockIdError(f"free_blocks: block id {b} is outside 0..{self.config.num_blocks - 1}")
+            if not is_int(b) or not 0 <= b < self.config.num_blocks:
+                raise InvalidBlockIdError(f"free_blocks: block id {b!r} is outside 0..{self.config.num_blocks - 1}")
         wanted = Counter(BlockId(b) for b in ordered_block_ids if b != NULL_BLOCK)
         for b, n in wanted.items():
             if self.pending[b] < n:
@@ -239,7 +286,8 @@ class KVCacheManager(StepAPI):
     ) -> None:
         """Free the blocks attention no longer reads (``num_prompt_tokens`` is
         only used by R-SWA, which is out of scope). Unknown request → no-op."""
-        if total_computed_tokens < 0:
+        check_request_id("remove_skipped_blocks", request_id)
+        if not is_int(total_computed_tokens) or total_computed_tokens < 0:
             raise InvalidTokenCountError(f"remove_skipped_blocks: total_computed_tokens {total_computed_tokens} < 0")
         self._forget_quiet(request_id)
         self.coordinator.remove_skipped_blocks(request_id, total_computed_tokens)
@@ -261,13 +309,17 @@ class KVCacheManager(StepAPI):
 
     def get_num_common_prefix_blocks(self, request_id: str) -> tuple[int, ...]:
         """Per group, the leading blocks of the request's table that every
-        request with a table in that group holds (0 for non-full kinds).
+        request with a table in that group holds (0 for non-full kinds); from
+        vLLM 0.32.0 on always zeros (profile switch ``common_prefix``).
 
         Raises:
             UnknownRequestError: If the request holds no block.
         """
+        check_request_id("get_num_common_prefix_blocks", request_id)
         if not any(m.req_to_blocks.get(request_id) for m in self.coordinator.managers):
             raise UnknownRequestError(f"get_num_common_prefix_blocks: request {request_id!r} holds no blocks")
+        if self.common_prefix_zero:
+            return (0,) * len(self.config.groups)
         return tuple(self.coordinator.get_num_common_prefix_blocks(request_id))
 
     def take_events(self) -> list[KVCacheEvent]:
@@ -284,6 +336,7 @@ class KVCacheManager(StepAPI):
 
     def get_blocks(self, request_id: str) -> BlockIds:
         """The request's tables per group (empty for an unknown request)."""
+        check_request_id("get_blocks", request_id)
         return self._ids(self.coordinator.get_blocks(request_id))
 
     def get_block_ids(self, request_id: str) -> BlockIds:
@@ -300,8 +353,9 @@ class KVCacheManager(StepAPI):
         """
         if not self.enable_caching:
             return
-        if num_computed_tokens < 0:
-            raise InvalidTokenCountError(f"cache_blocks: num_computed_tokens {num_computed_tokens} < 0")
+        check_request(request)
+        if not is_int(num_computed_tokens) or num_computed_tokens < 0:
+            raise InvalidTokenCountError(f"cache_blocks: num_computed_tokens {num_computed_tokens!r}, not an int >= 0")
         if num_computed_tokens > request.num_tokens:
             raise CacheBeyondAllocationError(
                 f"cache_blocks: {num_computed_tokens} tokens > the request's {request.num_tokens}"
@@ -319,7 +373,7 @@ class KVCacheManager(StepAPI):
         self.requests[rid] = request
 
     def take_new_block_ids(self) -> list[BlockId]:
-        """Drain fresh full-attention/MLA block ids, in group order."""
+        """Drain the fresh block ids of the groups that record them, in group order."""
         return [b for m in self.coordinator.managers for b in m.take_new_block_ids()]
 
     def new_step_starts(self) -> None:
@@ -374,9 +428,11 @@ class KVCacheManager(StepAPI):
         reserved: int,
     ) -> tuple[tuple[BlockId, ...], ...]:
         """Check ``allocate_slots`` arguments; return the hits (empty if None)."""
-        if min(n_new, n_hit, n_lookahead, n_external, n_encoder, reserved, request.num_computed_tokens) < 0:
-            _raise_negative(request, n_new, n_hit, n_lookahead, n_external, n_encoder, reserved)
-        if n_new == 0 and n_external == 0:
+        check_request(request)
+        counts = (n_new, n_hit, n_lookahead, n_external, n_encoder, reserved, request.num_computed_tokens)
+        if not all(is_int(v) and v >= 0 for v in counts):
+            _raise_bad_count(*counts)
+        if not allocation_without_tokens(self.adopt_hit_without_new_tokens, n_new, n_hit, n_external):
             raise InvalidTokenCountError(
                 "num_new_tokens must be greater than 0 when there are no external computed tokens"
             )
@@ -433,6 +489,10 @@ class KVCacheManager(StepAPI):
     @staticmethod
     def _ids(blocks: GroupBlocks) -> BlockIds:
         return tuple(tuple(g) for g in blocks)
+
+
+_ZERO = 0
+"""The int 0, compared by identity on the fast path (see ``allocate_slots``)."""
 
 
 def inv_ref_cnt_counts_holders(mgr: KVCacheManager) -> bool:
@@ -504,15 +564,26 @@ def inv_events_replay_to_cache(mgr: KVCacheManager) -> bool:
     return {k: v for k, v in keys.items() if v} == expected
 
 
-def _raise_negative(
-    request: Request, n_new: int, n_hit: int, n_lookahead: int, n_external: int, n_encoder: int, reserved: int
-) -> None:
-    """Raise InvalidTokenCountError for the first negative count, in the spec's order."""
+def allocation_without_tokens(adopt_hit: bool, n_new: int, n_hit: int, n_external: int) -> bool:
+    """Whether an allocation's token counts are acceptable: some new or
+    external tokens, or, from vLLM 0.31.0 on, hit tokens to adopt (profile
+    switch ``adopt_hit_without_new_tokens``, passed as ``adopt_hit``)."""
+    if n_new > 0 or n_external > 0:
+        return True
+    return adopt_hit and n_hit > 0
+
+
+def _raise_bad_count(
+    n_new: object, n_hit: object, n_lookahead: object, n_external: object, n_encoder: object, reserved: object,
+    computed: object,
+) -> None:  # fmt: skip
+    """Raise InvalidTokenCountError for the first count that is not a
+    non-negative int, in the spec's order."""
     counts = {
         "num_new_tokens": n_new, "num_new_computed_tokens": n_hit, "num_lookahead_tokens": n_lookahead,
         "num_external_computed_tokens": n_external, "num_encoder_tokens": n_encoder,
-        "reserved_blocks": reserved, "request.num_computed_tokens": request.num_computed_tokens,
+        "reserved_blocks": reserved, "request.num_computed_tokens": computed,
     }  # fmt: skip
     for name, value in counts.items():
-        if value < 0:
-            raise InvalidTokenCountError(f"allocate_slots: {name} is {value} < 0")
+        if not is_int(value) or value < 0:
+            raise InvalidTokenCountError(f"allocate_slots: {name} is {value!r}, not a non-negative int")

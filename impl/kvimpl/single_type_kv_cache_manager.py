@@ -20,10 +20,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvimpl.block_pool import NULL_BLOCK, BlockPool
-from kvimpl.config_rules import FULL_TYPE_KINDS, tracks_new_block_ids
+from kvimpl.config_rules import FULL_TYPE_KINDS, has_mamba
 from kvimpl.invariants import require
 from kvspec.block_pool import BlockId
-from kvspec.config import AttentionKind, ChunkedLocal, CrossAttention, Mamba, SinkFullAttention, SlidingWindow
+from kvspec.config import (
+    MLA,
+    AttentionKind,
+    ChunkedLocal,
+    CrossAttention,
+    FullAttention,
+    KVCacheConfig,
+    Mamba,
+    SinkFullAttention,
+    SlidingWindow,
+)
 from kvspec.hashing import BlockHash, BlockHashWithGroupId
 from kvspec.request import Request
 
@@ -53,10 +63,18 @@ class SingleTypeKVCacheManager:
         enable_caching: bool,
         group_id: int,
         scheduler_block_size: int,
-        admission_cap: int | None = None,
+        admission_cap: int | None,
+        config: KVCacheConfig,
     ) -> None:
-        """A manager with no requests; SinkFull takes its sink blocks here."""
+        """A manager with no requests; SinkFull takes its sink blocks here.
+
+        ``config`` is the whole configuration, read here once for the
+        switches of its semantics profile (the spec passes the profile and
+        whether the model has a Mamba group)."""
         self.kind = kind
+        self.records_new_ids = records_new_block_ids(kind, config)
+        self.pop_trims_nulls = config.profile.pop_drops_leading_nulls
+        """Whether :meth:`pop_blocks_for_free` leaves out leading nulls (see :func:`trim_null_head`)."""
         self.block_size = kind.block_size
         self.pool = pool
         self.enable_caching = enable_caching
@@ -71,7 +89,7 @@ class SingleTypeKVCacheManager:
         self.holders = [0] * pool.num_gpu_blocks if self.track_holders else []
         """Per block, its occurrences in this group's tables (full-type kinds only)."""
         if isinstance(kind, SinkFullAttention):
-            self.sink_blocks = pool.take_sink_blocks(kind.sink_len // kind.block_size)
+            self.sink_blocks = pool.take_sink_blocks(num_sink_blocks(kind, config))
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Leading tokens attention no longer reads (see :func:`num_skipped_tokens`)."""
@@ -155,18 +173,15 @@ class SingleTypeKVCacheManager:
         self._remove_blocks_in_range(request_id, 0, min(skipped // self.block_size, len(table)))
 
     def pop_blocks_for_free(self, request_id: str) -> list[BlockId]:
-        """Forget the request; return its table without releasing references."""
-        self.num_cached_block.pop(request_id, None)
-        table = self.req_to_blocks.pop(request_id, [])
-        if self.track_holders:
-            h = self.holders
-            for b in table:
-                h[b] -= 1
-        return table
+        """Forget the request; return its table without releasing references
+        (from vLLM 0.33.0 without its leading nulls: profile switch
+        ``pop_drops_leading_nulls``)."""
+        table = self._forget(request_id)
+        return trim_null_head(table) if self.pop_trims_nulls else table
 
     def free(self, request_id: str) -> None:
         """Release the request's blocks, last table entry first."""
-        self.pool.free_blocks(reversed(self.pop_blocks_for_free(request_id)))
+        self.pool.free_blocks(reversed(self._forget(request_id)))
 
     def get_num_common_prefix_blocks(self, request_id: str) -> int:
         """Leading blocks of the request's table held by every table of this
@@ -176,7 +191,7 @@ class SingleTypeKVCacheManager:
         return common_prefix_length(self.req_to_blocks.get(request_id, []), self.req_to_blocks, self.holders)
 
     def take_new_block_ids(self) -> list[BlockId]:
-        """Drain the ids of fresh blocks (full attention and MLA only)."""
+        """Drain the ids of fresh blocks (see :func:`records_new_block_ids`)."""
         ids, self.new_block_ids = self.new_block_ids, []
         return ids
 
@@ -189,6 +204,16 @@ class SingleTypeKVCacheManager:
         require(inv_null_shape(self), f"group {self.group_id}: table has an impossible null pattern")
         require(inv_holders_count(self), f"group {self.group_id}: holder counts disagree with the tables")
 
+    def _forget(self, request_id: str) -> list[BlockId]:
+        """Drop the request's bookkeeping; return its whole table."""
+        self.num_cached_block.pop(request_id, None)
+        table = self.req_to_blocks.pop(request_id, [])
+        if self.track_holders:
+            h = self.holders
+            for b in table:
+                h[b] -= 1
+        return table
+
     def _extend(self, table: list[BlockId], n: int) -> list[BlockId]:
         if n <= 0:
             return []
@@ -198,7 +223,7 @@ class SingleTypeKVCacheManager:
             h = self.holders
             for b in new:
                 h[b] += 1
-        if tracks_new_block_ids(self.kind):
+        if self.records_new_ids:
             self.new_block_ids += new
         return new
 
@@ -243,10 +268,17 @@ class MambaManager(SingleTypeKVCacheManager):
     which move forward (old slot nulled) instead of being reallocated.
     """
 
-    def __init__(self, kind: Mamba, pool: BlockPool, enable_caching: bool, group_id: int, sched: int) -> None:
+    def __init__(
+        self, kind: Mamba, pool: BlockPool, enable_caching: bool, group_id: int, sched: int, config: KVCacheConfig
+    ) -> None:
         """A Mamba manager with no requests."""
-        super().__init__(kind, pool, enable_caching, group_id, sched)
+        super().__init__(kind, pool, enable_caching, group_id, sched, None, config)
         self.mamba = kind
+        p = config.profile
+        self.skip_slack = kind.num_speculative_blocks if p.mamba_skip_spec_slack else 0
+        """Tokens :meth:`remove_skipped_blocks` subtracts first (profile switch ``mamba_skip_spec_slack``)."""
+        self.estimate_capped = p.mamba_align_estimate_capped
+        """Profile switch ``mamba_align_estimate_capped`` (see :func:`mamba_align_new_blocks`)."""
         self.cached_blocks_this_step: set[BlockHashWithGroupId] = set()
         self.last_state_block_idx: dict[str, int] = {}
         self.allocated_block_reqs: set[str] = set()
@@ -279,9 +311,8 @@ class MambaManager(SingleTypeKVCacheManager):
                 total_computed_tokens, num_tokens_main_model, apply_admission_cap,
             )  # fmt: skip
         required = cdiv(num_tokens_main_model, self.block_size) + spec
-        new = required - len(new_computed_blocks) - len(self.req_to_blocks.get(request_id, ()))
-        if new > 0:
-            new = 1 if request_id in self.allocated_block_reqs else 1 + spec
+        raw = required - len(new_computed_blocks) - len(self.req_to_blocks.get(request_id, ()))
+        new = mamba_align_new_blocks(raw, request_id in self.allocated_block_reqs, spec, self.estimate_capped)
         estimate = new + self._num_evictable(new_computed_blocks)
         if num_external <= 0:
             return estimate
@@ -306,9 +337,10 @@ class MambaManager(SingleTypeKVCacheManager):
 
     def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
         """As the base, after subtracting the speculative block *count* from the
-        token count (vLLM's guard against unverified drafts); in align mode also
-        free the state block of two steps ago."""
-        total = max(0, total_computed_tokens - self.mamba.num_speculative_blocks)
+        token count (vLLM's guard against unverified drafts, until 0.26.0:
+        profile switch ``mamba_skip_spec_slack``); in align mode also free the
+        state block of two steps ago."""
+        total = max(0, total_computed_tokens - self.skip_slack)
         super().remove_skipped_blocks(request_id, total)
         idx = self.last_state_block_idx.get(request_id)
         if self.mamba.mode == "align" and idx is not None and idx < cdiv(total, self.block_size) - 1:
@@ -317,11 +349,11 @@ class MambaManager(SingleTypeKVCacheManager):
                 self.pool.free_blocks([table[idx]])
                 table[idx] = NULL_BLOCK
 
-    def pop_blocks_for_free(self, request_id: str) -> list[BlockId]:
+    def _forget(self, request_id: str) -> list[BlockId]:
         """As the base, forgetting the align-mode bookkeeping too."""
         self.allocated_block_reqs.discard(request_id)
         self.last_state_block_idx.pop(request_id, None)
-        return super().pop_blocks_for_free(request_id)
+        return super()._forget(request_id)
 
     def new_step_starts(self) -> None:
         """States cached in earlier steps become usable."""
@@ -362,6 +394,61 @@ class MambaManager(SingleTypeKVCacheManager):
         table += self.pool.get_new_blocks(required - len(table))
         self.allocated_block_reqs.add(request_id)
         return table[prev:]
+
+
+def records_new_block_ids(kind: AttentionKind, config: KVCacheConfig) -> bool:
+    """Whether a group of ``kind`` reports its fresh blocks to ``take_new_block_ids``.
+
+    vLLM 0.25.1: full attention and MLA (the exact types, so not SinkFull).
+    0.26.0: the same, but only in models with a Mamba group. 0.28.0: every
+    attention kind but Mamba, in models with a Mamba group (profile switch
+    ``new_block_ids``).
+    """
+    mode = config.profile.new_block_ids
+    if mode == "full-mla":
+        return type(kind) is FullAttention or type(kind) is MLA
+    if mode == "full-mla-with-mamba":
+        return has_mamba(config) and (type(kind) is FullAttention or type(kind) is MLA)
+    return has_mamba(config) and not isinstance(kind, Mamba)
+
+
+def num_sink_blocks(kind: SinkFullAttention, config: KVCacheConfig) -> int:
+    """Blocks a SinkFull group takes for good at construction: ``sink_len /
+    block_size`` until vLLM 0.30.0, none since (profile switch
+    ``sink_blocks_reserved``).
+
+    pre: kind.block_size >= 1
+    post: __return__ >= 0
+    """
+    return kind.sink_len // kind.block_size if config.profile.sink_blocks_reserved else 0
+
+
+def trim_null_head(table: list[BlockId]) -> list[BlockId]:
+    """``table`` without its leading null blocks (the list itself if it has none).
+
+    post: NULL_BLOCK not in __return__[:1]
+    """
+    if not table or table[0] != NULL_BLOCK:
+        return table
+    first = 1
+    while first < len(table) and table[first] == NULL_BLOCK:
+        first += 1
+    return table[first:]
+
+
+def mamba_align_new_blocks(raw: int, allocated: bool, spec: int, capped: bool) -> int:
+    """Mamba align's estimate of fresh blocks for a request whose table lacks
+    ``raw`` entries: a running state block, plus the speculative blocks for a
+    request not allocated yet; from vLLM 0.31.0 on never more than ``raw``
+    (profile switch ``mamba_align_estimate_capped``).
+
+    pre: spec >= 0
+    post: raw > 0 or __return__ == raw
+    """
+    if raw <= 0:
+        return raw
+    cap = 1 if allocated else 1 + spec
+    return cap if not capped or cap < raw else raw
 
 
 def blocks_to_allocate(
@@ -595,14 +682,20 @@ def common_prefix_length(table: Sequence[BlockId], tables: dict[str, list[BlockI
 
 
 def make_manager(
-    kind: AttentionKind, pool: BlockPool, enable_caching: bool, group_id: int, sched: int, cap: int | None
+    kind: AttentionKind,
+    pool: BlockPool,
+    enable_caching: bool,
+    group_id: int,
+    sched: int,
+    cap: int | None,
+    config: KVCacheConfig,
 ) -> SingleTypeKVCacheManager:
     """The manager class for ``kind`` (upstream: ``get_manager_for_kv_cache_spec``)."""
     if isinstance(kind, Mamba):
-        return MambaManager(kind, pool, enable_caching, group_id, sched)
+        return MambaManager(kind, pool, enable_caching, group_id, sched, config)
     if isinstance(kind, CrossAttention):
-        return CrossAttentionManager(kind, pool, enable_caching, group_id, sched)
-    return SingleTypeKVCacheManager(kind, pool, enable_caching, group_id, sched, cap)
+        return CrossAttentionManager(kind, pool, enable_caching, group_id, sched, None, config)
+    return SingleTypeKVCacheManager(kind, pool, enable_caching, group_id, sched, cap, config)
 
 
 def inv_uncached_tail(m: SingleTypeKVCacheManager) -> bool:

@@ -12,7 +12,7 @@ method like the spec's:
   running steps that are not quiet (:meth:`StepAPI._running_step`);
 * the device block tables (:meth:`StepAPI.block_table`,
   :meth:`StepAPI.slot_mapping`, kept in step with the tables), whose tensors
-  live in :mod:`kvimpl.block_table`.
+  live in :mod:`kvimpl.device_tables`.
 
 NOTE: where the time goes. With 16-token blocks, 7 in 8 one-token decode
 steps change nothing (no block to take, none filling up, none leaving a
@@ -20,12 +20,23 @@ window); kvimpl answers those from three integers per request
 (:meth:`StepAPI._set_quiet`) without reaching the coordinator, and runs the
 other running steps of a config without Mamba or cross attention on its
 managers directly, without the coordinator's per-group fan-out. Measured
-(timeit, best of 5, 256 running requests re-issuing a no-op decode step,
-CPython 3.11 on a shared 2-core machine): 0.26-0.28 µs per ``allocate_slots``
-call vs 4.8 µs for vLLM 0.25.1's; the block-taking and block-filling steps
-cost 3.7 µs vs vLLM's 5.0 µs with one full-attention group and 8.8 µs vs
-8.9 µs with full + sliding window (median per call). Whole decode steps:
-``kvref bench --steady-decode 256``; whole workloads: ``kvref bench``.
+(timeit, best of 15 passes over 256 running requests re-issuing a no-op
+decode step, min of 8 alternating rounds, CPython 3.11 on a shared, loaded
+2-core machine): 0.37 µs per ``allocate_slots`` call vs 4.8 µs for vLLM
+0.25.1's (9.0 µs with full + sliding window). The block-taking and
+block-filling steps (median per call, the next tokens hashed between calls)
+cost about what vLLM's do: 9.9 and 10.7 µs vs 9.2 and 10.2 µs with one
+full-attention group, 18.5 and 25.6 µs vs 17.2 and 24.3 µs with full +
+sliding window. Whole workloads (``kvref bench --repeats 7``, same run):
+2.1-2.6x vLLM's speed per allocation with full attention, 2.2-3.2x with
+full + sliding window; whole decode steps: ``kvref bench --steady-decode 256``.
+
+NOTE: the type checks every entry owes the spec (exact ``int`` counts, a
+kvspec ``Request``) cost the quiet step about 0.09 µs: 0.36 vs 0.45 µs per
+call in an A/B run of the harness above (best of 8 runs x 600 repeats, CPU
+time, on the same loaded 2-core machine, so both figures sit above the
+quieter measurement). The profile's switches cost nothing per call: the
+managers read them once, when they are built.
 """
 
 from __future__ import annotations
@@ -34,12 +45,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvimpl.block_pool import NULL_BLOCK, BlockPool
-from kvimpl.block_table import BlockTable
+from kvimpl.checks import REQUEST_TYPES, check_request_id, is_int
+from kvimpl.device_tables import BlockTable
 from kvimpl.kv_cache_coordinator import KVCacheCoordinator
 from kvimpl.single_type_kv_cache_manager import SingleTypeKVCacheManager
 from kvspec.block_pool import BlockId
 from kvspec.config import ChunkedLocal, KVCacheConfig, Mamba, SlidingWindow
-from kvspec.errors import InvalidTokenCountError
+from kvspec.errors import GroupCountError, InvalidTokenCountError
 from kvspec.request import Request, RequestStatus
 from kvspec.view import BlockIds
 
@@ -97,7 +109,7 @@ class StepAPI:
 
         Args:
             device: None keeps no tensors; "cpu" or "cuda" also maintains a
-                :class:`kvimpl.block_table.BlockTable` (needs torch).
+                :class:`kvimpl.device_tables.BlockTable` (needs torch).
         """
         config, coord = self.config, self.coordinator
         self._max_len = config.max_model_len
@@ -155,20 +167,24 @@ class StepAPI:
 
         Raises:
             InvalidTokenCountError: Sequences of different lengths, or a bad
-                count (as ``allocate_slots``); ExceedsMaxModelLenError as there.
+                count (as ``allocate_slots``); InvalidRequestError and
+                ExceedsMaxModelLenError as there.
 
         NOTE: after the validation pass the batch is the sequential calls,
         one after another: an allocation can evict a block another request's
         caching would have hit, so their order is observable, and the one
         quiet-step test stays inline in ``allocate_slots`` (a method call
-        costs 40% of a quiet step). The batch therefore buys validation
-        before any change, not speed. An earlier version that classified the
-        quiet steps in a NumPy pass was slower (0.35 µs per request for the
-        test alone) because reading the fields out of 256 Request objects
-        costs more than the comparisons it vectorises.
+        costs 40% of a quiet step: 0.49 vs 0.35 µs). The batch therefore buys
+        validation before any change, not speed: 256 quiet steps cost 0.46
+        µs per request vs 0.35 µs as sequential calls (timeit, best of 15,
+        min of 8 rounds), 0.44 µs for an earlier batch with its own copy of
+        the test. A version that classified the quiet steps in a NumPy pass
+        was slower still (0.35 µs per request for the test alone), because
+        reading the fields out of 256 Request objects costs more than the
+        comparisons it vectorises.
         """
         n = len(requests)
-        ks = [num_lookahead_tokens] * n if isinstance(num_lookahead_tokens, int) else list(num_lookahead_tokens)
+        ks = list(num_lookahead_tokens) if isinstance(num_lookahead_tokens, Sequence) else [num_lookahead_tokens] * n
         if len(num_new_tokens) != n or len(ks) != n:
             raise InvalidTokenCountError(
                 f"allocate_slots_batch: {n} requests but {len(num_new_tokens)} num_new_tokens and "
@@ -176,28 +192,35 @@ class StepAPI:
             )
         if not n:
             return []
-        # Validate everything before changing anything: the counts allocate_slots would reject,
-        # checked in one plain loop (cheaper here than min/max over lists), then exactly on an error.
+        # Validate everything before changing anything: the arguments allocate_slots would reject,
+        # checked in one plain loop with exact types (as its fast path), then exactly on an error.
         max_len = self._max_len
-        bad = num_lookahead_tokens < 0 if isinstance(num_lookahead_tokens, int) else min(ks) < 0
-        if not bad:
-            for r, nt in zip(requests, num_new_tokens, strict=True):
-                c = r.num_computed_tokens
-                if nt <= 0 or c < 0 or c + nt > max_len:
-                    bad = True
-                    break
+        bad = False
+        for r, nt, k in zip(requests, num_new_tokens, ks, strict=True):
+            if type(r) not in REQUEST_TYPES or type(nt) is not int or type(k) is not int:
+                bad = True
+                break
+            c = r.num_computed_tokens
+            if type(c) is not int or nt <= 0 or k < 0 or c < 0 or c + nt > max_len or type(r.request_id) is not str:
+                bad = True
+                break
         if bad:
             for r, nt, k in zip(requests, num_new_tokens, ks, strict=True):
-                c = r.num_computed_tokens
-                if nt <= 0 or k < 0 or c < 0 or c + nt > max_len:
-                    self._validate_allocation(r, nt, 0, None, k, 0, 0, 0)  # raises what allocate_slots would
+                self._validate_allocation(r, nt, 0, None, k, 0, 0, 0)  # raises what allocate_slots would
         alloc = self.allocate_slots
         if num_lookahead_tokens == 0:  # the common case, with two arguments per call
             return [alloc(r, nt) for r, nt in zip(requests, num_new_tokens, strict=True)]
         return [alloc(r, nt, 0, None, k) for r, nt, k in zip(requests, num_new_tokens, ks, strict=True)]
 
     def free_batch(self, request_ids: Sequence[str]) -> None:
-        """Free several requests; the same as ``free`` for each, in order."""
+        """Free several requests; the same as ``free`` for each, in order,
+        except that every id is checked first, so a bad one frees none.
+
+        Raises:
+            InvalidRequestError: An id that is not a str.
+        """
+        for rid in request_ids:
+            check_request_id("free_batch", rid)
         for rid in request_ids:
             self.free(rid)
 
@@ -206,17 +229,29 @@ class StepAPI:
 
         Raises:
             RuntimeError: If the manager was built without a ``device``.
+            GroupCountError: A group that is not one of the configuration's.
         """
-        return self._device_tables("block_table").block_table(group)
+        return self._device_tables("block_table").block_table(self._valid_group("block_table", group))
 
     def slot_mapping(self, request_ids: Sequence[str], positions: Sequence[int], group: int = 0) -> Any:
         """Per (request, position) pair, its KV slot in ``group`` as a device tensor.
 
         Raises:
             RuntimeError: If the manager was built without a ``device``.
-            UnknownRequestError, InvalidTokenCountError: see :meth:`BlockTable.slot_mapping`.
+            GroupCountError: A group that is not one of the configuration's.
+            InvalidRequestError: A request id that is not a str.
+            InvalidTokenCountError: A position that is not an int; see also
+                :meth:`BlockTable.slot_mapping`.
+            UnknownRequestError: see :meth:`BlockTable.slot_mapping`.
         """
-        return self._device_tables("slot_mapping").slot_mapping(request_ids, positions, group)
+        tables = self._device_tables("slot_mapping")
+        group = self._valid_group("slot_mapping", group)
+        for rid in request_ids:
+            check_request_id("slot_mapping", rid)
+        for pos in positions:
+            if not is_int(pos):
+                raise InvalidTokenCountError(f"slot_mapping: position {pos!r} is not an int")
+        return tables.slot_mapping(request_ids, positions, group)
 
     def _running_step(
         self,
@@ -359,6 +394,12 @@ class StepAPI:
             self.device_tables.remove(request_id)
         else:
             self.device_tables.update(request_id, [t if t is not None else [] for t in owned])
+
+    def _valid_group(self, op: str, group: object) -> int:
+        groups = len(self.config.groups)
+        if not is_int(group) or not 0 <= group < groups:
+            raise GroupCountError(f"{op}: group {group!r} is not one of the configuration's groups 0..{groups - 1}")
+        return group
 
     def _device_tables(self, op: str) -> BlockTable:
         if self.device_tables is None:

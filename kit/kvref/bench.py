@@ -1,4 +1,4 @@
-"""``kvref bench``: the same scheduler workload on several KV-cache managers.
+"""``kvref bench``: the scheduler-facing cost of KV-cache managers on one workload.
 
 A seeded workload (requests sharing a few system prompts, prompt and decode
 lengths drawn from ranges) is driven by a small scheduler loop shaped like
@@ -9,25 +9,22 @@ requests (prefix lookup, then ``allocate_slots``) up to the batch size, and
 only then, as vLLM's ``update_from_output`` does, advances the scheduled
 requests, samples their tokens and frees the finished ones.
 
-Each engine runs the identical loop in this one process. Only the time spent
-inside the managers' own calls is counted (``new_step_starts``,
-``get_computed_blocks``, ``allocate_slots``, ``free``); building and hashing
-the requests is the caller's work and is not timed. Every allocation result
-must be the same block ids on every engine, otherwise the run stops with
-:class:`BenchMismatch`.
+Each engine (:mod:`kvref.bench_engines`) runs the identical loop in this one
+process through its own API, and every phase of a step is timed as a whole
+(one clock pair per phase, not per call: for a fast engine a per-call clock
+costs as much as the call): ``step`` (``new_step_starts``), ``running``
+(the running requests' allocations, preemptions included), ``admit`` (lookups
+and admissions), ``advance`` (request advancing: computed tokens, status,
+the sampled token, its block hash when a block fills), ``free`` (finished
+requests) and ``tables`` (device-table sync and reads). The scheduler's own
+decisions (which requests, how many tokens) are taken outside the phases, the
+same for every engine. Every allocation result must be the same block ids on
+every engine, otherwise the run stops with :class:`BenchMismatch`.
 
-Two costs are reported per engine: µs per allocation (time inside the
-allocate calls / allocations) and µs per *request-step* (all timed manager
-time / request-steps, where a request-step is one request advanced by one
-scheduler step, i.e. one successful allocation).
-
-Engines: real vLLM 0.25.1 driven through its own ``Request`` and
-``KVCacheManager`` objects (no adapter in the timed path), kvspec, kvimpl
-when it exists, and ``impl-batched`` when kvimpl has
-``allocate_slots_batch``: the running phase of a step is then one batched
-call over all running requests instead of one call each (see
-:meth:`BatchedImplEngine.allocate_running` for how preemption stays
-identical to the sequential loop).
+Reported per engine: µs per *request-step* (a request-step is one request
+advanced by one scheduler step, i.e. one successful allocation) in each
+phase, the manager phases together and everything together, and the ratio to
+vLLM (above 1: faster).
 """
 
 from __future__ import annotations
@@ -40,7 +37,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from kvref.adapters import AdapterFactory
 from kvref.exits import InputError
@@ -48,9 +45,16 @@ from kvref.scheduler import ReqState, schedule_chunk
 from kvref.shapes import BENCH_MIXES, build_kinds, shape_named
 from kvspec.config import AttentionKind, KVCacheConfig, SlidingWindow
 from kvspec.profiles import VLLM_0_25_1, SemanticsProfile
-from kvspec.request import Request, RequestBlockHasher, RequestId, RequestStatus
 
 Ids = tuple[tuple[int, ...], ...]
+
+MIXES = (*BENCH_MIXES, "full+swa+mamba-all", "mla+swa@2x")
+"""The group mixes ``kvref bench`` takes: the kit's :data:`kvref.shapes.BENCH_MIXES`
+(full, full+swa, full+mamba-all) and two hybrids of three and two kinds."""
+
+
+class BenchMismatch(RuntimeError):
+    """Two engines allocated different blocks for the same workload."""
 
 SWA_WINDOW_CAP = 1024
 """The reference anchor's window (full attention + sliding window 1024)."""
@@ -93,8 +97,8 @@ class Workload:
 
     def groups(self) -> tuple[AttentionKind, ...]:
         """The group mix (one of :data:`kvref.shapes.BENCH_MIXES`)."""
-        if self.mix not in BENCH_MIXES:
-            raise ValueError(f"unknown mix {self.mix!r}; choose one of {', '.join(BENCH_MIXES)}")
+        if self.mix not in MIXES:
+            raise ValueError(f"unknown mix {self.mix!r}; choose one of {', '.join(MIXES)}")
         return build_kinds(shape_named(self.mix), self.block_size, self.swa_window())
 
     def max_model_len(self) -> int:
@@ -109,282 +113,12 @@ class Workload:
 
     def describe(self) -> str:
         """One line for table titles."""
-        window = f" (window {self.swa_window()})" if self.mix == "full+swa" else ""
+        window = f" (window {self.swa_window()})" if "swa" in self.mix else ""
         return (
             f"{self.mix}{window}, {self.num_requests} requests, prompts {self.prompt_len[0]}-{self.prompt_len[1]}, "
             f"decode {self.decode_len[0]}-{self.decode_len[1]}, {self.num_prefixes} prefixes, "
             f"batch {self.max_running}, {self.num_blocks} blocks"
         )
-
-
-class Engine(Protocol):
-    """What the scheduler loop needs from a manager."""
-
-    name: str
-    seconds: float
-    """Time inside every manager call."""
-    alloc_seconds: float
-    """Time inside the allocate calls only."""
-    calls: int
-    """Allocate calls made (a batched call counts once)."""
-    allocs: int
-    """Requests allocated for (a batched call counts once per request)."""
-    run_seconds: float
-    """Time inside the running phase's allocate calls (``allocate_running``)."""
-    run_allocs: int
-    """Allocations made in the running phase."""
-
-    def add(self, rid: str, prompt: list[int]) -> None: ...
-    def lookup(self, rid: str) -> tuple[Ids, int]: ...
-    def allocate(self, rid: str, n_new: int, n_hit: int, hits: Ids | None) -> Ids | None: ...
-    def allocate_running(self, rids: Sequence[str], n_news: Sequence[int]) -> list[Ids | None]: ...
-    def advance(self, rid: str, computed: int, running: bool, token: int | None) -> None: ...
-    def free(self, rid: str) -> None: ...
-    def free_many(self, rids: Sequence[str]) -> None: ...
-    def step(self) -> None: ...
-
-
-class _Sequential:
-    """The running phase as one ``allocate_slots`` call per request."""
-
-    alloc_seconds: float
-    run_seconds: float = 0.0
-    run_allocs: int = 0
-
-    def allocate(self, rid: str, n_new: int, n_hit: int, hits: Ids | None) -> Ids | None:
-        raise NotImplementedError
-
-    def free(self, rid: str) -> None:
-        raise NotImplementedError
-
-    def allocate_running(self, rids: Sequence[str], n_news: Sequence[int]) -> list[Ids | None]:
-        """Allocate for the running requests in order; stop right after the
-        first None (the caller preempts, then calls again with the rest)."""
-        out: list[Ids | None] = []
-        before = self.alloc_seconds
-        for rid, n in zip(rids, n_news, strict=True):
-            ids = self.allocate(rid, n, 0, None)
-            out.append(ids)
-            if ids is None:
-                break
-        self.run_seconds += self.alloc_seconds - before
-        self.run_allocs += len(out)
-        return out
-
-    def free_many(self, rids: Sequence[str]) -> None:
-        """The finished requests of a step, in order."""
-        for rid in rids:
-            self.free(rid)
-
-
-@dataclass
-class KvrefEngine(_Sequential):
-    """kvspec or kvimpl behind their own facade (plain values)."""
-
-    name: str
-    manager: Any
-    hasher: RequestBlockHasher
-    seconds: float = 0.0
-    alloc_seconds: float = 0.0
-    calls: int = 0
-    allocs: int = 0
-    run_seconds: float = 0.0
-    run_allocs: int = 0
-    reqs: dict[str, Any] = field(default_factory=dict)
-
-    def add(self, rid: str, prompt: list[int]) -> None:
-        """Build the request value (hashing is the caller's work, not timed)."""
-        self.reqs[rid] = self.hasher.new_request(rid, prompt)
-
-    def lookup(self, rid: str) -> tuple[Ids, int]:
-        """Timed ``get_computed_blocks``."""
-        t = time.perf_counter()
-        out: tuple[Ids, int] = self.manager.get_computed_blocks(self.reqs[rid])
-        self.seconds += time.perf_counter() - t
-        return out
-
-    def allocate(self, rid: str, n_new: int, n_hit: int, hits: Ids | None) -> Ids | None:
-        """Timed ``allocate_slots``."""
-        req = self.reqs[rid]
-        t = time.perf_counter()
-        out: Ids | None = self.manager.allocate_slots(req, n_new, n_hit, hits)
-        dt = time.perf_counter() - t
-        self.seconds += dt
-        self.alloc_seconds += dt
-        self.calls += 1
-        self.allocs += 1
-        return out
-
-    def advance(self, rid: str, computed: int, running: bool, token: int | None) -> None:
-        """Scheduler bookkeeping (not timed)."""
-        req = self.reqs[rid]
-        if token is not None:
-            req = self.hasher.with_output_tokens(req, [token])
-        status = RequestStatus.RUNNING if running else RequestStatus.PREEMPTED
-        self.reqs[rid] = replace(req, num_computed_tokens=computed, status=status)
-
-    def free(self, rid: str) -> None:
-        """Timed ``free``."""
-        t = time.perf_counter()
-        self.manager.free(rid)
-        self.seconds += time.perf_counter() - t
-
-    def step(self) -> None:
-        """Timed ``new_step_starts``."""
-        t = time.perf_counter()
-        self.manager.new_step_starts()
-        self.seconds += time.perf_counter() - t
-
-
-class BenchMismatch(RuntimeError):
-    """Two engines allocated different blocks for the same workload."""
-
-
-@dataclass
-class BatchedImplEngine(KvrefEngine):
-    """kvimpl with the running phase as ``allocate_slots_batch`` calls and
-    the finished requests freed by one ``free_batch`` call."""
-
-    groups: int = 1
-    min_block_size: int = 16
-
-    def allocate_running(self, rids: Sequence[str], n_news: Sequence[int]) -> list[Ids | None]:
-        """The sequential loop's results, through as few batched calls as possible.
-
-        The sequential loop preempts the newest running request as soon as
-        one allocation fails and goes on with the next request, so the
-        allocations after a failure see the victim's freed blocks. A batch
-        that ran past a failure would already have allocated those requests
-        without them, so every batch here is planned so that it cannot fail
-        before its last request: before each batch the free-block count is
-        read and a prefix is taken whose worst-case need fits. A running
-        request without prefix hits needs at most ``ceil(n/bs)`` new blocks
-        per group for ``n`` new tokens (its table already covers its computed
-        tokens; SWA only needs fewer), and ``sum(n)//bs + count`` bounds the
-        sum of those per group. When everything fits (the common case with
-        a large enough pool) the whole running phase is ONE call; otherwise
-        the fitting prefix is one call, the next request is a batch of one
-        (which may fail: the caller then preempts and calls again with the
-        rest), and planning resumes. A None anywhere but the last position of
-        a batch would mean the bound was wrong: that raises BenchMismatch.
-        The planning is inside the timed region.
-        """
-        reqs = [self.reqs[r] for r in rids]  # the scheduler holds these anyway: not timed
-        mgr, g, bs = self.manager, self.groups, self.min_block_size
-        out: list[Ids | None] = []
-        t = time.perf_counter()
-        i, n = 0, len(reqs)
-        while i < n:
-            free = mgr.block_pool.get_num_free_blocks()
-            j = n
-            if g * (sum(n_news[i:]) // bs + (n - i)) > free:
-                need, j = 0, i
-                while j < n and need + g * _cdiv(n_news[j], bs) <= free:
-                    need += g * _cdiv(n_news[j], bs)
-                    j += 1
-                j = max(j, i + 1)  # a batch of one may fail, and that is fine
-            got = mgr.allocate_slots_batch(reqs[i:j], n_news[i:j])
-            self.calls += 1
-            self.allocs += len(got)
-            out.extend(got)
-            if any(x is None for x in got[:-1]):
-                raise BenchMismatch(f"{self.name}: a planned batch failed before its last request")
-            if got[-1] is None:
-                break
-            i = j
-        dt = time.perf_counter() - t
-        self.seconds += dt
-        self.alloc_seconds += dt
-        self.run_seconds += dt
-        self.run_allocs += len(out)
-        return out
-
-    def free_many(self, rids: Sequence[str]) -> None:
-        """Timed ``free_batch``."""
-        if not rids:
-            return
-        t = time.perf_counter()
-        self.manager.free_batch(list(rids))
-        self.seconds += time.perf_counter() - t
-
-
-class VllmEngine(_Sequential):
-    """Real vLLM through its own objects (no kvref adapter in the timed path).
-
-    The adapter builds the manager and the requests (its public
-    :meth:`~kvref.adapters.vllm.VllmAdapter.apply_globals`,
-    :meth:`~kvref.adapters.vllm.VllmAdapter.new_vllm_request` and
-    :meth:`~kvref.adapters.vllm.VllmAdapter.vllm_status`); the timed calls go to
-    vLLM's ``KVCacheManager`` directly.
-    """
-
-    def __init__(self, config: KVCacheConfig) -> None:
-        """Build vLLM's manager the way kvref's vLLM adapter does."""
-        from kvref.adapters.vllm import VllmAdapter, make_vllm_adapter  # noqa: PLC0415 - imports vLLM
-
-        self.adapter: VllmAdapter = make_vllm_adapter(config)
-        self.name = "vllm"
-        self.seconds = 0.0
-        self.alloc_seconds = 0.0
-        self.calls = 0
-        self.allocs = 0
-        self.run_seconds = 0.0
-        self.run_allocs = 0
-        self.manager: Any = self.adapter.manager
-        self._running: Any = self.adapter.vllm_status("RUNNING")
-        self._preempted: Any = self.adapter.vllm_status("PREEMPTED")
-        self.reqs: dict[str, Any] = {}
-        self.hits: dict[str, Any] = {}
-
-    def add(self, rid: str, prompt: list[int]) -> None:
-        """A vLLM Request hashed by vLLM's own hasher (built as the adapter does)."""
-        self.adapter.apply_globals()
-        value = Request(RequestId(rid), tuple(prompt), len(prompt), ())
-        self.reqs[rid] = self.adapter.new_vllm_request(value)
-
-    def lookup(self, rid: str) -> tuple[Ids, int]:
-        """Timed ``get_computed_blocks``; the KVCacheBlocks object is kept for allocation."""
-        req = self.reqs[rid]
-        t = time.perf_counter()
-        out = self.manager.get_computed_blocks(req)
-        self.seconds += time.perf_counter() - t
-        blocks, n = out[0], out[1]  # later releases append the shared-prefix boundary
-        self.hits[rid] = blocks
-        return tuple(tuple(b.block_id for b in g) for g in blocks.blocks), n
-
-    def allocate(self, rid: str, n_new: int, n_hit: int, hits: Ids | None) -> Ids | None:
-        """Timed ``allocate_slots`` with vLLM's own hit object."""
-        blocks = self.hits.pop(rid, None) if hits is not None else None
-        req = self.reqs[rid]
-        t = time.perf_counter()
-        out = self.manager.allocate_slots(req, n_new, n_hit, blocks)
-        dt = time.perf_counter() - t
-        self.seconds += dt
-        self.alloc_seconds += dt
-        self.calls += 1
-        self.allocs += 1
-        return None if out is None else tuple(tuple(b.block_id for b in g) for g in out.blocks)
-
-    def advance(self, rid: str, computed: int, running: bool, token: int | None) -> None:
-        """Scheduler bookkeeping (not timed)."""
-        req = self.reqs[rid]
-        if token is not None:
-            req.append_output_token_ids(token)
-        req.num_computed_tokens = computed
-        req.status = self._running if running else self._preempted
-
-    def free(self, rid: str) -> None:
-        """Timed ``free``."""
-        req = self.reqs[rid]
-        t = time.perf_counter()
-        self.manager.free(req)
-        self.seconds += time.perf_counter() - t
-
-    def step(self) -> None:
-        """Timed ``new_step_starts``."""
-        t = time.perf_counter()
-        self.manager.new_step_starts()
-        self.seconds += time.perf_counter() - t
 
 
 @dataclass(eq=False)
@@ -417,9 +151,15 @@ def make_requests(w: Workload) -> list[_Req]:
     return out
 
 
+PHASES = ("step", "running", "admit", "advance", "free", "tables")
+"""The timed phases of a scheduler step, in order."""
+MANAGER_PHASES = ("step", "running", "admit", "free")
+"""The phases spent inside the manager (the rest is request advancing and device tables)."""
+
+
 @dataclass
 class RunResult:
-    """What one engine did on the workload (identical on every engine)."""
+    """What one engine did on the workload (identical on every engine), and its time per phase."""
 
     results: list[Ids | None]
     """Every allocation result, in order."""
@@ -427,55 +167,76 @@ class RunResult:
     """Requests advanced by one scheduler step (successful allocations)."""
     steps: int = 0
     preemptions: int = 0
+    running_allocs: int = 0
+    """Allocations made in the running phase."""
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
 
-def run(engine: Engine, w: Workload) -> RunResult:
-    """Drive one engine through the workload."""
+def run(engine: Any, w: Workload) -> RunResult:
+    """Drive one engine (:mod:`kvref.bench_engines`) through the workload, timing each phase as a whole."""
     reqs = make_requests(w)
+    by_id = {r.rid: r for r in reqs}
     config = w.config()
     waiting: list[_Req] = list(reqs)
     running: list[_Req] = []
     res = RunResult([])
+    sec = res.seconds
     tokens = random.Random(w.seed + 1)
     for r in reqs:
         engine.add(r.rid, r.prompt)
 
+    def chunk(rid: str, hit: int) -> int:
+        return schedule_chunk(config, by_id[rid].num_tokens, hit, w.chunk)
+
+    clock = time.perf_counter
     while waiting or running:
+        t = clock()
         engine.step()
+        sec["step"] += clock() - t
         res.steps += 1
-        scheduled: list[tuple[_Req, int]] = []
+        scheduled: list[tuple[_Req, int, int]] = []
+        """(request, tokens scheduled, growth of its computed tokens: hits count for an admission)"""
         # Running phase: oldest first; a failure preempts the newest running request.
         todo = [(r, schedule_chunk(config, r.num_tokens, r.state.computed, w.chunk)) for r in running]
         while todo:
-            outs = engine.allocate_running([r.rid for r, _ in todo], [n for _, n in todo])
-            res.results.extend(outs)
-            scheduled.extend(todo[: len(outs)] if outs[-1] is not None else todo[: len(outs) - 1])
-            if outs[-1] is not None:
+            rids, news = [r.rid for r, _ in todo], [n for _, n in todo]
+            t = clock()
+            raw, done, fitted = engine.run(rids, news)
+            sec["running"] += clock() - t
+            res.results.extend(engine.run_ids(raw))
+            res.running_allocs += done
+            scheduled.extend((r, n, n) for r, n in (todo[:done] if fitted else todo[: done - 1]))
+            if fitted:
                 break
             victim = running.pop()
-            engine.free(victim.rid)
+            t = clock()
+            engine.preempt(victim.rid)
+            sec["running"] += clock() - t
             victim.state.preempted()
-            engine.advance(victim.rid, 0, False, None)
             waiting.insert(0, victim)
             res.preemptions += 1
-            todo = [(r, n) for r, n in todo[len(outs) :] if r is not victim]
+            todo = [(r, n) for r, n in todo[done:] if r is not victim]
         # Waiting phase: admit up to the batch size, stop at the first that does not fit.
-        while waiting and len(running) < w.max_running:
-            r = waiting[0]
-            hits, n_hit = engine.lookup(r.rid)
-            n_new = schedule_chunk(config, r.num_tokens, n_hit, w.chunk)
-            out = engine.allocate(r.rid, n_new, n_hit, hits if any(hits) else None)
-            res.results.append(out)
-            if out is None:
-                break
-            waiting.pop(0)
-            r.state.admitted(n_hit)
-            running.append(r)
-            scheduled.append((r, n_new))
+        room = w.max_running - len(running)
+        if waiting and room > 0:
+            cands = waiting[:room]
+            t = clock()
+            admitted = engine.admit([r.rid for r in cands], chunk)
+            sec["admit"] += clock() - t
+            for r, (hit, n_new, raw) in zip(cands, admitted, strict=False):
+                out = engine.ids(raw)
+                res.results.append(out)
+                if out is None:
+                    break
+                waiting.remove(r)
+                r.state.admitted(hit)
+                running.append(r)
+                scheduled.append((r, n_new, hit + n_new))
         # Update phase (vLLM's update_from_output): advance, sample, free the finished.
         res.request_steps += len(scheduled)
         finished: list[str] = []
-        for r, n in scheduled:
+        items: list[tuple[str, int, int, int | None]] = []
+        for r, n, grown in scheduled:
             r.state.computed += n
             token = None
             if r.state.computed == r.num_tokens:
@@ -484,11 +245,19 @@ def run(engine: Engine, w: Workload) -> RunResult:
                     continue
                 r.generated += 1
                 token = tokens.randrange(32000)
-            engine.advance(r.rid, r.state.computed, True, token)
+            items.append((r.rid, r.state.computed, grown, token))
+        t = clock()
+        engine.advance(items)
+        sec["advance"] += clock() - t
         if finished:
-            done = set(finished)
-            running = [r for r in running if r.rid not in done]
-            engine.free_many(finished)
+            done_ids = set(finished)
+            running = [r for r in running if r.rid not in done_ids]
+            t = clock()
+            engine.free(finished)
+            sec["free"] += clock() - t
+        t = clock()
+        engine.tables()
+        sec["tables"] += clock() - t
     return res
 
 
@@ -520,30 +289,22 @@ def check_workload(w: Workload) -> None:
 
 def available_engines(
     config: KVCacheConfig, extra: Mapping[str, AdapterFactory] | None = None
-) -> dict[str, Callable[[], Engine]]:
-    """Engine builders for every implementation installed here, plus an
-    engine per adapter factory of ``extra`` (timed through its facade)."""
-    from kvspec.kv_cache_manager import KVCacheManager as SpecManager  # noqa: PLC0415
+) -> dict[str, Callable[[], Any]]:
+    """Engine builders for every implementation installed here
+    (:func:`kvref.bench_engines.engine_builders`), plus an engine per adapter
+    factory of ``extra`` (driven through its facade like kvspec, with kvspec
+    request values)."""
+    from kvref.bench_engines import SpecEngine, engine_builders  # noqa: PLC0415 - imports kvimpl and vLLM
 
-    hasher = RequestBlockHasher.for_config(config)
-    engines: dict[str, Callable[[], Engine]] = {"spec": lambda: KvrefEngine("spec", SpecManager(config), hasher)}
-    try:
-        from kvimpl.kv_cache_manager import KVCacheManager as ImplManager  # noqa: PLC0415
-    except ImportError:
-        pass
-    else:
-        engines["impl"] = lambda: KvrefEngine("impl", ImplManager(config), hasher)
-        if hasattr(ImplManager, "allocate_slots_batch") and hasattr(ImplManager, "free_batch"):
-            g, bs = len(config.groups), min(k.block_size for k in config.groups)
-            engines["impl-batched"] = lambda: BatchedImplEngine(
-                "impl-batched", ImplManager(config), hasher, groups=g, min_block_size=bs
-            )
-    from kvref.adapters.vllm import installed_vllm_version, vllm_available  # noqa: PLC0415
-
-    if vllm_available() and installed_vllm_version() == config.profile.release:
-        engines["vllm"] = lambda: VllmEngine(config)
+    engines = engine_builders(config)
     for name, factory in (extra or {}).items():
-        engines[name] = lambda f=factory, n=name: KvrefEngine(n, f(config), hasher)  # type: ignore[misc]
+
+        def build(f: AdapterFactory = factory, n: str = name) -> Any:
+            engine = SpecEngine(config)
+            engine.name, engine.manager = n, f(config)
+            return engine
+
+        engines[name] = build
     return engines
 
 
@@ -557,20 +318,31 @@ class BenchRow:
     allocs: int
     """Allocations (one per request per call; the same on every engine)."""
     request_steps: int
-    us_per_alloc: float
-    """Time inside the allocate calls / allocations."""
-    us_per_request_step: float
-    """Time inside every manager call / request-steps."""
-    us_per_running_step: float = 0.0
-    """Time inside the running phase's allocate calls / its allocations: the
-    per-request cost of a scheduler step's decode (and chunked-prefill) batch,
-    admissions and frees excluded."""
-    x_alloc_vs_vllm: float | None = None
-    """vLLM's µs per allocation / this engine's (above 1: faster)."""
-    x_step_vs_vllm: float | None = None
-    """vLLM's µs per request-step / this engine's."""
+    us: dict[str, float]
+    """µs per request-step in each phase (:data:`PHASES`)."""
+    us_per_running_alloc: float = 0.0
+    """Running-phase time per running-phase allocation."""
+    x_total_vs_vllm: float | None = None
+    """vLLM's total µs per request-step / this engine's (above 1: faster)."""
+    x_manager_vs_vllm: float | None = None
+    """The same for the manager phases only (:data:`MANAGER_PHASES`)."""
     x_running_vs_vllm: float | None = None
-    """vLLM's µs per running step / this engine's."""
+    """The same for the running phase alone."""
+
+    @property
+    def total(self) -> float:
+        """µs per request-step, every phase."""
+        return sum(self.us.values())
+
+    @property
+    def manager(self) -> float:
+        """µs per request-step inside the manager."""
+        return sum(self.us[p] for p in MANAGER_PHASES)
+
+    @property
+    def us_per_request_step(self) -> float:
+        """Same as :attr:`total`."""
+        return self.total
 
 
 def bench(
@@ -581,13 +353,15 @@ def bench(
     extra: Mapping[str, AdapterFactory] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> list[BenchRow]:
-    """Median µs per allocation and per request-step of each engine over
-    ``repeats`` runs (round-robin across engines, a full GC before each run),
-    after checking that all engines produced the same block ids.
+    """Median µs per request-step of each engine in each phase over
+    ``repeats`` runs (round-robin across engines, a full GC before each run,
+    the collector off during it), after checking that all engines produced
+    the same block ids.
 
     Raises:
         InputError: For an engine that is not available, or a workload that
             cannot make progress (:func:`check_workload`).
+        BenchMismatch: If two engines allocated different blocks.
     """
     check_workload(w)
     builders = available_engines(w.config(), extra)
@@ -597,8 +371,7 @@ def bench(
     names = [n for n in builders if (only is None or n in only) and n not in skip]
     if not names:
         raise InputError(f"no engine to time: asked for {list(only or ())}, available {list(builders)}")
-    per_alloc: dict[str, list[float]] = {n: [] for n in names}
-    per_step: dict[str, list[float]] = {n: [] for n in names}
+    per_phase: dict[str, dict[str, list[float]]] = {n: {p: [] for p in PHASES} for n in names}
     per_run: dict[str, list[float]] = {n: [] for n in names}
     counts: dict[str, tuple[int, int]] = {}
     reference: RunResult | None = None
@@ -608,34 +381,35 @@ def bench(
                 progress(name)
             engine = builders[name]()
             gc.collect()
-            result = run(engine, w)
+            gc.disable()
+            try:
+                result = run(engine, w)
+            finally:
+                gc.enable()
             if reference is None:
                 reference = result
             elif result.results != reference.results or result.request_steps != reference.request_steps:
                 raise BenchMismatch(f"{name} allocated different blocks than {names[0]} on the same workload")
-            per_alloc[name].append(engine.alloc_seconds / max(engine.allocs, 1) * 1e6)
-            per_step[name].append(engine.seconds / max(result.request_steps, 1) * 1e6)
-            per_run[name].append(engine.run_seconds / max(engine.run_allocs, 1) * 1e6)
+            steps = max(result.request_steps, 1)
+            for p in PHASES:
+                per_phase[name][p].append(result.seconds[p] / steps * 1e6)
+            per_run[name].append(result.seconds["running"] / max(result.running_allocs, 1) * 1e6)
             counts[name] = (engine.calls, engine.allocs)
     steps = 0 if reference is None else reference.request_steps
     rows = [
         BenchRow(
-            n,
-            counts[n][0],
-            counts[n][1],
-            steps,
-            statistics.median(per_alloc[n]),
-            statistics.median(per_step[n]),
+            n, counts[n][0], counts[n][1], steps, {p: statistics.median(per_phase[n][p]) for p in PHASES},
             statistics.median(per_run[n]),
         )
         for n in names
     ]
     base = next((r for r in rows if r.engine == "vllm"), None)
-    for r in rows:
-        if base is not None:
-            r.x_alloc_vs_vllm = base.us_per_alloc / r.us_per_alloc if r.us_per_alloc else None
-            r.x_step_vs_vllm = base.us_per_request_step / r.us_per_request_step if r.us_per_request_step else None
-            r.x_running_vs_vllm = base.us_per_running_step / r.us_per_running_step if r.us_per_running_step else None
+    if base is not None:
+        for r in rows:
+            r.x_total_vs_vllm = base.total / r.total if r.total else None
+            r.x_manager_vs_vllm = base.manager / r.manager if r.manager else None
+            running = r.us["running"]
+            r.x_running_vs_vllm = base.us["running"] / running if running else None
     return rows
 
 

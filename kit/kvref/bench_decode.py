@@ -1,86 +1,111 @@
-"""Steady-state decode cost per request-step: kvimpl (per request and batched) vs vLLM 0.25.1.
+"""Steady-state decode cost per request-step of every engine (``kvref bench --steady-decode R``).
 
 ``kvref bench`` times whole scheduler workloads (admissions, chunked prefill,
-preemption). This script isolates steady decode:
-``R`` running requests, all past their prompt, each scheduled one token per
-step, for ``S`` steps. Every engine gets the same prompts and tokens; the
-allocated block ids are compared per step. Timed: only the allocate calls
-(one ``allocate_slots`` per request, or one ``allocate_slots_batch`` per
-step); the request bookkeeping between steps is not. Engines alternate,
-repeats take the best (lowest) run, and the ratios are from this one run.
-
-Usage: ``kvref bench --steady-decode 256 [--mix full|full+swa] [--repeats 3]`` (128 steps).
+preemption). This isolates steady decode: ``R`` running requests, all past
+their prompt, each scheduled one token per step, for ``S`` steps, through
+the same engines and phase methods (:mod:`kvref.bench_engines`): per step
+one ``run`` (the allocations: per request, one batch call, or one array
+call) and one ``advance`` (computed tokens, the sampled token, its block
+hash when a block fills), each timed as a whole. Every engine gets the same
+prompts and tokens; the allocated block ids are compared per step. Engines
+alternate, repeats take the best (lowest) run.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import random
 import time
 from typing import Any
 
 from kvref.bench import Workload, available_engines
+from kvref.bench_engines import Advance
+
+STEPS = 128
+"""Decode steps per run."""
 
 
-def run_once(name: str, mix: str, running: int, steps: int) -> tuple[float, list[Any]]:
-    """Seconds per request-step of one engine, and its per-step results."""
-    w = Workload(num_blocks=max(8192, running * 64), mix=mix, prompt_len=(100, 300))
+def workload(mix: str, running: int) -> Workload:
+    """The decode workload: prompts of 100-300 tokens and a pool with room for all of them."""
+    return Workload(num_blocks=max(8192, running * 64), mix=mix, prompt_len=(100, 300), max_running=running)
+
+
+def run_once(name: str, mix: str, running: int, steps: int) -> tuple[float, float, list[Any]]:
+    """Seconds per request-step of one engine in the allocation and the
+    advancing phase, and its per-step results."""
+    w = workload(mix, running)
     engine: Any = available_engines(w.config())[name]()
     rng = random.Random(0)
     rids = [f"r{i}" for i in range(running)]
+    prompts = {rid: [rng.randrange(32000) for _ in range(rng.randint(100, 300))] for rid in rids}
     for rid in rids:
-        engine.add(rid, [rng.randrange(32000) for _ in range(rng.randint(100, 300))])
-    computed: dict[str, int] = {}
-    for rid in rids:
-        n = engine.reqs[rid].num_tokens
-        if engine.allocate(rid, n, 0, None) is None:
-            raise SystemExit(f"{name}: the pool is too small for {running} requests")
-        computed[rid] = n
-        engine.advance(rid, n, True, rng.randrange(32000))
-    manager, reqs, ones = engine.manager, engine.reqs, [1] * running
+        engine.add(rid, prompts[rid])
+    engine.step()
+    admitted = engine.admit(rids, lambda rid, hit: len(prompts[rid]) - hit)
+    if len(admitted) < running or admitted[-1][2] is None:
+        raise SystemExit(f"{name}: the pool is too small for {running} requests")
+    computed = {rid: hit + n for rid, (hit, n, _) in zip(rids, admitted, strict=True)}
+    engine.advance([(rid, computed[rid], computed[rid], rng.randrange(32000)) for rid in rids])
+    ones = [1] * running
     results: list[Any] = []
-    seconds = 0.0
+    alloc = adv = 0.0
+    clock = time.perf_counter
     gc.collect()
     gc.disable()
     try:
         for _ in range(steps):
-            batch = [reqs[rid] for rid in rids]
-            t = time.perf_counter()
-            if name == "impl-batched":
-                out = manager.allocate_slots_batch(batch, ones)
-            elif name == "vllm":
-                out = [manager.allocate_slots(r, 1, 0, None) for r in batch]
-            else:
-                out = [manager.allocate_slots(r, 1) for r in batch]
-            seconds += time.perf_counter() - t
-            if name == "vllm":
-                out = [None if o is None else tuple(tuple(b.block_id for b in g) for g in o.blocks) for o in out]
-            results.append(out)
+            engine.step()
+            t = clock()
+            raw, done, fitted = engine.run(rids, ones)
+            alloc += clock() - t
+            if done != running or not fitted:
+                raise SystemExit(f"{name}: a decode step did not fit")
+            results.append(engine.run_ids(raw))
+            items: list[Advance] = []
             for rid in rids:
                 computed[rid] += 1
-                engine.advance(rid, computed[rid], True, rng.randrange(32000))
+                items.append((rid, computed[rid], 1, rng.randrange(32000)))
+            t = clock()
+            engine.advance(items)
+            adv += clock() - t
+            engine.tables()
     finally:
         gc.enable()
-    return seconds / (running * steps), results
+    n = running * steps
+    return alloc / n, adv / n, results
+
+
+ENGINES = ("vllm", "impl-python", "impl-python-batched", "impl-native", "impl-native-batched", "impl-native-array")
+"""The engines timed (kvspec is left out: its immutable requests are copied per step, by design)."""
 
 
 def report(mix: str, running: int, steps: int, repeats: int) -> int:
-    """Print µs per request-step and the ratio to vLLM for each engine."""
-    names = [n for n in ("impl", "impl-batched", "vllm") if n in available_engines(Workload(mix=mix).config())]
-    best: dict[str, float] = {}
+    """Print µs per request-step (allocation, advancing, both) and the ratio to vLLM for each engine."""
+    there = available_engines(workload(mix, running).config())
+    names = [n for n in ENGINES if n in there]
+    best: dict[str, tuple[float, float]] = {}
     reference: list[Any] | None = None
+    load = os.getloadavg()
     for _ in range(repeats):
         for name in names:
-            sec, results = run_once(name, mix, running, steps)
+            a, v, results = run_once(name, mix, running, steps)
             if reference is None:
                 reference = results
             elif results != reference:
                 raise SystemExit(f"{name} allocated different blocks than {names[0]}")
-            best[name] = min(best.get(name, sec), sec)
+            if name not in best or a + v < sum(best[name]):
+                best[name] = (a, v)
     base = best.get("vllm")
-    print(f"steady decode, {mix}, {running} running requests x {steps} steps, best of {repeats}")
+    print(f"steady decode, {mix}, {running} running requests x {steps} steps, best of {repeats}; µs per request-step")
+    print(f"  {'engine':20s} {'allocate':>9s} {'x vLLM':>8s} {'advance':>9s} {'total':>9s} {'x vLLM':>8s}")
     for name in names:
-        ratio = f"{base / best[name]:.2f}x vLLM" if base else "(vLLM not installed)"
-        print(f"  {name:13s} {best[name] * 1e6:7.3f} µs per request-step   {ratio}")
+        a, v = best[name]
+        xa = f"{base[0] / a:7.1f}x" if base else "      -"
+        xt = f"{sum(base) / (a + v):7.1f}x" if base else "      -"
+        print(f"  {name:20s} {a * 1e6:9.3f} {xa:>8s} {v * 1e6:9.3f} {(a + v) * 1e6:9.3f} {xt:>8s}")
+    after = os.getloadavg()
+    print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} before, {after[0]:.2f} {after[1]:.2f} "
+          f"{after[2]:.2f} after, on {os.cpu_count()} CPUs")  # fmt: skip
     print("identical block ids on every engine")
     return 0

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hypothesis import settings
-from hypothesis.stateful import run_state_machine_as_test
+from hypothesis.errors import Unsatisfiable
+from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from kvref.hypothesis_compat import seed_machine
 from kvref.lockstep import DivergenceClass
@@ -39,8 +40,13 @@ def run_lockstep(
     budget: float | None = None,
     on_batch: Callable[[int], None] | None = None,
     first_batch: int = 0,
+    machine: type[RuleBasedStateMachine] | None = None,
 ) -> str | None:
     """Run batches until ``setup.stats.steps >= goal`` or ``budget`` seconds passed.
+
+    ``machine`` is the state machine class (default: the facade's scheduler
+    machine for ``setup``; :func:`kvref.layers.pool_machine.make_pool_machine`
+    for the pool layer).
 
     Returns:
         None if every step agreed (or was explained), else the first line of
@@ -48,11 +54,12 @@ def run_lockstep(
     """
     stats = setup.stats
     deadline = None if budget is None else time.monotonic() + budget
-    machine = make_lockstep_machine(setup)
+    machine = machine or make_lockstep_machine(setup)
     batch = first_batch
     setup.next_batch = batch
     while stats.steps < goal and (deadline is None or time.monotonic() < deadline):
         seed_machine(machine, seed * SEED_STRIDE + batch)
+        steps_before = stats.steps
         try:
             run_state_machine_as_test(
                 machine,
@@ -63,11 +70,30 @@ def run_lockstep(
         except AssertionError as exc:
             setup.next_batch = batch + 1
             return str(exc).splitlines()[0]
+        except Unsatisfiable:
+            if stats.steps == steps_before:
+                break  # every configuration was refused (counted): more batches would check nothing
         batch += 1
         setup.next_batch = batch
+        learn_skips(setup)
         if on_batch is not None:
             on_batch(stats.steps)
     return None
+
+
+def learn_skips(setup: MachineSetup) -> frozenset[str]:
+    """Leave out, from now on, the features adapters raised a skip for (an
+    unsupported operation, argument or switch); returns the newly left out.
+
+    NOTE: only between batches: within one, Hypothesis replays examples while
+    it shrinks, and a machine that changed in between would be flaky.
+    """
+    if not setup.learn_skips:
+        return frozenset()
+    learned = {key.rsplit(": ", 1)[-1] for key in setup.stats.skipped} - {"op:allocate_slots", "config"}
+    new = frozenset(learned - setup.excluded)
+    setup.excluded = setup.excluded | new
+    return new
 
 
 def run_keep_going(
@@ -78,6 +104,7 @@ def run_keep_going(
     budget: float | None = None,
     max_classes: int = 50,
     on_batch: Callable[[int], None] | None = None,
+    machine: type[RuleBasedStateMachine] | None = None,
 ) -> list[DivergenceClass]:
     """Like :func:`run_lockstep`, but go on after an unexplained divergence.
 
@@ -101,7 +128,7 @@ def run_keep_going(
         if left is not None and left <= 0:
             break
         steps_before = stats.steps
-        failure = run_lockstep(setup, seed, goal, left, on_batch, first_batch=batch)
+        failure = run_lockstep(setup, seed, goal, left, on_batch, first_batch=batch, machine=machine)
         batch = setup.next_batch
         if failure is None:
             break

@@ -6,19 +6,32 @@ longer shows it); only entries that apply to the configuration's semantics
 profile can explain a difference. A matcher receives the configuration, the
 operation, vLLM's output and the spec-semantics output and returns True only
 if the difference is exactly the documented one.
+
+Adapters declare further known differences (``DeclaredSemantics.known``), and
+``kvref check --known FILE`` reads more entries in the same TOML format. Such
+an entry either names a Python matcher (``matcher = "module:function"``, the
+signature of :data:`Matcher`, its own output first) or a divergence class
+(``aspect``: ``output``, ``view:<field>``, ``crash``, ``events``, ...; with
+``operation`` it names the class ``<operation>/<aspect>`` that ``kvref check
+--keep-going`` prints). docs/writing-an-adapter.md has examples.
 """
 
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvref.exits import InputError
 from kvspec.config import FULL_TYPE_KINDS, KVCacheConfig, Mamba, SlidingWindow
 
 Json = Any
+Matcher = Callable[[KVCacheConfig, Json, Json, Json, bool], bool]
+"""``matcher(config, op, own_output, other_output, pending_frees) -> bool``:
+whether the difference is exactly the documented one (``own_output`` is the
+output of the side the divergence belongs to: vLLM for the registry)."""
 
 
 @dataclass(frozen=True)
@@ -36,11 +49,36 @@ class Divergence:
     """First vLLM release (of those kvref has profiles for) that shows it."""
     fixed: str | None = None
     """First release that no longer shows it (None: still present)."""
+    aspect: str | None = None
+    """With :attr:`operation`, the divergence class it explains (``output``,
+    ``view:<field>``, ...; ``*`` for any); None when a matcher decides."""
+    matcher: Matcher | None = None
+    """Its own matcher (None: the built-in one of its id, or the class)."""
 
     def applies_to(self, release: str) -> bool:
         """Whether vLLM ``release`` shows this divergence."""
         after = release_key(release) >= release_key(self.introduced)
         return after and (self.fixed is None or release_key(release) < release_key(self.fixed))
+
+    def trace_for(self, release: str) -> str:
+        """The repository path of this divergence's minimal trace under ``release``'s profile."""
+        return f"traces/vllm-{release}/divergences/{self.id}.jsonl"
+
+
+    def explains(self, cfg: KVCacheConfig, op: Json, own: Json, other: Json, pending: bool) -> bool:
+        """Whether this entry explains an output difference at ``op``."""
+        if self.operation not in (op["op"], "*"):
+            return False
+        matcher = self.matcher or MATCHERS.get(self.id)
+        if matcher is not None:
+            return matcher(cfg, op, own, other, pending)
+        return self.aspect in ("output", "*")
+
+    def explains_class(self, op_name: str, aspect: str) -> bool:
+        """Whether this entry names the divergence class ``op_name/aspect``."""
+        if self.aspect is None or self.operation not in (op_name, "*"):
+            return False
+        return self.aspect in (aspect, "*") or (self.aspect == "view" and aspect.startswith("view:"))
 
 
 def release_key(release: str) -> tuple[int, ...]:
@@ -58,6 +96,65 @@ def load_registry() -> dict[str, Divergence]:
         )
         for d in data["divergence"]
     }  # fmt: skip
+
+
+def load_known_file(path: Path) -> list[Divergence]:
+    """The entries of a known-differences file (``kvref check --known``).
+
+    Same format as ``divergences.toml``; ``title`` and ``operation`` are
+    required, and each entry needs ``matcher`` or ``aspect``.
+
+    Raises:
+        InputError: For an unreadable file, bad TOML or an incomplete entry.
+    """
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read the known-differences file ({type(exc).__name__})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{path}: not TOML ({exc})") from None
+    entries = data.get("divergence")
+    if not isinstance(entries, list) or not entries:
+        raise InputError(f"{path}: no [[divergence]] entries")
+    return [_entry(path, i, d) for i, d in enumerate(entries, start=1)]
+
+
+def _entry(path: Path, number: int, d: Json) -> Divergence:
+    where = f"{path}: entry {number} ({d.get('id', 'no id')})"
+    missing = [k for k in ("id", "title", "operation") if not isinstance(d.get(k), str)]
+    if missing:
+        raise InputError(f"{where}: missing {', '.join(missing)}")
+    if "matcher" not in d and "aspect" not in d:
+        raise InputError(f"{where}: needs a matcher (module:function) or an aspect (output, view:<field>, ...)")
+    matcher = None
+    if "matcher" in d:
+        from kvref.adapters import load_callable  # noqa: PLC0415 - kvref.adapters imports this module's types
+
+        matcher = load_callable(str(d["matcher"]), f"matcher of {where}")
+    aspect = d.get("aspect")
+    return Divergence(
+        d["id"], d["title"], d["operation"], d.get("invariant", ""), d.get("trace", ""),
+        bool(d.get("halts", aspect not in (None, "output"))), d.get("introduced", "0.25.1"), d.get("fixed"),
+        None if aspect is None else str(aspect), matcher,
+    )  # fmt: skip
+
+
+def resolve(known: Iterable[str | Divergence]) -> list[Divergence]:
+    """Declared known differences as entries (ids looked up in the registry).
+
+    Raises:
+        InputError: For an id the registry does not have.
+    """
+    registry = load_registry()
+    out = []
+    for item in known:
+        if isinstance(item, Divergence):
+            out.append(item)
+        elif item in registry:
+            out.append(registry[item])
+        else:
+            raise InputError(f"declared known difference {item!r} is not in the divergence registry")
+    return out
 
 
 def explain(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> str | None:
@@ -80,9 +177,11 @@ def _eagle_mamba(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, p
     eagle = cfg.eagle_group_ids()
     if not any(isinstance(k, Mamba) and g in eagle for g, k in enumerate(cfg.groups)):
         return False
-    lengths = _hit_lengths(cfg, vllm_out)
+    # Some group's list does not cover the hit: a full-attention list shorter
+    # than the hit (the look-ahead raised the hit after full attention was
+    # trimmed), or a list longer than a hit that an earlier pass cut.
     n = vllm_out["num_tokens"]
-    return any(isinstance(k, FULL_TYPE_KINDS) and lengths[g] < n for g, k in enumerate(cfg.groups))
+    return any(length != n for length in _hit_lengths(cfg, vllm_out))
 
 
 def _second_full(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> bool:

@@ -8,7 +8,13 @@ An operation is a JSON object ``{"op": NAME, ...arguments}``. Three kinds:
 * facade operations (``allocate_slots``, ``free``, ...) call the adapter with
   the current request value and return a JSON-able output;
 * a facade operation that raises a :mod:`kvspec.errors` class returns
-  ``{"error": ClassName}``.
+  ``{"error": ClassName}``, except the "cannot run this" errors of
+  :data:`kvref.capabilities.SKIP_ERRORS`, which propagate (a skip, not an
+  output).
+
+Adapters of protocol version 2 (:func:`kvref.adapters.protocol_version`)
+get the request value, not its id, where vLLM's own methods take the request
+(``free``, ``pop_blocks_for_free``).
 
 The exact fields are documented in ``docs/traces.md``.
 """
@@ -18,7 +24,8 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 from typing import Any
 
-from kvref.adapters import KVCacheAdapter
+from kvref.adapters import KVCacheAdapter, protocol_version
+from kvref.capabilities import SKIP_ERRORS
 from kvspec.config import (
     MLA,
     AttentionKind,
@@ -39,6 +46,26 @@ from kvspec.view import BlockIds
 
 Json = Any
 REQUEST_OPS = ("add_request", "append_tokens", "set_request")
+FACADE_OPS = (
+    "get_computed_blocks",
+    "allocate_slots",
+    "cache_blocks",
+    "record_prefix_cache_stats",
+    "free",
+    "pop_blocks_for_free",
+    "free_blocks",
+    "remove_skipped_blocks",
+    "evict_blocks",
+    "reset_prefix_cache",
+    "get_num_common_prefix_blocks",
+    "take_events",
+    "take_new_block_ids",
+    "new_step_starts",
+    "get_block_ids",
+    "usage",
+    "make_prefix_cache_stats",
+)
+"""Every facade operation :func:`execute` runs."""
 ALLOCATE_KEYS = (
     "num_new_computed_tokens",
     "new_computed_blocks",
@@ -90,6 +117,8 @@ def execute(adapter: KVCacheAdapter, book: RequestBook, op: Json) -> Json:
     ``{"error": ClassName}``."""
     try:
         return _execute(adapter, book, op)
+    except SKIP_ERRORS:
+        raise
     except KVCacheError as exc:
         return {"error": type(exc).__name__}
 
@@ -127,16 +156,21 @@ def _execute(a: KVCacheAdapter, book: RequestBook, op: Json) -> Json:
             raise UnsupportedOperationError(f"{a.name} has no take_kv_cache_block_copies")
         copies, retained = take()
         return {"copies": [[src, dst] for src, dst in copies], "retained": list(retained)}
+    if name in ("free", "pop_blocks_for_free"):
+        # Protocol 2 passes the request as vLLM does; an id the book does not
+        # know (a caller error) becomes a request with no tokens.
+        who: Any = op["rid"]
+        if protocol_version(a) >= 2:
+            who = req if req is not None else Request(op["rid"], (), 0, ())
+        if name == "free":
+            a.free(who)
+            return None
+        return list(a.pop_blocks_for_free(who))
     return _execute_by_id(a, op)
 
 
 def _execute_by_id(a: KVCacheAdapter, op: Json) -> Json:
     name = op["op"]
-    if name == "free":
-        a.free(op["rid"])
-        return None
-    if name == "pop_blocks_for_free":
-        return list(a.pop_blocks_for_free(op["rid"]))
     if name == "free_blocks":
         a.free_blocks(op["block_ids"])
         return None

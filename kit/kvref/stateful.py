@@ -26,8 +26,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from kvref.adapters import AdapterFactory
+from kvref.capabilities import trace_features
+from kvref.divergences import Divergence
 from kvref.exits import DEFAULT_OP_TIMEOUT
-from kvref.lockstep import Lockstep, RunStats
+from kvref.hypothesis_compat import draw
+from kvref.lockstep import Lockstep, Refused, RunStats
 from kvref.scheduler import ReqState, Scheduler
 from kvref.shapes import SHAPES, Shape, build_kinds, shape_weight
 from kvref.traces import Trace
@@ -53,17 +56,26 @@ STEP_EXTRAS = (
     "reset_prefix_cache",
 )
 """What may follow ``new_step_starts`` in the ``new_step`` rule ("" = nothing)."""
+_EXTRA_FEATURES = {"salt": "cache_salt", "lora": "lora", "mm": "mm", "embeds": "prompt_embeds"}
+"""The feature of each extra-key choice of a fresh prompt."""
 BAD_CONFIGS = ("blocks", "block_size", "window", "watermark", "hash", "eagle_group", "sink")
 """Broken configurations ``invalid_other`` tries (each must raise ConfigError)."""
 
 
 @st.composite
 def configs(
-    draw: st.DrawFn, shapes: Sequence[Shape] = SHAPES, profile: SemanticsProfile = NEWEST
+    draw: st.DrawFn,
+    shapes: Sequence[Shape] = SHAPES,
+    profile: SemanticsProfile = NEWEST,
+    excluded: frozenset[str] = frozenset(),
 ) -> tuple[str, KVCacheConfig | str]:
     """A named configuration: group mix, sizes, caching, EAGLE, watermark,
     events, under ``profile``; instead of the configuration, the reason why
-    the profile refuses it (:class:`kvspec.errors.ConfigError`)."""
+    the profile refuses it (:class:`kvspec.errors.ConfigError`).
+
+    A switch named in ``excluded`` (``caching``, ``eagle``, ``events``,
+    ``stats``, ``watermark``) is turned off after the draws, so the draws are
+    the same with or without exclusions."""
     shape = draw(st.sampled_from([s for s in shapes for _ in range(shape_weight(s))]))
     bs = draw(st.sampled_from([2, 4]))
     window = draw(st.integers(1, 3 * bs))
@@ -89,10 +101,25 @@ def configs(
         hash_seed=draw(st.sampled_from(["0", "42"])),
         log_stats=draw(st.sampled_from([False, True, True])),
     )
+    for feature, key, off in _SWITCHES:
+        if feature in excluded:
+            fields[key] = off
+    if not fields["use_eagle"]:
+        fields["eagle_groups"] = ()
     try:
         return shape.name, KVCacheConfig(profile=profile, **fields)
     except ConfigError as exc:  # valid under another release, not under this profile
         return shape.name, f"{type(exc).__name__}: {exc}"
+
+
+_SWITCHES = (
+    ("caching", "enable_caching", False),
+    ("eagle", "use_eagle", False),
+    ("events", "enable_kv_cache_events", False),
+    ("stats", "log_stats", False),
+    ("watermark", "watermark", 0.0),
+)
+"""Configuration switches an exclusion turns off: (feature, field, value)."""
 
 
 @dataclass
@@ -118,6 +145,12 @@ class MachineSetup:
     """The seeded batch a continued run starts with (kept by :mod:`kvref.check`)."""
     op_timeout: float | None = DEFAULT_OP_TIMEOUT
     """Watchdog seconds per adapter operation (:func:`kvref.exits.watchdog`)."""
+    known: tuple[Divergence, ...] = ()
+    """Further known differences of the adapters under test (``--known``)."""
+    excluded: frozenset[str] = frozenset()
+    """Features left out (:mod:`kvref.capabilities`): declared, chosen, or learned."""
+    learn_skips: bool = True
+    """Leave out, from the next batch on, every feature an adapter raised a skip for."""
 
 
 def make_lockstep_machine(setup: MachineSetup) -> type[RuleBasedStateMachine]:
@@ -151,8 +184,9 @@ class SchedulerMachine(RuleBasedStateMachine):
 
         A configuration the profile (or an adapter) refuses is counted with
         its reason and the run is rejected: it checks nothing."""
-        name, cfg = data.draw(configs(self.SETUP.shapes, self.SETUP.profile), label="config")
-        stats = self.SETUP.stats
+        setup = self.SETUP
+        name, cfg = draw(data, configs(setup.shapes, setup.profile, setup.excluded), label="config")
+        stats = setup.stats
         if isinstance(cfg, str):
             stats.refused_configs[cfg.split(":", 1)[0]] += 1
             stats.refused_reasons[f"{name}: {cfg}"] += 1
@@ -160,23 +194,40 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.cfg, self.shape = cfg, name
         try:
             self.lock = Lockstep(
-                cfg, self.SETUP.factories, stats, self.SETUP.failure_dir, name, self.SETUP.op_timeout
+                cfg, setup.factories, stats, setup.failure_dir, name, setup.op_timeout, setup.known, setup.excluded
             )
         except UnsupportedByProfileError as exc:
             stats.refused_configs["UnsupportedByProfileError"] += 1
             stats.refused_reasons[f"{name}: {exc}"] += 1
             reject()
+        except Refused as exc:
+            stats.refused_configs[exc.kind] += 1
+            stats.refused_reasons[f"{name}: {exc.reason}"] += 1
+            if exc.feature:
+                stats.skipped[f"construct: {exc.feature}"] += 1
+            reject()
         self.sched = Scheduler(cfg, self.lock.book, self.lock.call, self.lock.request_op)
         sched = cfg.scheduler_block_size
         for _ in range(3):
-            n = data.draw(st.integers(1, 3)) * sched + data.draw(st.integers(0, sched - 1))
-            self.prefixes.append(data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=n, max_size=n)))
+            n = draw(data, st.integers(1, 3)) * sched + draw(data, st.integers(0, sched - 1))
+            self.prefixes.append(draw(data, st.lists(st.integers(0, VOCAB - 1), min_size=n, max_size=n)))
 
     # -- helpers -------------------------------------------------------------
 
     @property
     def live(self) -> bool:
         return self.lock is not None and not self.lock.halted
+
+    def _allowed(self, feature: str) -> bool:
+        """Whether the machine may use ``feature`` (:attr:`MachineSetup.excluded`)."""
+        return feature not in self.SETUP.excluded
+
+    def _pop(self, pop: bool) -> bool:
+        """``pop`` (deferred free), unless the adapters lack one way of freeing."""
+        can_pop = self._allowed("op:pop_blocks_for_free") and self._allowed("op:free_blocks")
+        if pop and not can_pop:
+            return False
+        return pop or (not self._allowed("op:free") and can_pop)
 
     @property
     def _sched(self) -> Scheduler:
@@ -214,18 +265,18 @@ class SchedulerMachine(RuleBasedStateMachine):
     def _chunk(self, data: st.DataObject, st_: ReqState, start: int) -> int:
         """Tokens to schedule from ``start``: a drawn chunk of what remains
         (see :func:`kvref.scheduler.schedule_chunk`)."""
-        n = data.draw(st.integers(1, self._sched.chunk_bound(st_.rid, start)))
+        n = draw(data, st.integers(1, self._sched.chunk_bound(st_.rid, start)))
         return self._sched.chunk(st_.rid, start, n)
 
     def _sample_token(self, data: st.DataObject, rid: str) -> None:
         assert self.lock is not None
-        self._sched.sample(rid, data.draw(st.integers(0, VOCAB - 1)))
+        self._sched.sample(rid, draw(data, st.integers(0, VOCAB - 1)))
 
     def _finish(self, rid: str, data: st.DataObject) -> None:
         st_ = self._sched.forget(rid)
         if st_.reusable:
             self._remember(self._sched.tokens(rid), st_.extra)
-        self._release(rid, not data.draw(st.booleans()), data)
+        self._release(rid, not draw(data, st.booleans()), data)
 
     def _release(self, rid: str, pop: bool, data: st.DataObject) -> None:
         """Free ``rid``'s blocks now, or pop them and free them later (async
@@ -236,6 +287,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         popped blocks still hold their references; half the time it does so
         here.
         """
+        pop = self._pop(pop)
         popped = self._sched.release(rid, pop)
         if pop:
             self._after_pop(rid, popped, data)
@@ -244,11 +296,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert self.lock is not None
         self.lock.pending = len(self.pending)
         others = [r for r in self.running if r != rid]
-        if popped and others and data.draw(st.booleans()):
-            self._call({"op": "get_num_common_prefix_blocks", "rid": data.draw(st.sampled_from(others))})
+        if popped and others and draw(data, st.booleans()):
+            self._call({"op": "get_num_common_prefix_blocks", "rid": draw(data, st.sampled_from(tuple(others)))})
 
     def _preempt(self, rid: str, data: st.DataObject) -> None:
-        pop = not data.draw(st.booleans())
+        pop = self._pop(not draw(data, st.booleans()))
         popped = self._sched.preempt(rid, pop)
         if pop:
             self._after_pop(rid, popped, data)
@@ -263,7 +315,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert self.lock is not None
         self.counter += 1
         rid = f"r{self.counter}"
-        reuse = data.draw(st.sampled_from(REUSE)) if self.past else ""
+        reuse = draw(data, st.sampled_from(REUSE)) if self.past else ""
         if reuse:
             op, reusable = self._reused_prompt(data, rid, reuse), True
         else:
@@ -271,9 +323,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         # One request in ten skips the prefix cache; False is first, so that a
         # shrunk history reads the cache (``integers(0, 9) == 0`` came out
         # true for most requests: Hypothesis favours 0).
-        if data.draw(st.sampled_from((False,) * 9 + (True,))):
+        if draw(data, st.sampled_from((False,) * 9 + (True,))) and self._allowed("skip_reading_prefix_cache"):
             op["skip_reading_prefix_cache"] = True
-        enc = data.draw(st.integers(1, 12)) if any(isinstance(k, CrossAttention) for k in self.cfg.groups) else 0
+        enc = draw(data, st.integers(1, 12)) if any(isinstance(k, CrossAttention) for k in self.cfg.groups) else 0
         self._sched.add(op, enc, reusable)
         if reusable:
             self._remember(op["prompt"], op.get("extra"))
@@ -281,20 +333,22 @@ class SchedulerMachine(RuleBasedStateMachine):
     def _fresh_prompt(self, data: st.DataObject, rid: str) -> tuple[Json, bool]:
         """A prompt from the prefix universe, with extra keys drawn; returns
         the operation and whether later requests may reuse its tokens."""
-        prefix = data.draw(st.sampled_from(self.prefixes))
-        suffix = data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=12))
+        prefix = draw(data, st.sampled_from(self.prefixes))
+        suffix = draw(data, st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=12))
         prompt = (prefix + suffix)[: self._prompt_limit()] or [0]
         op: Json = {"op": "add_request", "rid": rid, "prompt": prompt}
-        extra = data.draw(st.sampled_from(["", "", "", "salt", "lora", "mm", "embeds"]))
+        extra = draw(data, st.sampled_from(["", "", "", "salt", "lora", "mm", "embeds"]))
+        if extra and not self._allowed(_EXTRA_FEATURES[extra]):
+            extra = ""
         if extra == "salt":
             op["extra"] = {"cache_salt": "s"}
         elif extra == "lora":
             op["extra"] = {"lora": {"name": "l", "adapter_id": 1, "path": "/adapters/l"}}
         elif extra == "mm":
-            off = data.draw(st.integers(0, len(prompt) - 1))
-            length = data.draw(st.integers(1, len(prompt) - off))
+            off = draw(data, st.integers(0, len(prompt) - 1))
+            length = draw(data, st.integers(1, len(prompt) - off))
             op["extra"] = {
-                "mm_features": [{"identifier": data.draw(st.sampled_from("ab")), "offset": off, "length": length}]
+                "mm_features": [{"identifier": draw(data, st.sampled_from("ab")), "offset": off, "length": length}]
             }
         elif extra == "embeds":
             rows = [bytes([t, 0, 0, 60]).hex() for t in prompt]
@@ -306,11 +360,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         finished) and extra keys: as they were, extended by a few tokens (the
         next turn of a chat), or cut to whole scheduler blocks (a fully cached
         prompt: its last block is recomputed, so one hash gets two blocks)."""
-        tokens, extra = data.draw(st.sampled_from(self.past))
+        tokens, extra = draw(data, st.sampled_from(self.past))
         limit = self._prompt_limit()
         sched = self.cfg.scheduler_block_size
         if how == "extend":
-            tokens = tokens + data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=2 * sched))
+            tokens = tokens + draw(data, st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=2 * sched))
         elif how == "aligned":
             tokens = tokens[: min(len(tokens), limit) // sched * sched] or tokens
         op: Json = {"op": "add_request", "rid": rid, "prompt": tokens[:limit] or [0]}
@@ -336,7 +390,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def admit(self, data: st.DataObject) -> None:
         """Schedule a waiting request (usually the first; a later one when the
         scheduler skips a request that does not fit): prefix lookup, then allocate."""
-        rid = self.waiting[data.draw(st.integers(0, len(self.waiting) - 1))]
+        rid = self.waiting[draw(data, st.integers(0, len(self.waiting) - 1))]
         st_ = self.reqs[rid]
         op: Json = {"op": "allocate_slots", "rid": rid}
         hit = 0
@@ -354,16 +408,18 @@ class SchedulerMachine(RuleBasedStateMachine):
         external = 0
         # Connector tokens on one admission in five, one in two after a prefix hit
         # (a hit and external tokens together exercise the touch-then-allocate order).
-        if st_.computed == 0 and data.draw(st.integers(0, 1 if hit else 4)) == 0 and total - hit > 1:
-            external = data.draw(st.integers(1, total - hit - 1))
-        delay = external > 0 and data.draw(st.booleans())
+        if st_.computed == 0 and draw(data, st.integers(0, 1 if hit else 4)) == 0 and total - hit > 1:
+            external = draw(data, st.integers(1, total - hit - 1))
+            if not self._allowed("external"):
+                external = 0
+        delay = external > 0 and draw(data, st.booleans()) and self._allowed("delay_cache_blocks")
         new = 0 if delay else self._chunk(data, st_, st_.computed + hit + external)
         op.update(
             num_new_tokens=new, num_external_computed_tokens=external, delay_cache_blocks=delay,
-            num_lookahead_tokens=data.draw(st.integers(0, 2)) if self.cfg.use_eagle else 0,
+            num_lookahead_tokens=draw(data, st.integers(0, 2)) if self.cfg.use_eagle else 0,
             num_encoder_tokens=st_.encoder_tokens if st_.computed == 0 else 0,
-            full_sequence_must_fit=data.draw(st.booleans()),
-            reserved_blocks=data.draw(st.sampled_from([0, 0, 0, 1, 2])),
+            full_sequence_must_fit=draw(data, st.booleans()),
+            reserved_blocks=draw(data, st.sampled_from([0, 0, 0, 1, 2])),
             has_scheduled_reqs=bool(self.running),
         )  # fmt: skip
         if self._sched.admit(op, hit, external, delay, looked_up) and not delay and st_.computed == total:
@@ -374,21 +430,21 @@ class SchedulerMachine(RuleBasedStateMachine):
     def finish_remote_load(self, data: st.DataObject) -> None:
         """The connector finished loading: cache the loaded blocks, then the
         request waits to be scheduled with its tokens already computed."""
-        self._sched.remote_loaded(data.draw(st.sampled_from(self.remote)))
+        self._sched.remote_loaded(draw(data, st.sampled_from(tuple(self.remote))))
 
     @precondition(lambda self: self.live and bool(self.running))
     @rule(data=st.data())
     def schedule_running(self, data: st.DataObject) -> None:
         """Advance a running request (prefill chunk or one decode token);
         on failure preempt the newest running request."""
-        rid = data.draw(st.sampled_from(self.running))
+        rid = draw(data, st.sampled_from(tuple(self.running)))
         st_ = self.reqs[rid]
         total = self._num_tokens(rid)
         if st_.computed >= total:
             self._finish(rid, data)
             return
         new = self._chunk(data, st_, st_.computed)
-        look = data.draw(st.integers(0, 2)) if self.cfg.use_eagle else 0
+        look = draw(data, st.integers(0, 2)) if self.cfg.use_eagle else 0
         if not self._sched.advance(rid, new, look):
             self._preempt(self.running[-1], data)
             return
@@ -401,11 +457,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         """A request finishes or is aborted (``free`` or deferred free), or a
         running one is preempted for a more urgent request (priority
         scheduling): it waits again and is re-admitted through a prefix lookup."""
-        rid = data.draw(st.sampled_from(sorted(self.reqs)))
-        if rid in self.running and data.draw(st.sampled_from(("finish", "finish", "preempt"))) == "preempt":
+        rid = draw(data, st.sampled_from(tuple(sorted(self.reqs))))
+        if rid in self.running and draw(data, st.sampled_from(("finish", "finish", "preempt"))) == "preempt":
             self._preempt(rid, data)
             return
-        if rid in self.running and data.draw(st.booleans()):
+        if rid in self.running and draw(data, st.booleans()):
             self._call({"op": "remove_skipped_blocks", "rid": rid, "total_computed_tokens": self.reqs[rid].computed})
         self._finish(rid, data)
 
@@ -421,14 +477,14 @@ class SchedulerMachine(RuleBasedStateMachine):
             st_ = self._sched.forget(rid)
             if st_.reusable:
                 self._remember(self._sched.tokens(rid), st_.extra)
-            self._sched.release(rid, pop=False)
+            self._sched.release(rid, pop=self._pop(False))
 
     @precondition(lambda self: self.live and bool(self.pending))
     @rule(data=st.data())
     def deferred_free(self, data: st.DataObject) -> None:
         """The scheduler frees popped blocks later, reversed."""
         assert self.lock is not None
-        self._sched.deferred_free(data.draw(st.integers(0, len(self.pending) - 1)))
+        self._sched.deferred_free(draw(data, st.integers(0, len(self.pending) - 1)))
         self.lock.pending = len(self.pending)
 
     @precondition(lambda self: self.lock is not None)
@@ -448,7 +504,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         self._call({"op": "new_step_starts"})
         if which == "evict_blocks":
-            ids = data.draw(st.lists(st.integers(0, self.cfg.num_blocks - 1), max_size=3))
+            ids = draw(data, st.lists(st.integers(0, self.cfg.num_blocks - 1), max_size=3))
             self._call({"op": "evict_blocks", "block_ids": ids})
         elif which:
             self._call({"op": which})
@@ -457,13 +513,13 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def common_prefix(self, data: st.DataObject) -> None:
         """Cascade attention asks for the common prefix of a running request."""
-        self._call({"op": "get_num_common_prefix_blocks", "rid": data.draw(st.sampled_from(self.running))})
+        self._call({"op": "get_num_common_prefix_blocks", "rid": draw(data, st.sampled_from(tuple(self.running)))})
 
     @precondition(lambda self: self.live and bool(self.reqs))
     @rule(data=st.data())
     def read_tables(self, data: st.DataObject) -> None:
         """Read a request's block ids."""
-        self._call({"op": "get_block_ids", "rid": data.draw(st.sampled_from(sorted(self.reqs)))})
+        self._call({"op": "get_block_ids", "rid": draw(data, st.sampled_from(tuple(sorted(self.reqs))))})
 
     # -- invalid operations: every side must reject them and change nothing ---
 
@@ -480,10 +536,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         if kind == "foreign_hit":
             self._foreign_group_hit(data)
             return
-        rid = data.draw(st.sampled_from(sorted(self.reqs)))
+        rid = draw(data, st.sampled_from(tuple(sorted(self.reqs))))
         op: Json = {"op": "allocate_slots", "rid": rid, "num_new_tokens": 1}
         if kind == "negative":
-            op[data.draw(st.sampled_from(["num_new_tokens", "num_lookahead_tokens", "reserved_blocks"]))] = -1
+            op[draw(data, st.sampled_from(["num_new_tokens", "num_lookahead_tokens", "reserved_blocks"]))] = -1
         elif kind == "zero":
             op["num_new_tokens"] = 0
         elif kind == "too_long":
@@ -526,7 +582,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         slots = [(g, i) for g, ids in enumerate(found["blocks"]) for i, b in enumerate(ids) if b != 0]
         if not slots:
             return
-        g, i = data.draw(st.sampled_from(slots))
+        g, i = draw(data, st.sampled_from(tuple(slots)))
         assert self.lock is not None
         foreign = sorted(
             {
@@ -541,7 +597,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         if not foreign:
             return
         hits = [list(ids) for ids in found["blocks"]]
-        hits[g][i] = data.draw(st.sampled_from(foreign))
+        hits[g][i] = draw(data, st.sampled_from(tuple(foreign)))
         op = {"op": "allocate_slots", "rid": rid, "num_new_tokens": 1,
               "num_new_computed_tokens": found["num_tokens"], "new_computed_blocks": hits}  # fmt: skip
         self._call(op, expect_unchanged=True)
@@ -574,21 +630,21 @@ class SchedulerMachine(RuleBasedStateMachine):
     def invalid_other(self, data: st.DataObject, kind: str) -> None:
         """Other caller errors, and broken configurations."""
         if kind == "config":
-            self._invalid_config(data.draw(st.sampled_from(BAD_CONFIGS)))
+            self._invalid_config(draw(data, st.sampled_from(BAD_CONFIGS)))
             return
         if kind == "double_free":
             held = sorted({b for r in self.reqs for b in self._held(r)})
             if not held:
                 return
-            op: Json = {"op": "free_blocks", "block_ids": [data.draw(st.sampled_from(held))]}
+            op: Json = {"op": "free_blocks", "block_ids": [draw(data, st.sampled_from(tuple(held)))]}
         elif kind == "bad_evict":
-            op = {"op": "evict_blocks", "block_ids": [data.draw(st.sampled_from([-1, self.cfg.num_blocks]))]}
+            op = {"op": "evict_blocks", "block_ids": [draw(data, st.sampled_from([-1, self.cfg.num_blocks]))]}
         elif kind == "unknown_prefix":
             op = {"op": "get_num_common_prefix_blocks", "rid": "nobody"}
         else:
             if not self.reqs or not self.cfg.enable_caching:
                 return
-            rid = data.draw(st.sampled_from(sorted(self.reqs)))
+            rid = draw(data, st.sampled_from(tuple(sorted(self.reqs))))
             op = {"op": "cache_blocks", "rid": rid, "num_computed_tokens": self._num_tokens(rid) + 1}
         self._call(op, expect_unchanged=True)
 
@@ -599,11 +655,24 @@ class SchedulerMachine(RuleBasedStateMachine):
         return [b for g in tables for b in g if b != 0 and b not in pending]
 
     def teardown(self) -> None:
-        """Record the run as a trace if asked to; adapters are garbage collected."""
+        """Drain and compare what is still pending, then record the run as a
+        trace if asked to; adapters are garbage collected."""
         setup, lock = self.SETUP, self.lock
+        self._drain()
         if setup.record_dir is not None and lock is not None and not lock.halted and lock.stats.steps:
             self._record(setup, setup.record_dir, lock)
         self.lock = None
+
+    def _drain(self) -> None:
+        """Nothing observable is left uncompared: every run ends by taking the
+        events, the new block ids and the statistics that are still pending
+        (on every side, compared like any other step; the events go through
+        the consumer-side check). Not after a divergence: its trace ends where it showed."""
+        if not self.live or self.lock is None or self.lock.failed:
+            return
+        for name in ("take_events", "take_new_block_ids", "make_prefix_cache_stats"):
+            if self.live:
+                self._call({"op": name})
 
     def _record(self, setup: MachineSetup, record_dir: Path, lock: Lockstep) -> None:
         """Write the run unless the limit is reached or it is too short, too
@@ -614,13 +683,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         allocations = sum(1 for op in lock.log if op["op"] == "allocate_slots" and isinstance(op.get("expect"), list))
         if facade_steps < 3 or allocations < setup.min_allocations:
             return
-        trace = Trace(self.cfg, lock.log, {"shape": self.shape})
+        log = lock.trace_log()
+        meta = {"shape": self.shape, "features": trace_features(self.cfg, log)}
+        trace = Trace(self.cfg, log, meta)
         text = trace.dumps()
         if text in setup.recorded_texts:
             return
         setup.recorded_texts.add(text)
         setup.recorded += 1
-        trace.write(record_dir / f"{self.shape}-{setup.recorded:04d}.jsonl")
+        trace.write_new(record_dir, self.shape, start=setup.recorded)
 
 
 def default_failure_dir() -> Path:

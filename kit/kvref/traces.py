@@ -19,10 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from kvref.adapters import AdapterFactory, KVCacheAdapter
-from kvref.exits import InputError
+from kvref.capabilities import SKIP_ERRORS, declared_unsupported, refusal, trace_features
+from kvref.exits import InputError, raise_if_interrupted
 from kvref.ops import REQUEST_OPS, RequestBook, config_from_json, config_to_json, execute
 from kvspec.config import KVCacheConfig
 from kvspec.profiles import VLLM_0_25_1, profile_named
+from kvspec.view import KVView
 
 FORMAT = "kvref-trace"
 VERSION = 2
@@ -61,10 +63,57 @@ class Trace:
         return body + _line(end)
 
     def write(self, path: Path) -> Path:
-        """Write the trace; parent folders are created."""
+        """Write the trace; parent folders are created.
+
+        NOTE: the text goes to a temporary file next to ``path`` first and is
+        then renamed over it, so an interrupted run never leaves a cut trace
+        behind and a reader sees either the old file or the whole new one.
+        """
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.dumps())
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(self.dumps())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
         return path
+
+    def features(self) -> list[str]:
+        """The features the trace uses: its header's ``features``, else
+        computed from its configuration and steps (older files have none)."""
+        listed = self.meta.get("features")
+        if isinstance(listed, list):
+            return [str(f) for f in listed]
+        return trace_features(self.config, self.steps)
+
+    @property
+    def layer(self) -> str:
+        """The layer the trace drives: ``facade`` (default) or ``pool``."""
+        return str(self.meta.get("layer", "facade"))
+
+    def write_new(self, folder: Path, stem: str, start: int = 1) -> Path:
+        """Write the trace as ``<stem>-NNNN.jsonl`` in ``folder`` under the first
+        number from ``start`` that no file holds yet.
+
+        NOTE: the whole text is written to a temporary file, then hard-linked
+        to the name (a link fails if the name exists): two recorders sharing a
+        folder never overwrite each other, and no cut or empty file appears.
+        """
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{stem}.{os.getpid()}.tmp"
+        try:
+            tmp.write_text(self.dumps())
+            number = start
+            while True:
+                path = folder / f"{stem}-{number:04d}.jsonl"
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    number += 1
+                    continue
+                return path
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 def load(path: Path) -> Trace:
@@ -144,13 +193,22 @@ def _line(obj: Json) -> str:
 
 @dataclass
 class ReplayResult:
-    """Outcome of replaying one trace against one adapter."""
+    """Outcome of replaying one trace against one adapter.
+
+    Attributes:
+        skipped: Why the adapter could not run the trace ("" if it ran):
+            a declared missing feature, its ``supports``, or a skip error.
+        view: The adapter's view right after the failed step when the view
+            digest differed (for :func:`kvref.diagnose.describe`).
+    """
 
     path: str
     ok: bool
     steps: int
     failed_step: int | None = None
     message: str = ""
+    skipped: str = ""
+    view: KVView | None = None
 
 
 ExecuteOp = Callable[[KVCacheAdapter, RequestBook, Json], Json]
@@ -178,6 +236,7 @@ def run_steps(
     """
     book = RequestBook(trace.config)
     for i, step in enumerate(trace.steps):
+        raise_if_interrupted()  # an interrupt Python swallowed (kvref.exits.interruptible)
         op, _, _ = split_step(step)
         try:
             if op["op"] in REQUEST_OPS:
@@ -208,21 +267,50 @@ def replay(
 ) -> ReplayResult:
     """Run every step on a fresh adapter; stop at the first mismatch of an
     output or of the view digest, or at the first exception (a crash, or one
-    raised by ``after_step``, which runs after each facade step)."""
-    adapter = factory(trace.config)
+    raised by ``after_step``, which runs after each facade step).
+
+    A trace the adapter cannot run is skipped, with the reason: it needs a
+    feature the factory declares it lacks, the factory's ``supports`` refuses
+    the configuration, or the factory or a step raises a skip error
+    (:mod:`kvref.capabilities`).
+    """
+    reason = refusal(factory, trace.config)
+    if reason is not None:
+        return ReplayResult(path, False, 0, skipped=f"the adapter refuses the configuration: {reason}")
+    missing = sorted(set(trace.features()) & declared_unsupported(factory))
+    if missing:
+        return ReplayResult(path, False, 0, skipped=f"the trace uses {', '.join(missing)}, which the adapter lacks")
+    try:
+        adapter = factory(trace.config)
+    except SKIP_ERRORS as exc:
+        return ReplayResult(path, False, 0, skipped=f"the adapter refuses the configuration: {exc}")
     try:
         for index, op, got in run_steps(trace, adapter, execute_op):
             _, expect, view = split_step(trace.steps[index])
             if got != expect:
-                return ReplayResult(path, False, index + 1, index, f"{op['op']}: expected {expect!r}, got {got!r}")
-            if view is not None and _guarded(index, op, lambda: adapter.to_view().digest()) != view:
-                return ReplayResult(path, False, index + 1, index, f"{op['op']}: view digest differs")
+                message = f"{op['op']}: the trace expects {expect!r}, the adapter returned {got!r}"
+                return ReplayResult(path, False, index + 1, index, message)
+            if view is not None:
+                now = _guarded(index, op, adapter.to_view)
+                if now.digest() != view:
+                    return ReplayResult(path, False, index + 1, index, f"{op['op']}: view digest differs", view=now)
             if after_step is not None:
                 _guarded(index, op, lambda: after_step(adapter))
     except StepCrashed as crash:
         cause, i = crash.cause, crash.index
+        if isinstance(cause, SKIP_ERRORS):
+            return ReplayResult(path, False, i, skipped=f"step {i} ({crash.op['op']}): {cause}")
         return ReplayResult(path, False, i + 1, i, f"{crash.op['op']}: crashed: {type(cause).__name__}: {cause}")
     return ReplayResult(path, True, len(trace.steps))
+
+
+def view_after(trace: Trace, factory: AdapterFactory, index: int, execute_op: ExecuteOp = execute) -> KVView:
+    """The view of a fresh ``factory`` adapter right after step ``index``."""
+    adapter = factory(trace.config)
+    for i, _, _ in run_steps(trace, adapter, execute_op):
+        if i >= index:
+            break
+    return adapter.to_view()
 
 
 def _guarded(index: int, op: Json, thunk: Callable[[], Json]) -> Json:

@@ -72,11 +72,12 @@ class Mamba:
 
     ``mode`` is vLLM's ``mamba_cache_mode``: ``none`` (no prefix caching of
     states), ``all`` (cache the state at every block boundary) or ``align``
-    (cache states that land on block boundaries at step ends).
+    (cache states that land on block boundaries at step ends). The default is
+    vLLM's: ``none``.
     """
 
     block_size: int
-    mode: MambaMode = "all"
+    mode: MambaMode = "none"
     num_speculative_blocks: int = 0
 
 

@@ -377,12 +377,12 @@ class KVCacheManager:
         reserved: int,
     ) -> tuple[tuple[BlockId, ...], ...]:
         """Check ``allocate_slots`` arguments; return the hits (empty if None)."""
+        check_request(request)
         counts = {
             "num_new_tokens": n_new, "num_new_computed_tokens": n_hit, "num_lookahead_tokens": n_lookahead,
             "num_external_computed_tokens": n_external, "num_encoder_tokens": n_encoder,
             "reserved_blocks": reserved, "request.num_computed_tokens": request.num_computed_tokens,
         }  # fmt: skip
-        check_request(request)
         for name, value in counts.items():
             if not is_int(value) or value < 0:
                 raise InvalidTokenCountError(f"allocate_slots: {name} is {value!r}, not a non-negative int")

@@ -318,15 +318,33 @@ def features_used(config: KVCacheConfig) -> frozenset[str]:
 MODELLED_FEATURES = frozenset({"partial-tail-entries", "mamba-tail-entries", "partial-hash-hits"})
 """The features of :func:`features_used` that kvspec models."""
 
+FEATURE_SWITCHES: dict[str, frozenset[str]] = {
+    "partial-tail-entries": frozenset({"partial_tail_entries", "fa_tail_below_last_token"}),
+    "partial-hash-hits": frozenset({"partial_hash_hits"}),
+    "mamba-tail-entries": frozenset({"mamba_tail_entries", "mamba_tail_skip_keyed"}),
+}
+"""The profile switches each feature of :func:`features_used` reads. They
+change nothing for a configuration that does not use the feature, so an
+implementation that refuses the feature need not read them."""
+
+
+PARTIAL_HASH_HITS_CHECKED: frozenset[str] = frozenset()
+"""The profiles whose fine-grained hits with copy-on-write
+(``"partial-hash-hits"``, :mod:`kvspec.partial_hits`) have been checked in
+lockstep against that vLLM release; for the others a configuration that uses
+them is refused."""
+
 
 def unsupported_reason(config: KVCacheConfig) -> str | None:
     """Why kvspec cannot model ``config`` under its profile, or None.
 
-    Every state-adding feature of :func:`features_used` is modelled. What is
-    refused is a configuration on which the release itself fails: in vLLM
-    0.26.x and 0.27.x, fine-grained hits together with a group that cannot do
-    them (a sliding-window or chunked-local group coarser than the hash
-    block) fail an assertion at the first lookup.
+    Every state-adding feature of :func:`features_used` is modelled, but
+    fine-grained hits with copy-on-write only for the profiles of
+    :data:`PARTIAL_HASH_HITS_CHECKED`. Also refused is a configuration on
+    which the release itself fails: in vLLM 0.26.x and 0.27.x, fine-grained
+    hits together with a group that cannot do them (a sliding-window or
+    chunked-local group coarser than the hash block) fail an assertion at
+    the first lookup.
     """
     from kvspec.partial_hits import blocks_fine_hits  # noqa: PLC0415 - partial_hits imports config
 
@@ -343,4 +361,9 @@ def unsupported_reason(config: KVCacheConfig) -> str | None:
                     f"the hash block ({hbs}) in a model with fine-grained hits; vLLM {p.release} fails an "
                     "assertion at the first lookup"
                 )
+    if "partial-hash-hits" in features_used(config) and p.name not in PARTIAL_HASH_HITS_CHECKED:
+        return (
+            f"{p.name}: a Mamba align group coarser than the hash block needs fine-grained hits with "
+            "copy-on-write, which are not modelled for this release"
+        )
     return None

@@ -36,14 +36,36 @@ RequestId = NewType("RequestId", str)
 
 
 class RequestStatus(enum.Enum):
-    """The statuses the manager distinguishes (watermark applies to the first and
-    third)."""
+    """A request's status, with vLLM's names (``vllm/v1/request.py``).
+
+    The manager tells only two apart from the rest: the watermark applies to
+    ``WAITING`` and ``PREEMPTED`` requests. The others are here so that a
+    status taken from vLLM keeps its name: the waiting states of the releases
+    (``WAITING_FOR_FSM`` is 0.16.0's name of the structured-output wait,
+    ``WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR`` later releases'), and the finished
+    states with their reasons. ``FINISHED`` is a finished request whose reason
+    was not recorded (traces name it; the vLLM adapter sends it as
+    ``FINISHED_STOPPED``).
+    """
 
     WAITING = "WAITING"
+    WAITING_FOR_FSM = "WAITING_FOR_FSM"
+    WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR = "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR"
+    WAITING_FOR_REMOTE_KVS = "WAITING_FOR_REMOTE_KVS"
+    WAITING_FOR_STREAMING_REQ = "WAITING_FOR_STREAMING_REQ"
     RUNNING = "RUNNING"
     PREEMPTED = "PREEMPTED"
-    WAITING_FOR_REMOTE_KVS = "WAITING_FOR_REMOTE_KVS"
     FINISHED = "FINISHED"
+    FINISHED_STOPPED = "FINISHED_STOPPED"
+    FINISHED_LENGTH_CAPPED = "FINISHED_LENGTH_CAPPED"
+    FINISHED_ABORTED = "FINISHED_ABORTED"
+    FINISHED_IGNORED = "FINISHED_IGNORED"
+    FINISHED_ERROR = "FINISHED_ERROR"
+    FINISHED_REPETITION = "FINISHED_REPETITION"
+
+    def is_finished(self) -> bool:
+        """Whether the request has finished (any ``FINISHED`` state)."""
+        return self.value.startswith("FINISHED")
 
 
 @dataclass(frozen=True, slots=True)

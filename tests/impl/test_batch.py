@@ -1,8 +1,12 @@
 """kvimpl's batched step API against the sequential calls it stands for.
 
-One manager runs ``allocate_slots_batch`` / ``free_batch``, an identical one
-runs ``allocate_slots`` / ``free`` in the same order; results, views, events
-and new-block ids must agree after every step.
+One kvimpl manager runs ``allocate_slots_batch`` / ``free_batch``, an
+identical one runs ``allocate_slots`` / ``free`` in the same order, and a
+kvspec manager runs the same sequential calls; results, views, events,
+new-block ids and statistics must agree after every step, under every
+semantics profile (a configuration the profile refuses, or one using a
+feature kvimpl does not model yet, is skipped, with the refusal as the
+reason).
 """
 
 from __future__ import annotations
@@ -14,14 +18,18 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from kvimpl.kv_cache_manager import KVCacheManager
+from kvref.adapters.impl import make_impl_adapter
 from kvspec.config import MLA, AttentionKind, ChunkedLocal, FullAttention, KVCacheConfig, Mamba, SlidingWindow
-from kvspec.errors import ExceedsMaxModelLenError, InvalidTokenCountError
+from kvspec.errors import ConfigError, ExceedsMaxModelLenError, InvalidTokenCountError
+from kvspec.kv_cache_manager import KVCacheManager as SpecManager
+from kvspec.profiles import NEWEST, PROFILES, SemanticsProfile
 from kvspec.request import Request, RequestBlockHasher, RequestStatus
 from kvspec.view import BlockIds
 
 SHAPES: dict[str, tuple[AttentionKind, ...]] = {
     "full": (FullAttention(4),),
     "full+mla": (FullAttention(4), MLA(8)),
+    "full+mla-same-size": (FullAttention(4), MLA(4)),
     "full+swa": (FullAttention(4), SlidingWindow(4, 8)),
     "full+mamba-align": (FullAttention(4), Mamba(4, "align", 1)),
     "mla+swa": (MLA(4), SlidingWindow(4, 6)),
@@ -34,62 +42,100 @@ MAX_LEN = 48
 
 @dataclass
 class Pair:
-    """The batch side, the sequential side, and the request builder."""
+    """The batch side, the sequential side, the spec side, and the request builder."""
 
     batch: KVCacheManager
     seq: KVCacheManager
+    spec: SpecManager
     hasher: RequestBlockHasher
     config: KVCacheConfig
 
+    def sequential(self) -> tuple[KVCacheManager | SpecManager, ...]:
+        """The managers that get the per-request calls."""
+        return self.seq, self.spec
+
     def assert_same(self, what: str) -> None:
         self.batch.check_invariants()
-        assert self.batch.to_view() == self.seq.to_view(), f"{what}: views differ"
-        ev_b, ev_s = self.batch.take_events(), self.seq.take_events()
-        assert ev_b == ev_s, f"{what}: events {ev_b} != {ev_s}"
-        new_b, new_s = self.batch.take_new_block_ids(), self.seq.take_new_block_ids()
-        assert new_b == new_s, f"{what}: new block ids {new_b} != {new_s}"
+        view = self.spec.to_view()
+        assert self.batch.to_view() == view, f"{what}: batch view differs from the spec's"
+        assert self.seq.to_view() == view, f"{what}: sequential view differs from the spec's"
+        for name in ("take_events", "take_new_block_ids", "make_prefix_cache_stats"):
+            got_b, got_s, want = (getattr(m, name)() for m in (self.batch, self.seq, self.spec))
+            assert got_b == got_s == want, f"{what}: {name}: batch {got_b}, sequential {got_s}, spec {want}"
 
 
-def make_pair(groups: tuple[AttentionKind, ...], num_blocks: int, caching: bool, eagle: bool) -> Pair:
-    config = KVCacheConfig(
+def make_config(
+    profile: SemanticsProfile, groups: tuple[AttentionKind, ...], num_blocks: int, caching: bool, eagle: bool
+) -> KVCacheConfig:
+    return KVCacheConfig(
         num_blocks=num_blocks,
         groups=groups,
         max_model_len=MAX_LEN,
         enable_caching=caching,
         use_eagle=eagle,
         enable_kv_cache_events=caching,
+        log_stats=True,
+        profile=profile,
     )
-    hasher = RequestBlockHasher(config.hash_function, config.hash_seed, config.resolved_hash_block_size())
-    return Pair(KVCacheManager(config), KVCacheManager(config), hasher, config)
+
+
+def refusal(profile: SemanticsProfile, groups: tuple[AttentionKind, ...], caching: bool, eagle: bool) -> str | None:
+    """Why the profile (or kvimpl: a feature it does not model yet) refuses the configuration, or None."""
+    try:
+        make_impl_adapter(make_config(profile, groups, 48, caching, eagle))
+    except ConfigError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def make_pair(
+    groups: tuple[AttentionKind, ...],
+    num_blocks: int,
+    caching: bool,
+    eagle: bool,
+    profile: SemanticsProfile | None = None,
+) -> Pair:
+    config = make_config(profile or NEWEST, groups, num_blocks, caching, eagle)
+    hasher = RequestBlockHasher.for_config(config)
+    return Pair(KVCacheManager(config), KVCacheManager(config), SpecManager(config), hasher, config)
 
 
 def admit(pair: Pair, rid: str, prompt: list[int]) -> Request | None:
-    """Admit on both sides (hits included); the running request, or None if it did not fit."""
+    """Admit on every side (hits included, recorded in the statistics where the
+    profile's scheduler does); the running request, or None if it did not fit."""
     req = pair.hasher.new_request(rid, prompt)
-    hits_b, n_b = pair.batch.get_computed_blocks(req)
-    hits_s, n_s = pair.seq.get_computed_blocks(req)
-    assert (hits_b, n_b) == (hits_s, n_s)
-    got_b = pair.batch.allocate_slots(req, req.num_tokens - n_b, n_b, hits_b)
-    got_s = pair.seq.allocate_slots(req, req.num_tokens - n_s, n_s, hits_s)
-    assert got_b == got_s
+    hits, n = pair.spec.get_computed_blocks(req)
+    want = pair.spec.allocate_slots(req, req.num_tokens - n, n, hits)
+    for impl in (pair.batch, pair.seq):
+        assert impl.get_computed_blocks(req) == (hits, n)
+        assert impl.allocate_slots(req, req.num_tokens - n, n, hits) == want
+    if want is not None and not pair.config.profile.stats_at_lookup:
+        for m in (pair.batch, pair.seq, pair.spec):
+            m.record_prefix_cache_stats(req, n)
     pair.assert_same(f"admit {rid}")
-    if got_b is None:
+    if want is None:
         return None
     running = replace(req, num_computed_tokens=req.num_tokens, status=RequestStatus.RUNNING)
     return pair.hasher.with_output_tokens(running, [len(prompt) % 7])
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    shape=st.sampled_from(sorted(SHAPES)),
-    caching=st.booleans(),
-    eagle=st.booleans(),
-    num_blocks=st.integers(12, 48),
-    data=st.data(),
-)
-def test_batch_equals_sequential(shape: str, caching: bool, eagle: bool, num_blocks: int, data: st.DataObject) -> None:
-    assume(not (eagle and shape == "chunked"))  # chunked local with EAGLE is a config error
-    pair = make_pair(SHAPES[shape], num_blocks, caching, eagle)
+PROFILE_NAMES = tuple(PROFILES)
+
+
+@pytest.mark.parametrize("caching", [True, False], ids=["caching", "no-caching"])
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("profile", PROFILE_NAMES)
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(eagle=st.booleans(), num_blocks=st.integers(12, 48), data=st.data())
+def test_batch_equals_sequential(
+    profile: str, shape: str, caching: bool, eagle: bool, num_blocks: int, data: st.DataObject
+) -> None:
+    prof = PROFILES[profile]
+    reason = refusal(prof, SHAPES[shape], caching, False)
+    if reason is not None:
+        pytest.skip(f"{profile} refuses {shape} ({'caching' if caching else 'no caching'}): {reason}")
+    assume(refusal(prof, SHAPES[shape], caching, eagle) is None)  # EAGLE with chunked local is a config error
+    pair = make_pair(SHAPES[shape], num_blocks, caching, eagle, prof)
     running: dict[str, Request] = {}
     for i in range(data.draw(st.integers(2, 6), label="requests")):
         prefix = PREFIXES[data.draw(st.integers(0, 1))][: data.draw(st.integers(0, 8))]
@@ -117,10 +163,11 @@ def test_batch_equals_sequential(shape: str, caching: bool, eagle: bool, num_blo
         per_request = data.draw(st.booleans())
         look: int | list[int] = ks if per_request or any(k != ks[0] for k in ks) else ks[0]
         got = pair.batch.allocate_slots_batch(reqs, ns, look)
-        want: list[BlockIds | None] = [
-            pair.seq.allocate_slots(r, n, num_lookahead_tokens=k) for r, n, k in zip(reqs, ns, ks, strict=True)
-        ]
-        assert got == want, f"step {step}: batch {got} != sequential {want}"
+        for m in pair.sequential():
+            want: list[BlockIds | None] = [
+                m.allocate_slots(r, n, num_lookahead_tokens=k) for r, n, k in zip(reqs, ns, ks, strict=True)
+            ]
+            assert got == want, f"step {step}: batch {got} != sequential {want} ({type(m).__module__})"
         pair.assert_same(f"step {step}")
         failed = sorted({r.request_id for r, g in zip(reqs, got, strict=True) if g is None})
         for r in reqs:
@@ -130,9 +177,19 @@ def test_batch_equals_sequential(shape: str, caching: bool, eagle: bool, num_blo
         finished = [rid for rid in sorted(running) if data.draw(st.integers(0, 4)) == 0] + failed
         pair.batch.free_batch(finished)
         for rid in finished:
-            pair.seq.free(rid)
+            for m in pair.sequential():
+                m.free(rid)
             running.pop(rid, None)
         pair.assert_same(f"free after step {step}")
+        deferred = data.draw(st.booleans(), label="deferred free")
+        if running and deferred:
+            rid = data.draw(st.sampled_from(sorted(running)))
+            popped = {pair.batch.pop_blocks_for_free(rid), *(m.pop_blocks_for_free(rid) for m in pair.sequential())}
+            assert len(popped) == 1, f"pop {rid}: {popped}"
+            for m in (pair.batch, *pair.sequential()):
+                m.free_blocks(list(reversed(next(iter(popped)))))
+            running.pop(rid)
+            pair.assert_same(f"deferred free of {rid} after step {step}")
 
 
 def _two_running(shape: str) -> tuple[Pair, Request, Request]:

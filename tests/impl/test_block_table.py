@@ -15,10 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvimpl.kv_cache_manager import KVCacheManager
+from kvimpl.native import native_module
 from kvspec.config import FullAttention, KVCacheConfig
 from kvspec.errors import InvalidTokenCountError, UnknownRequestError
 from kvspec.request import RequestBlockHasher
-from kvtools.device_exercise import MAX_LEN, SHAPES, check_tables, exercise
+from kvtools.device_exercise import MAX_LEN, SHAPES, check_tables, exercise, native_runs
 
 pytest.importorskip("torch")
 
@@ -27,6 +28,14 @@ pytest.importorskip("torch")
 @pytest.mark.parametrize("seed", range(6))
 def test_rows_follow_tables(shape: str, seed: int) -> None:
     exercise("cpu", shape, seed)
+
+
+@pytest.mark.skipif(native_module() is None, reason="the native extension is not built here")
+@pytest.mark.parametrize("shape", sorted(s for s in SHAPES if native_runs(s)))
+@pytest.mark.parametrize("seed", range(6))
+def test_native_rows_follow_tables(shape: str, seed: int) -> None:
+    """The native core writes the host rows itself; they follow its tables too."""
+    exercise("cpu", shape, seed, native=True)
 
 
 @settings(max_examples=30, deadline=None)

@@ -6,7 +6,8 @@ calling the coordinator (``StepAPI._set_quiet`` in ``kvimpl.step_api``). These t
 kvspec and kvimpl with the same calls, including every call that must drop the
 limits (free, pop for a deferred free, an explicit remove_skipped_blocks,
 a delayed cache_blocks, a re-used request id, a preempted status under a
-watermark), and compare results, views and events after each one.
+watermark), and compare results, views, events, new-block ids and
+statistics after each one, under every semantics profile.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from hypothesis import strategies as st
 from kvimpl.kv_cache_manager import KVCacheManager as ImplManager
 from kvspec.config import MLA, AttentionKind, ChunkedLocal, FullAttention, KVCacheConfig, SlidingWindow
 from kvspec.kv_cache_manager import KVCacheManager as SpecManager
+from kvspec.profiles import NEWEST, PROFILES, SemanticsProfile
 from kvspec.request import Request, RequestBlockHasher, RequestStatus
 
 SHAPES: dict[str, tuple[AttentionKind, ...]] = {
@@ -38,7 +40,14 @@ MAX_LEN = 64
 class Both:
     """A spec manager and an impl manager fed the same calls."""
 
-    def __init__(self, groups: tuple[AttentionKind, ...], caching: bool, eagle: bool, watermark: float) -> None:
+    def __init__(
+        self,
+        groups: tuple[AttentionKind, ...],
+        caching: bool,
+        eagle: bool,
+        watermark: float,
+        profile: SemanticsProfile = NEWEST,
+    ) -> None:
         config = KVCacheConfig(
             num_blocks=40,
             groups=groups,
@@ -47,18 +56,23 @@ class Both:
             use_eagle=eagle,
             enable_kv_cache_events=caching,
             watermark=watermark,
+            log_stats=True,
+            profile=profile,
         )
         self.spec = SpecManager(config)
         self.impl = ImplManager(config)
-        self.hasher = RequestBlockHasher(config.hash_function, config.hash_seed, config.resolved_hash_block_size())
+        self.hasher = RequestBlockHasher.for_config(config)
+        self.profile = profile
 
     def call(self, what: str, fn: Callable[[Any], Any]) -> Any:
-        """Run ``fn`` on both managers; results, views and events must agree."""
+        """Run ``fn`` on both managers; results, views, events, new-block ids and statistics must agree."""
         want, got = fn(self.spec), fn(self.impl)
         assert got == want, f"{what}: impl {got} != spec {want}"
         self.impl.check_invariants()
         assert self.impl.to_view() == self.spec.to_view(), f"{what}: views differ"
-        assert self.impl.take_events() == self.spec.take_events(), f"{what}: events differ"
+        for name in ("take_events", "take_new_block_ids", "make_prefix_cache_stats"):
+            mine, theirs = getattr(self.impl, name)(), getattr(self.spec, name)()
+            assert mine == theirs, f"{what}: {name}: impl {mine} != spec {theirs}"
         return got
 
 
@@ -84,11 +98,14 @@ def _admit(both: Both, rid: str, prompt: list[int]) -> Request | None:
     got = both.call(f"admit {rid}", lambda m: m.allocate_slots(req, req.num_tokens - n, n, hits if any(hits) else None))
     if got is None:
         return None
+    if not both.profile.stats_at_lookup:
+        both.call(f"stats of {rid}", lambda m: m.record_prefix_cache_stats(req, n))
     running = replace(req, num_computed_tokens=req.num_tokens, status=RequestStatus.RUNNING)
     return both.hasher.with_output_tokens(running, [3])
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.parametrize("profile", list(PROFILES))
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     shape=st.sampled_from(sorted(SHAPES)),
     caching=st.booleans(),
@@ -98,10 +115,10 @@ def _admit(both: Both, rid: str, prompt: list[int]) -> Request | None:
     ending=st.sampled_from(["free", "pop", "remove_skipped", "delayed_cache", "preempted"]),
 )
 def test_quiet_steps_match_spec(
-    shape: str, caching: bool, eagle: bool, prompt_len: int, steps: int, ending: str
+    profile: str, shape: str, caching: bool, eagle: bool, prompt_len: int, steps: int, ending: str
 ) -> None:
     assume(not (eagle and any(isinstance(k, ChunkedLocal) for k in SHAPES[shape])))  # a config error
-    both = Both(SHAPES[shape], caching, eagle, watermark=0.25 if ending == "preempted" else 0.0)
+    both = Both(SHAPES[shape], caching, eagle, 0.25 if ending == "preempted" else 0.0, PROFILES[profile])
     lookahead = 2 if eagle else 0
     admitted = _admit(both, "a", [1 + i % 5 for i in range(prompt_len)])
     assert admitted is not None

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvref.bench import (
-    BatchedImplEngine,
-    KvrefEngine,
+    PHASES,
     Workload,
     available_engines,
     bench,
@@ -20,6 +19,7 @@ from kvref.bench import (
     sweep,
     sweep_workloads,
 )
+from kvref.bench_engines import ImplEngine, SpecEngine
 from kvref.cli import main
 from kvspec.config import SlidingWindow
 
@@ -36,40 +36,41 @@ def test_engines_agree_on_a_small_workload(mix: str) -> None:
     assert len({r.allocs for r in rows}) == 1
     assert len({r.request_steps for r in rows}) == 1
     assert all(r.request_steps > 0 for r in rows)
-    assert all(r.us_per_running_step > 0 for r in rows)
-
-
-def _batched_available() -> bool:
-    return "impl-batched" in available_engines(TINY.config())
+    assert all(r.total > 0 for r in rows)
+    assert all(set(r.us) == set(PHASES) for r in rows)
 
 
 @pytest.mark.parametrize("mix", ["full", "full+swa", "full+mamba-all"])
 def test_batched_engine_matches_sequential_under_preemption(mix: str) -> None:
     """With a pool so small that requests are preempted mid-batch, the batched
     running phase makes the same decisions as the sequential one, in fewer calls."""
-    if not _batched_available():
-        pytest.skip("kvimpl has no allocate_slots_batch")
     blocks = {"full": 20, "full+swa": 20, "full+mamba-all": 36}[mix]
     w = Workload(num_requests=24, max_running=8, num_blocks=blocks, prompt_len=(32, 64), decode_len=(4, 12), mix=mix)
     builders = available_engines(w.config())
-    seq, bat = builders["impl"](), builders["impl-batched"]()
-    assert isinstance(bat, BatchedImplEngine)
-    a, b = run(seq, w), run(bat, w)
+    names = [n for n in builders if n.startswith("impl-") and "+tables" not in n]
+    seq = builders["impl-python"]()
+    a = run(seq, w)
     assert a.preemptions > 0
-    assert a.results == b.results
-    assert (a.request_steps, a.steps, a.preemptions) == (b.request_steps, b.steps, b.preemptions)
-    assert seq.allocs == bat.allocs
-    assert bat.calls < seq.calls
-    # The running-phase counters see the same allocations on both sides.
-    assert 0 < seq.run_allocs == bat.run_allocs < seq.allocs
-    bat.manager.check_invariants()
+    assert 0 < a.running_allocs < seq.allocs
+    for name in names[1:]:
+        bat = builders[name]()
+        assert isinstance(bat, ImplEngine)
+        b = run(bat, w)
+        assert a.results == b.results, name
+        assert (a.request_steps, a.steps, a.preemptions, a.running_allocs) == (
+            b.request_steps, b.steps, b.preemptions, b.running_allocs
+        ), name  # fmt: skip
+        assert seq.allocs == bat.allocs
+        if bat.api != "object":
+            assert bat.calls < seq.calls
+        bat.manager.check_invariants()
 
 
 def test_workload_preempts_and_frees_everything() -> None:
     """The workload is not trivial: a small pool preempts, and every block is freed at the end."""
     w = Workload(num_requests=20, max_running=8, num_blocks=20, prompt_len=(32, 64), decode_len=(4, 8))
     engine = available_engines(w.config())["spec"]()
-    assert isinstance(engine, KvrefEngine)
+    assert isinstance(engine, SpecEngine)
     res = run(engine, w)
     assert res.preemptions > 0
     assert any(r is None for r in res.results)
@@ -101,7 +102,7 @@ def test_sweep_workloads() -> None:
 def test_tiny_sweep_and_plot(tmp_path: Path) -> None:
     """A two-point sweep runs every engine; the plot is written when matplotlib is installed."""
     base = Workload(prompt_len=(16, 64), decode_len=(2, 4))
-    points = sweep("pool", base, repeats=1, points=[256, 512], only=["spec", "impl", "impl-batched"])
+    points = sweep("pool", base, repeats=1, points=[256, 512], only=["spec", "impl-python", "impl-python-batched"])
     assert [p.x for p in points] == [256, 512]
     assert all(p.rows for p in points)
     path = tmp_path / "sweep.png"
@@ -114,8 +115,21 @@ def test_tiny_sweep_and_plot(tmp_path: Path) -> None:
 def test_cli_bench(capsys: pytest.CaptureFixture[str]) -> None:
     """The command prints a table and the identity line."""
     argv = ["bench", "--requests", "6", "--max-running", "3", "--blocks", "128", "--prompt-len", "16:48"]
-    assert main([*argv, "--decode-len", "2:3", "--prefixes", "2", "--repeats", "1", "--engines", "spec,impl"]) == 0
+    argv += ["--decode-len", "2:3", "--prefixes", "2", "--repeats", "1", "--engines", "spec,impl-python"]
+    assert main(argv) == 0
     out = capsys.readouterr().out
     assert "spec" in out
     assert "impl" in out
     assert "identical block ids" in out
+    assert "load average" in out
+
+
+def test_cli_steady_decode(capsys: pytest.CaptureFixture[str]) -> None:
+    """Steady decode runs every kvimpl engine on identical blocks and prints the load average."""
+    from kvref.bench_decode import report  # noqa: PLC0415
+
+    assert report("full", 8, 4, 1) == 0
+    out = capsys.readouterr().out
+    assert "impl-python" in out
+    assert "identical block ids" in out
+    assert "load average" in out

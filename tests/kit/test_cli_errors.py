@@ -13,10 +13,10 @@ from kvref.cli import main
 from kvref.exits import HANG, NOTHING_CHECKED, OK, USAGE
 from kvref.traces import Trace, load
 from kvspec.config import FullAttention, KVCacheConfig
-from kvspec.profiles import VLLM_0_25_1
+from kvspec.errors import UnsupportedByProfileError
 
 ROOT = Path(__file__).resolve().parents[2]
-GOOD = ROOT / "traces" / "golden" / "full-0001.jsonl"
+GOOD = ROOT / "traces" / "vllm-0.25.1" / "golden" / "full-0001.jsonl"
 
 
 def _exit_code(argv: list[str]) -> int:
@@ -153,8 +153,14 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert "semantics profiles" in capsys.readouterr().out
 
 
+def refuses_everything(config: KVCacheConfig) -> None:
+    """A target factory that refuses every configuration, as an engine modelling none of them would."""
+    raise UnsupportedByProfileError(f"this engine models no configuration (asked for {len(config.groups)} groups)")
+
+
 def test_a_run_of_only_refused_configurations_checks_nothing() -> None:
-    """kvimpl follows 0.25.1 only: under 0.33.0 every configuration is refused, and that is no pass."""
-    assert KVCacheConfig(num_blocks=4, groups=(FullAttention(4),), max_model_len=16, profile=VLLM_0_25_1)
-    code = _exit_code(["check", "--target", "impl", "--against", "spec", "--semantics", "vllm-0.33.0"])
+    """Every configuration refused by the target is no pass: the run ends as a usage error or 'nothing checked'."""
+    with pytest.raises(UnsupportedByProfileError):
+        refuses_everything(KVCacheConfig(num_blocks=4, groups=(FullAttention(4),), max_model_len=16))
+    code = _exit_code(["check", "--target", f"{__name__}:refuses_everything", "--against", "spec"])
     assert code in (USAGE, NOTHING_CHECKED)

@@ -16,16 +16,39 @@ import pytest
 from kvref.adapters import load_factory
 from kvref.ops import REQUEST_OPS
 from kvref.traces import Trace, load, replay
+from kvspec.profiles import NEWEST
 from kvtools.directed import write_all
 
 ROOT = Path(__file__).resolve().parents[2]
-GOLDEN = sorted((ROOT / "traces" / "golden").glob("*.jsonl"))
+GOLDEN = sorted((ROOT / "traces" / "vllm-0.25.1" / "golden").glob("*.jsonl"))
 SAMPLE = GOLDEN[:: max(1, len(GOLDEN) // 10)][:10]
 """Ten golden traces spread over the shapes (the files sort by shape name)."""
 
 
+NEWEST_GOLDEN = sorted((ROOT / "traces" / f"vllm-{NEWEST.release}" / "golden").glob("*.jsonl"))
+NEWEST_SAMPLE = NEWEST_GOLDEN[:: max(1, len(NEWEST_GOLDEN) // 10)][:10]
+
+
 def test_corpus_is_present() -> None:
     assert len(GOLDEN) >= 200
+    assert len(NEWEST_GOLDEN) >= 100, f"no golden corpus for the newest profile {NEWEST.name}"
+
+
+def test_every_trace_sits_in_its_profiles_folder() -> None:
+    """``traces/vllm-X/...`` holds exactly the traces whose header names profile ``vllm-X``."""
+    misplaced = [
+        f"{path.relative_to(ROOT)}: semantics {load(path).config.profile.name}"
+        for path in sorted((ROOT / "traces").glob("vllm-*/*/*.jsonl"))
+        if load(path).config.profile.name != path.parent.parent.name
+    ]
+    assert not misplaced, misplaced[:5]
+
+
+@pytest.mark.parametrize("path", NEWEST_SAMPLE, ids=lambda p: p.name)
+def test_newest_golden_trace_replays_on_spec(path: Path) -> None:
+    result = replay(load(path), load_factory("spec"), str(path))
+    assert result.ok, result.message
+    assert result.steps == len(load(path).steps)
 
 
 @pytest.mark.parametrize("path", SAMPLE, ids=lambda p: p.name)
@@ -62,7 +85,7 @@ def test_missing_expect_means_null() -> None:
     assert (result.ok, result.failed_step) == (False, target)
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "traces" / "divergences").glob("*.jsonl")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((ROOT / "traces").glob("vllm-*/divergences/*.jsonl")), ids=lambda p: p.name)
 def test_divergence_trace_replays_on_spec(path: Path) -> None:
     trace = load(path)
     assert trace.meta["known_divergence"] == path.stem
@@ -71,13 +94,13 @@ def test_divergence_trace_replays_on_spec(path: Path) -> None:
     assert result.ok, result.message
 
 
-DIRECTED = sorted((ROOT / "traces" / "directed").glob("*.jsonl"))
+DIRECTED = sorted((ROOT / "traces" / "vllm-0.25.1" / "directed").glob("*.jsonl"))
 
 
 def test_directed_traces_are_current(capsys: pytest.CaptureFixture[str]) -> None:
     """The committed directed traces are what ``python -m kvtools directed`` records now."""
     assert len(DIRECTED) >= 100
-    assert write_all(ROOT / "traces" / "directed", check=True) == 0, capsys.readouterr().err
+    assert write_all(ROOT / "traces" / "vllm-0.25.1" / "directed", check=True) == 0, capsys.readouterr().err
 
 
 def test_directed_traces_replay(target: str) -> None:

@@ -15,7 +15,8 @@ SCHEMA = json.loads((ROOT / "traces" / "schema" / "trace.schema.json").read_text
 HEADER = Draft202012Validator({"$defs": SCHEMA["$defs"], "$ref": "#/$defs/header"})
 STEP = Draft202012Validator({"$defs": SCHEMA["$defs"], "$ref": "#/$defs/step"})
 END = Draft202012Validator({"$defs": SCHEMA["$defs"], "$ref": "#/$defs/end"})
-CORPUS = sorted((ROOT / "traces").glob("*/*.jsonl"))
+CORPUS = sorted((ROOT / "traces").glob("vllm-*/*/*.jsonl"))
+FOLDERS = sorted({p.parent.relative_to(ROOT / "traces").as_posix() for p in CORPUS})
 
 
 def test_schema_is_valid() -> None:
@@ -23,10 +24,10 @@ def test_schema_is_valid() -> None:
     assert len(CORPUS) >= 300
 
 
-@pytest.mark.parametrize("folder", ["golden", "directed", "divergences"])
+@pytest.mark.parametrize("folder", FOLDERS)
 def test_corpus_matches_schema(folder: str) -> None:
     problems = []
-    for path in (p for p in CORPUS if p.parent.name == folder):
+    for path in (p for p in CORPUS if p.parent.relative_to(ROOT / "traces").as_posix() == folder):
         lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         problems += [f"{path.name}:1: {e.message}" for e in HEADER.iter_errors(lines[0])]
         steps = lines[1:]
@@ -59,3 +60,36 @@ def test_schema_rejects_a_foreign_header() -> None:
     assert not HEADER.is_valid({**header, "version": 3})
     assert not END.is_valid({"end": {"steps": 1}})
     assert not HEADER.is_valid({**header, "config": {**header["config"], "groups": []}})
+
+
+POOL_STEPS = [
+    {"op": "get_new_blocks", "num_blocks": 2, "expect": [1, 2], "view": "0" * 64},
+    {"op": "cache_full_blocks", "rid": "a", "block_ids": [1, 2], "num_cached_blocks": 0, "num_full_blocks": 2,
+     "block_size": 2, "group_id": 0, "view": "0" * 64},
+    {"op": "get_cached_block", "block_hash": "ab01", "group_ids": [0], "expect": [1]},
+    {"op": "touch", "block_ids": [1]},
+    {"op": "free_blocks", "block_ids": [2, 1]},
+    {"op": "get_num_free_blocks", "expect": 15},
+    {"op": "get_usage", "expect": 0.0},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("step", POOL_STEPS, ids=lambda s: str(s["op"]))
+def test_schema_accepts_pool_steps(step: dict[str, Any]) -> None:
+    assert STEP.is_valid(step), [e.message for e in STEP.iter_errors(step)]
+
+
+@pytest.mark.parametrize(
+    "step",
+    [{"op": "get_new_blocks", "num_blocks": -1}, {"op": "get_cached_block", "block_hash": "xyz"},
+     {"op": "touch", "block_ids": [1], "num_tokens": 3}],
+)  # fmt: skip
+def test_schema_rejects_malformed_pool_steps(step: dict[str, Any]) -> None:
+    assert not STEP.is_valid(step)
+
+
+def test_header_features_and_layer() -> None:
+    header = json.loads((CORPUS[0]).read_text().splitlines()[0])
+    assert HEADER.is_valid({**header, "features": ["caching", "kind:FullAttention"], "layer": "pool"})
+    assert not HEADER.is_valid({**header, "features": "caching"})
+    assert not HEADER.is_valid({**header, "layer": "scheduler"})

@@ -26,7 +26,7 @@ from kvspec.config import KVCacheConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = [
-    ROOT / "traces" / "golden" / f"{shape}-0001.jsonl"
+    ROOT / "traces" / "vllm-0.25.1" / "golden" / f"{shape}-0001.jsonl"
     for shape in (
         "full",
         "full+mamba-align",

@@ -3,11 +3,16 @@
 
 from __future__ import annotations
 
+from dataclasses import fields, replace
+from typing import Any
+
 import pytest
 
 from kvspec.config import AttentionKind, FullAttention, KVCacheConfig, Mamba, SlidingWindow
 from kvspec.errors import UnsupportedByProfileError
+from kvspec.kv_cache_manager import KVCacheManager
 from kvspec.profiles import (
+    FEATURE_SWITCHES,
     VLLM_0_25_1,
     VLLM_0_26_0,
     VLLM_0_28_0,
@@ -17,6 +22,7 @@ from kvspec.profiles import (
     SemanticsProfile,
     features_used,
 )
+from kvspec.request import RequestBlockHasher
 
 FA8_SWA4 = (FullAttention(8), SlidingWindow(4, 4))
 
@@ -55,5 +61,35 @@ def test_configurations_vllm_fails_on_are_refused() -> None:
     groups = (FullAttention(4), SlidingWindow(8, 4), Mamba(8, "align"))
     with pytest.raises(UnsupportedByProfileError, match="assertion"):
         config(groups, VLLM_0_26_0)
-    assert features_used(config(groups, VLLM_0_28_0)) == {"partial-hash-hits"}
-    config((FullAttention(4), Mamba(8, "align")), VLLM_0_26_0)
+    with pytest.raises(UnsupportedByProfileError, match="not modelled for this release"):
+        config(groups, VLLM_0_28_0)
+
+
+def test_unmodelled_features_are_refused() -> None:
+    """Fine-grained hits (a coarse Mamba align group) are still refused."""
+    with pytest.raises(UnsupportedByProfileError, match="fine-grained hits"):
+        config((FullAttention(4), Mamba(8, "align")), VLLM_0_26_0)
+
+
+def test_feature_switches_change_nothing_without_the_feature() -> None:
+    """Every feature's switches are profile fields, and turning them all off
+    changes nothing for a configuration that does not use the feature (an
+    implementation that refuses the feature may ignore them)."""
+    names = {f.name for f in fields(SemanticsProfile)}
+    plain = (FullAttention(4), SlidingWindow(4, 4))
+    for feature, switches in FEATURE_SWITCHES.items():
+        assert switches <= names, feature
+        changes: dict[str, Any] = {"name": "off", **dict.fromkeys(switches, False)}
+        off = replace(VLLM_0_33_0, **changes)
+        outcomes = []
+        for profile in (VLLM_0_33_0, off):
+            cfg = config(plain, profile)
+            assert feature not in features_used(cfg)
+            mgr = KVCacheManager(cfg)
+            hasher = RequestBlockHasher.for_config(cfg)
+            for rid in ("a", "b"):
+                req = hasher.new_request(rid, [1] * 13)
+                hits, n = mgr.get_computed_blocks(req)
+                mgr.allocate_slots(req, req.num_tokens - n, n, hits if n else None)
+            outcomes.append((mgr.to_view(), mgr.take_events()))
+        assert outcomes[0] == outcomes[1], feature

@@ -63,8 +63,8 @@ def present(cached: set[int] | range, n: int = 10) -> list[bool]:
         (ChunkedLocal(4, 8), 13, 8),
         (ChunkedLocal(4, 8), 8, 8),
         (ChunkedLocal(4, 8), 7, 0),
-        (Mamba(4), 10, 9),
-        (Mamba(4), 0, -1),
+        (Mamba(4, "all"), 10, 9),
+        (Mamba(4, "all"), 0, -1),
         (FullAttention(4), 100, 0),
         (MLA(4), 100, 0),
         (SinkFullAttention(4, 8), 100, 0),
@@ -78,7 +78,7 @@ def test_num_skipped_tokens(kind: AttentionKind, n: int, skipped: int) -> None:
 
 def test_mamba_skipped_blocks_use_floor_division() -> None:
     """Mamba skips -1 tokens at 0 computed and -1 // bs == -1 (Python floor) is harmless."""
-    skipped_blocks = num_skipped_tokens(Mamba(4), 0) // 4
+    skipped_blocks = num_skipped_tokens(Mamba(4, "all"), 0) // 4
     assert skipped_blocks == -1
     assert [0] * skipped_blocks == []
     assert (cdiv(-1, 4), cdiv(0, 4), cdiv(13, 4), cdiv(16, 4)) == (0, 0, 4, 4)
@@ -198,7 +198,7 @@ def test_reachable_block_mask_dense_and_degenerate() -> None:
     assert reachable_block_mask(SlidingWindow(4, 8), 0, 10, 4, False) is None
     assert reachable_block_mask(SlidingWindow(4, 13), 0, 10, 8, True) is None
     assert reachable_block_mask(FullAttention(4), 0, 10, 16, False) is None
-    assert reachable_block_mask(Mamba(4), 0, 10, 16, False) is None
+    assert reachable_block_mask(Mamba(4, "all"), 0, 10, 16, False) is None
     assert mask_pattern(reachable_block_mask(SlidingWindow(4, 1), 0, 3, 4, False)) == "---"
 
 
@@ -208,7 +208,7 @@ def test_admission_caps_examples() -> None:
     assert admission_cap(ChunkedLocal(4, 8), 8, 128) == 4
     assert admission_cap(SlidingWindow(4, 8), 8, 10) == 4
     assert admission_cap(FullAttention(4), 8, 128) is None
-    assert admission_cap(Mamba(4), 8, 128) is None
+    assert admission_cap(Mamba(4, "all"), 8, 128) is None
 
 
 def test_common_prefix_length_examples() -> None:
@@ -244,8 +244,11 @@ def test_prop_align_down(n: int, bs: int, per: int) -> None:
 def test_prop_skipped_tokens(tag: str, param: int, n: int, d: int) -> None:
     """Never more than ``n``, monotone in ``n``; the window's tokens are never skipped."""
     kinds: dict[str, AttentionKind] = {
-        "swa": SlidingWindow(4, param), "chunked": ChunkedLocal(4, param), "mamba": Mamba(4), "full": FullAttention(4)
-    }  # fmt: skip
+        "swa": SlidingWindow(4, param),
+        "chunked": ChunkedLocal(4, param),
+        "mamba": Mamba(4, "all"),
+        "full": FullAttention(4),
+    }
     kind = kinds[tag]
     skipped = num_skipped_tokens(kind, n)
     assert skipped <= n and skipped <= num_skipped_tokens(kind, n + d)

@@ -117,12 +117,12 @@ DIRECTED_KILLS = (
     "full_hit_keeps_last_block",
     "eagle_window_drops_last",
 )
-"""Zoo entries the directed traces (traces/directed) catch without any search."""
+"""Zoo entries the directed traces (traces/vllm-0.25.1/directed) catch without any search."""
 
 
 @pytest.mark.parametrize("name", DIRECTED_KILLS)
 def test_directed_traces_kill(name: str) -> None:
     """Replaying the directed traces against the mutant fails on at least one of them."""
-    paths = sorted((Path(__file__).resolve().parents[2] / "traces" / "directed").glob("*.jsonl"))
+    paths = sorted((Path(__file__).resolve().parents[2] / "traces" / "vllm-0.25.1" / "directed").glob("*.jsonl"))
     factory = load_factory(f"kvtools.zoo:{name}")
     assert any(not replay(load(p), factory, str(p)).ok for p in paths), f"no directed trace catches {name}"

@@ -2,6 +2,7 @@
 
 Tasks:
     zoo                 hunt every bug-zoo fault with the lockstep (docs/reports/bug-zoo.md)
+    coverage            branch coverage of kvspec and kvimpl under the ci lockstep (docs/reports/coverage.md)
     mutants             generic mutants of kvimpl (mutmut) against the kill test (docs/reports/mutants.md)
     directed            re-record the directed trace corpus on kvspec (--check: compare only)
     divergence-traces   re-record the known-divergence traces (--check: compare only)
@@ -18,6 +19,7 @@ from collections.abc import Callable, Sequence
 
 TASKS: dict[str, tuple[str, str]] = {
     "zoo": ("kvtools.zoo.cli", "main"),
+    "coverage": ("kvtools.coverage", "main"),
     "mutants": ("kvtools.mutants.runner", "main"),
     "directed": ("kvtools.directed.record", "main"),
     "divergence-traces": ("kvtools.divergence_traces", "main"),

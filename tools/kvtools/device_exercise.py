@@ -1,6 +1,7 @@
 """kvimpl's device block tables under random scheduler traffic.
 
-:func:`exercise` drives a ``kvimpl.KVCacheManager`` with device tables through
+:func:`exercise` drives a kvimpl manager (the Python build, or the native core
+with ``native=True``) with device tables through
 random admissions, decodes (single and batched), skipped-block removals, frees
 and pops, and compares every device row with the manager's tables after each
 step. ``tests/impl/test_block_table.py`` runs it on the CPU;
@@ -11,8 +12,10 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
+from typing import Any
 
 from kvimpl.kv_cache_manager import KVCacheManager
+from kvimpl.native import NativeKVCacheManager, native_unsupported
 from kvref.shapes import build_kinds, shape_named
 from kvspec.config import AttentionKind, KVCacheConfig
 from kvspec.profiles import VLLM_0_25_1
@@ -32,9 +35,19 @@ SHAPES: dict[str, tuple[AttentionKind, ...]] = {
 MAX_LEN = 40
 
 
-def exercise(device: str, shape: str, seed: int, steps: int = 40) -> None:
+def native_runs(shape: str) -> bool:
+    """Whether the native core implements ``shape`` (cross attention runs on Python)."""
+    config = KVCacheConfig(num_blocks=16, groups=SHAPES[shape], max_model_len=MAX_LEN, enable_caching=False)
+    return native_unsupported(config) is None
+
+
+def exercise(device: str, shape: str, seed: int, steps: int = 40, native: bool = False) -> None:
     """Random admissions, decodes (single and batched), skipped-block removals,
-    frees and pops on a manager with device tables; check the tensors after each."""
+    frees and pops on a manager with device tables; check the tensors after each.
+
+    Raises:
+        RuntimeError: With ``native``, if the native core cannot run the shape (:func:`native_runs`).
+    """
     import torch  # noqa: PLC0415 - the test module is skipped without torch
 
     rng = random.Random(seed)
@@ -47,7 +60,7 @@ def exercise(device: str, shape: str, seed: int, steps: int = 40) -> None:
         enable_caching=caching,
         profile=VLLM_0_25_1,
     )
-    mgr = KVCacheManager(config, device=device)
+    mgr: Any = NativeKVCacheManager(config, device) if native else KVCacheManager(config, device=device)
     hasher = RequestBlockHasher(config.hash_function, config.hash_seed, config.resolved_hash_block_size())
     running: dict[str, Request] = {}
     for step in range(steps):
@@ -89,12 +102,15 @@ def exercise(device: str, shape: str, seed: int, steps: int = 40) -> None:
         check_tables(mgr, rng, torch)
 
 
-def check_tables(mgr: KVCacheManager, rng: random.Random, torch: object) -> None:
+def check_tables(mgr: Any, rng: random.Random, torch: object) -> None:
     """Rows equal the padded tables; slot mapping equals the Python formula."""
     bt = mgr.device_tables
     assert bt is not None
     mgr.check_invariants()
-    holders = {r for m in mgr.coordinator.managers for r in m.req_to_blocks}
+    if isinstance(mgr, KVCacheManager):
+        holders = {r for m in mgr.coordinator.managers for r in m.req_to_blocks}
+    else:
+        holders = {rid for rid, *_ in mgr._tables()}
     assert set(bt.rows) == holders, f"rows {sorted(bt.rows)} != holders {sorted(holders)}"
     for g, kind in enumerate(mgr.config.groups):
         host = mgr.block_table(g).cpu().tolist()

@@ -11,17 +11,27 @@ operation needs them (a missing one answers
 caller with ``free_blocks``). The conformance kit
 drives several adapters with the same operations and compares every output
 and view.
+
+Protocol versions: version 1 passes request *ids* to ``free`` and
+``pop_blocks_for_free``; version 2 passes the request value there, as vLLM's
+own ``KVCacheManager.free(request)`` and ``pop_blocks_for_free(request)`` take
+it (every other method is the same in both). An adapter declares
+``protocol_version = 2``; without the attribute, a ``free`` whose first
+parameter is named ``request`` counts as version 2 and anything else as
+version 1 (:func:`protocol_version`). docs/writing-an-adapter.md says how to
+migrate.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from kvref.exits import InputError
 from kvspec.config import KVCacheConfig
@@ -30,6 +40,12 @@ from kvspec.profiles import NEWEST
 from kvspec.request import Request
 from kvspec.stats import PrefixCacheStats
 from kvspec.view import BlockIds, KVView
+
+if TYPE_CHECKING:
+    from kvref.divergences import Divergence
+
+PROTOCOL_VERSION = 2
+"""The newest adapter protocol version (see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -43,12 +59,17 @@ class DeclaredSemantics:
             follows kvspec, which deliberately does not copy them. The lockstep
             explains a difference by a registered divergence only between an
             upstream side and a kvspec-semantics side.
-        known: Registry ids of further known differences the adapter declares.
+        known: Further known differences the adapter declares: ids of the
+            divergence registry (``kit/kvref/divergences.toml``), or
+            :class:`kvref.divergences.Divergence` values with their own
+            matcher or class (docs/writing-an-adapter.md). They explain a
+            difference between this adapter and any other side, whatever the
+            release.
     """
 
     profile: str
     upstream: bool
-    known: tuple[str, ...] = ()
+    known: tuple[str | Divergence, ...] = ()
 
 
 SPEC_SEMANTICS = DeclaredSemantics(NEWEST.name, upstream=False)
@@ -60,6 +81,31 @@ def semantics_of(adapter: object) -> DeclaredSemantics:
     """The adapter's ``semantics`` attribute, or :data:`SPEC_SEMANTICS`."""
     declared = getattr(adapter, "semantics", None)
     return declared if isinstance(declared, DeclaredSemantics) else SPEC_SEMANTICS
+
+
+def protocol_version(adapter: object) -> int:
+    """The protocol version ``adapter`` speaks: its ``protocol_version``
+    attribute, else 2 when the first parameter of its ``free`` is named
+    ``request``, else 1."""
+    declared = getattr(adapter, "protocol_version", None)
+    if isinstance(declared, int) and not isinstance(declared, bool):
+        return declared
+    return _signature_version(type(adapter))
+
+
+_VERSIONS: dict[type, int] = {}
+
+
+def _signature_version(cls: type) -> int:
+    if cls not in _VERSIONS:
+        free = getattr(cls, "free", None)
+        try:
+            params = list(inspect.signature(free).parameters) if free is not None else []
+        except (TypeError, ValueError):
+            params = []
+        first = params[1] if params[:1] == ["self"] and len(params) > 1 else (params[0] if params else "")
+        _VERSIONS[cls] = 2 if first == "request" else 1
+    return _VERSIONS[cls]
 
 
 @runtime_checkable
@@ -94,12 +140,17 @@ class KVCacheAdapter(Protocol):
         """Blocks newly allocated per group, or None if they do not fit."""
         ...
 
-    def free(self, request_id: str) -> None:
-        """Free every block of the request, each group's table reversed."""
+    def free(self, request: Any, /) -> None:
+        """Free every block of the request, each group's table reversed.
+
+        ``request`` is the request id (protocol 1) or the request value
+        (protocol 2, as vLLM's ``KVCacheManager.free(request)``).
+        """
         ...
 
-    def pop_blocks_for_free(self, request_id: str) -> tuple[int, ...]:
-        """Drop the request's bookkeeping; return its blocks, groups concatenated."""
+    def pop_blocks_for_free(self, request: Any, /) -> tuple[int, ...]:
+        """Drop the request's bookkeeping; return its blocks, groups
+        concatenated (``request``: as for :meth:`free`)."""
         ...
 
     def free_blocks(self, block_ids: Sequence[int]) -> None:
@@ -162,7 +213,8 @@ AdapterFactory = Callable[[KVCacheConfig], KVCacheAdapter]
 
 
 def load_factory(target: str) -> AdapterFactory:
-    """Resolve ``spec``, ``impl``, ``vllm`` or ``module:factory`` to a factory.
+    """Resolve ``spec``, ``impl`` (``impl-native``, ``impl-python``: one build), ``vllm`` or
+    ``module:factory`` to a factory.
 
     A module is looked up on ``sys.path`` and then in the working folder (as
     ``python -m`` would), so ``--target mymod:make`` works without setting
@@ -176,20 +228,35 @@ def load_factory(target: str) -> AdapterFactory:
         "spec": "kvref.adapters.spec:make_spec_adapter",
         "vllm": "kvref.adapters.vllm:make_vllm_adapter",
         "impl": "kvref.adapters.impl:make_impl_adapter",
+        "impl-native": "kvref.adapters.impl:make_impl_native_adapter",
+        "impl-python": "kvref.adapters.impl:make_impl_python_adapter",
     }
     path = builtin.get(target, target)
+    if ":" not in path:
+        raise InputError(f"target {target!r} is not spec, impl, vllm or module:factory")
+    result: AdapterFactory = load_callable(path, f"target {target!r}")
+    return result
+
+
+def load_callable(path: str, what: str) -> Any:
+    """The callable named ``module:attribute`` (the module found as in
+    :func:`load_factory`).
+
+    Raises:
+        InputError: Naming ``what`` when the path is malformed, the module
+            cannot be imported or the attribute is not callable.
+    """
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
-        raise InputError(f"target {target!r} is not spec, impl, vllm or module:factory")
+        raise InputError(f"{what}: {path!r} is not module:name")
     try:
         module = _import(module_name)
     except ImportError as exc:
-        raise InputError(f"cannot import {module_name!r} for target {target!r}: {exc}") from exc
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise InputError(f"target {target!r}: module {module_name!r} has no callable {attr!r}")
-    result: AdapterFactory = factory
-    return result
+        raise InputError(f"{what}: cannot import {module_name!r}: {exc}") from exc
+    found = getattr(module, attr, None)
+    if not callable(found):
+        raise InputError(f"{what}: module {module_name!r} has no callable {attr!r}")
+    return found
 
 
 def _import(module_name: str) -> ModuleType:

@@ -2,8 +2,9 @@
 
 ``check`` (lockstep state machines), ``drift`` (how the installed vLLM
 differs from a semantics profile), ``replay`` (stored traces), ``soak``
-(a long scripted run), ``bench`` (timing against real vLLM) and ``traces
-record`` (new traces from lockstep runs).
+(a long scripted run), ``bench`` (timing against real vLLM), ``traces
+record`` (new traces from lockstep runs), ``corpus`` (the shipped traces)
+and ``install-vllm`` (a vLLM release's KV-cache core on CPU).
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import sys
 from collections.abc import Sequence
 from importlib import metadata
 
-from kvref.cli import bench, check, drift, replay, soak, traces
-from kvref.exits import HANG, INTERRUPTED, USAGE, AdapterHang, InputError
+from kvref.cli import bench, check, corpus, drift, install_vllm, replay, soak, traces
+from kvref.exits import HANG, INTERRUPTED, USAGE, AdapterHang, InputError, interruptible
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (check, drift, replay, soak, bench, traces):
+    for module in (check, drift, replay, soak, bench, traces, corpus, install_vllm):
         module.add_parser(sub)
     return parser
 
@@ -36,7 +37,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kvref`` console script (exit codes: :mod:`kvref.exits`)."""
     args = build_parser().parse_args(argv)
     try:
-        result: int = args.run(args)
+        with interruptible():
+            result: int = args.run(args)
     except InputError as exc:
         print(f"kvref {args.command}: {exc}", file=sys.stderr)
         return USAGE

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvref.adapters import AdapterFactory, load_factory
-from kvref.shapes import BENCH_MIXES
+from kvref.bench import MIXES
 
 if TYPE_CHECKING:
     from kvref.bench import Workload
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 def add_parser(sub: Any) -> None:
     """Register ``bench`` on the subcommand parser ``sub``."""
     ben = sub.add_parser("bench", help="time the managers on one scheduler workload (or a sweep of them)")
-    ben.add_argument("--mix", default="full", choices=BENCH_MIXES)
+    ben.add_argument("--mix", default="full", choices=[*MIXES, "all"], help="group mix (all: each in turn)")
     ben.add_argument("--requests", type=int, default=300)
     ben.add_argument("--max-running", type=int, default=64)
     ben.add_argument("--blocks", type=int, default=2048)
@@ -79,54 +80,75 @@ def _ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}x"
 
 
-def run(args: argparse.Namespace) -> int:
-    """Print µs per allocation and per request-step of every installed
-    engine on one workload, or per point of a sweep (with a plot)."""
-    from kvref.bench import SWEEP_REPEATS, Workload, bench  # noqa: PLC0415 - imports kvimpl and vLLM
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages (benchmarks on a shared machine print them)."""
+    try:
+        a, b, c = os.getloadavg()
+    except OSError:
+        return "load average: unknown"
+    return f"load average {a:.2f} {b:.2f} {c:.2f} on {os.cpu_count()} CPUs"
 
-    w = Workload(
-        num_requests=args.requests,
-        max_running=args.max_running,
-        num_blocks=args.blocks,
-        prompt_len=args.prompt_len,
-        decode_len=args.decode_len,
-        num_prefixes=args.prefixes,
-        window=args.window,
-        mix=args.mix,
-        seed=args.seed,
-    )
+
+def run(args: argparse.Namespace) -> int:
+    """Print µs per request-step in each phase of every installed engine on
+    one workload (every mix with ``--mix all``), or per point of a sweep."""
+    from kvref.bench import MIXES, SWEEP_REPEATS, Workload  # noqa: PLC0415 - imports kvimpl and vLLM
+
+    mixes = list(MIXES) if args.mix == "all" else [args.mix]
     only = None if args.engines is None else [e.strip() for e in args.engines.split(",") if e.strip()]
     extra = {t: load_factory(t) for t in args.target or ()}
     if only is not None:
         only += list(extra)
     console = Console()
     if not console.is_terminal:  # piped or captured: do not squeeze the tables into 80 columns
-        console.width = max(console.width, 140)
-    if args.sweep is not None:
-        return _bench_sweep(args, w, only, console, args.repeats or SWEEP_REPEATS, extra)
-    repeats = args.repeats or 5
+        console.width = max(console.width, 160)
+    for mix in mixes:
+        w = Workload(
+            num_requests=args.requests,
+            max_running=args.max_running,
+            num_blocks=args.blocks,
+            prompt_len=args.prompt_len,
+            decode_len=args.decode_len,
+            num_prefixes=args.prefixes,
+            window=args.window,
+            mix=mix,
+            seed=args.seed,
+        )
+        if args.sweep is not None:
+            _bench_sweep(args, w, only, console, args.repeats or SWEEP_REPEATS, extra)
+        else:
+            _bench_one(w, only, extra, console, args.repeats or 5)
+    return 0
+
+
+def _bench_one(
+    w: Workload, only: list[str] | None, extra: dict[str, AdapterFactory], console: Console, repeats: int
+) -> None:
+    from kvref.bench import PHASES, bench  # noqa: PLC0415
+
     runs = iter(range(1, 10**9))
 
     def progress(name: str) -> None:
         print(f"bench: run {next(runs)}: {name} ...", file=sys.stderr, flush=True)
 
+    before = load_average()
     rows = bench(w, repeats=repeats, only=only, extra=extra, progress=progress)
-    table = Table(title=f"kvref bench: {w.describe()}; median of {repeats}")
-    cols = ("engine", "calls", "allocations", "µs/alloc", "x vLLM", "req-steps", "µs/req-step", "x vLLM",
-            "µs/running", "x vLLM")  # fmt: skip
-    for col in cols:
+    table = Table(title=f"kvref bench: {w.describe()}; µs per request-step, median of {repeats}")
+    for col in ("engine", "calls", "req-steps", *PHASES, "manager", "x vLLM", "total", "x vLLM", "µs/run-alloc",
+                "x vLLM"):  # fmt: skip
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(
-            r.engine, str(r.calls), str(r.allocs), f"{r.us_per_alloc:.2f}", _ratio(r.x_alloc_vs_vllm),
-            str(r.request_steps), f"{r.us_per_request_step:.3f}", _ratio(r.x_step_vs_vllm),
-            f"{r.us_per_running_step:.3f}", _ratio(r.x_running_vs_vllm),
+            r.engine, str(r.calls), str(r.request_steps), *(f"{r.us[p]:.3f}" for p in PHASES),
+            f"{r.manager:.3f}", _ratio(r.x_manager_vs_vllm), f"{r.total:.3f}", _ratio(r.x_total_vs_vllm),
+            f"{r.us_per_running_alloc:.3f}", _ratio(r.x_running_vs_vllm),
         )  # fmt: skip
     console.print(table)
-    print("µs/alloc: every allocate call; µs/req-step: every manager call per request-step; µs/running: the")
-    print("running phase's allocate calls (decode and chunked prefill, no admission) per allocation")
+    print("phases: step = new_step_starts, running = the running requests' allocations (and preemptions),")
+    print("admit = lookups and admissions, advance = request advancing (tokens, hashes), free = finished")
+    print("requests, tables = device-table sync; manager = step + running + admit + free")
+    print(f"{before} before, {load_average()} after")
     print("all engines allocated identical block ids")
-    return 0
 
 
 def _bench_sweep(
@@ -138,6 +160,7 @@ def _bench_sweep(
     extra: dict[str, AdapterFactory],
 ) -> int:
     """``kvref bench --sweep``: a table of µs per request-step per engine per point, and a plot."""
+    print(load_average())
     from kvref.bench import (  # noqa: PLC0415
         POOL_SWEEP_BATCH,
         POOL_SWEEP_REQUESTS,
@@ -159,7 +182,7 @@ def _bench_sweep(
         how = f"batch {POOL_SWEEP_BATCH}, {POOL_SWEEP_REQUESTS} requests"
     if only is None:
         how += f"; spec only on pools up to {SPEC_MAX_SWEEP_POOL} blocks"
-    window = f" (window {w.swa_window()})" if w.mix == "full+swa" else ""
+    window = f" (window {w.swa_window()})" if "swa" in w.mix else ""
     title = (
         f"kvref bench --sweep {kind}: {w.mix}{window}, µs per request-step (median of {repeats}; "
         f"reduced workload: {how}; prompts {w.prompt_len[0]}-{w.prompt_len[1]}, decode {w.decode_len[0]}-"
@@ -176,13 +199,14 @@ def _bench_sweep(
             if r is None:
                 cells.append("-")
                 continue
-            ratio = "" if r.engine == "vllm" or r.x_step_vs_vllm is None else f" ({r.x_step_vs_vllm:.1f}x)"
-            run = "" if r.engine == "vllm" or r.x_running_vs_vllm is None else f" ({r.x_running_vs_vllm:.1f}x)"
-            cells.append(f"{r.us_per_request_step:.3f}{ratio} | {r.us_per_running_step:.3f}{run}")
+            ratio = "" if r.engine == "vllm" or r.x_total_vs_vllm is None else f" ({r.x_total_vs_vllm:.1f}x)"
+            mgr = "" if r.engine == "vllm" or r.x_manager_vs_vllm is None else f" ({r.x_manager_vs_vllm:.1f}x)"
+            cells.append(f"{r.total:.3f}{ratio} | {r.manager:.3f}{mgr}")
         table.add_row(str(p.x), str(p.workload.num_requests), str(p.workload.num_blocks),
                       str(p.rows[0].request_steps if p.rows else 0), *cells)  # fmt: skip
     console.print(table)
-    print("each cell: µs per request-step | µs per running-phase allocation; (x) = speed vs vLLM")
+    print("each cell: µs per request-step, all phases | manager phases only; (x) = speed vs vLLM")
+    print(load_average())
     print("all engines allocated identical block ids at every point")
     if plot_sweep(kind, points, args.plot, title):
         print(f"plot: {args.plot}")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -12,11 +14,14 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from kvref.adapters import AdapterFactory, load_factory, semantics_of
+from kvref.branches import BranchReport, measure
+from kvref.capabilities import SKIP_ERRORS, declared_unsupported, parse_features, probe
 from kvref.check import MIN_STEPS, run_keep_going, run_lockstep
-from kvref.exits import DEFAULT_OP_TIMEOUT, HANG, INTERRUPTED, AdapterHang
+from kvref.divergences import Divergence, load_known_file
+from kvref.exits import DEFAULT_OP_TIMEOUT, HANG, INTERRUPTED, AdapterHang, InputError
 from kvref.lockstep import DivergenceClass, RunStats
 from kvref.settings import load_profile
-from kvref.shapes import SHAPES
+from kvref.shapes import SHAPES, Shape, shape_named
 from kvref.stateful import MachineSetup, default_failure_dir
 from kvspec.config import FullAttention, KVCacheConfig
 from kvspec.profiles import NEWEST, PROFILES, SemanticsProfile, profile_named
@@ -26,6 +31,7 @@ def add_parser(sub: Any) -> None:
     """Register ``check`` on the subcommand parser ``sub``."""
     check = sub.add_parser("check", help="run the lockstep state machines")
     add_lockstep_arguments(check)
+    _add_coverage_arguments(check)
     check.add_argument(
         "--keep-going",
         action="store_true",
@@ -36,7 +42,9 @@ def add_parser(sub: Any) -> None:
 
 def add_lockstep_arguments(check: argparse.ArgumentParser) -> None:
     """The options ``check`` and ``drift`` share."""
-    check.add_argument("--target", default=None, help="impl, spec, vllm or module:factory")
+    check.add_argument(
+        "--target", default=None, help="impl (impl-native, impl-python: one build), spec, vllm or module:factory"
+    )
     check.add_argument(
         "--against",
         default=None,
@@ -65,6 +73,44 @@ def add_lockstep_arguments(check: argparse.ArgumentParser) -> None:
         "130 interrupted."
     )
     check.add_argument("--max-classes", type=int, default=30, help="stop after this many divergence classes")
+    check.add_argument(
+        "--shapes",
+        default=None,
+        metavar="SHAPE,...",
+        help="draw only these configuration shapes (catalog names or kind tokens joined by +, e.g. full,full+swa)",
+    )
+    check.add_argument(
+        "--without",
+        default="",
+        metavar="FEATURE,...",
+        help="leave these features out: operations (pop_blocks_for_free), switches (events, stats, eagle), "
+        "arguments (external, lookahead), extra keys (lora, mm) (docs/writing-an-adapter.md)",
+    )
+    check.add_argument(
+        "--known",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="FILE",
+        help="a TOML file of known differences of the target (the format of divergences.toml; repeatable)",
+    )
+    check.add_argument(
+        "--layer",
+        choices=("facade", "pool"),
+        default="facade",
+        help="the layer to check: the KV-cache manager facade (default) or the block pool alone",
+    )
+
+
+def _add_coverage_arguments(check: argparse.ArgumentParser) -> None:
+    check.add_argument(
+        "--coverage",
+        action="store_true",
+        help="measure branch coverage of kvspec and kvimpl during the run (needs coverage.py)",
+    )
+    check.add_argument(
+        "--coverage-json", type=Path, default=None, metavar="PATH", help="also write the branch report there (JSON)"
+    )
 
 
 def _vllm_installed() -> bool:
@@ -102,8 +148,40 @@ def choose_targets(target: str | None, against: str | None) -> tuple[str, str | 
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run lockstep batches until the step goal or the time budget is reached."""
-    return run_check(args, keep_going=args.keep_going, allow_mismatch=False)
+    """Run lockstep batches until the step goal or the time budget is reached
+    (under coverage.py with ``--coverage``: then the branch report follows)."""
+    if not args.coverage and args.coverage_json is None:
+        return run_check(args, keep_going=args.keep_going, allow_mismatch=False)
+    if importlib.util.find_spec("coverage") is None:
+        Console(stderr=True).print("[red]--coverage needs coverage.py[/] (pip install coverage)")
+        return 2
+    code, report = measure(lambda: run_check(args, keep_going=args.keep_going, allow_mismatch=False))
+    _report_branches(report)
+    if args.coverage_json is not None:
+        args.coverage_json.parent.mkdir(parents=True, exist_ok=True)
+        args.coverage_json.write_text(json.dumps(report.to_json(), indent=1) + "\n")
+    return code
+
+
+def _report_branches(report: BranchReport, shown: int = 25) -> None:
+    """The branch-coverage table and the first ``shown`` gaps."""
+    table = Table(title="branch outcomes of kvspec and kvimpl (coverage.py, branch=True)")
+    for col in ("package", "outcomes", "taken", "at import", "listed unreachable", "not taken (gaps)"):
+        table.add_column(col, justify="right" if col != "package" else "left")
+    for pkg in ("kvspec", "kvimpl"):
+        fs = [f for n, f in report.files.items() if n.startswith(pkg + "/")]
+        table.add_row(pkg, *(str(v) for v in (sum(f.total for f in fs), sum(f.taken for f in fs),
+                      sum(f.import_time for f in fs), sum(len(f.unreachable) for f in fs),
+                      sum(len(f.gaps) for f in fs))))  # fmt: skip
+    console = Console()
+    console.print(table)
+    gaps = report.gap_lines()
+    for line in gaps[:shown]:
+        console.print(f"  not taken: {line}", highlight=False, markup=False, soft_wrap=True)
+    if len(gaps) > shown:
+        console.print(f"  ... and {len(gaps) - shown} more (--coverage-json PATH lists every one)")
+    for line in report.stale:
+        console.print(f"  stale unreachable entry: {line}", highlight=False, markup=False, soft_wrap=True)
 
 
 def run_check(args: argparse.Namespace, keep_going: bool, allow_mismatch: bool) -> int:
@@ -114,8 +192,13 @@ def run_check(args: argparse.Namespace, keep_going: bool, allow_mismatch: bool) 
         target, against, why = args.target or "spec", None, "self-check chosen on the command line"
     else:
         target, against, why = choose_targets(args.target, args.against)
+    if getattr(args, "layer", "facade") == "pool":
+        from kvref.cli.pool import run_pool_check  # noqa: PLC0415 - only the pool layer needs it
+
+        return run_pool_check(args, target, against, console)
     names = [n for n in (against, target) if n is not None]
     factories: list[AdapterFactory] = [load_factory(n) for n in names]
+    known = _known(args)
     try:
         profile = choose_profile(args.semantics, factories)
     except (KeyError, ValueError) as exc:
@@ -124,6 +207,8 @@ def run_check(args: argparse.Namespace, keep_going: bool, allow_mismatch: bool) 
     for name, factory in zip(names, factories, strict=True):
         try:
             declared = semantics_of(factory(_probe_config(profile)))
+        except SKIP_ERRORS:
+            continue  # it refuses the probe configuration: the shape probe below says more
         except Exception as exc:
             console.print(f"[red]cannot construct adapter {name!r} under {profile.name}[/]: {exc}")
             return 2
@@ -139,7 +224,19 @@ def run_check(args: argparse.Namespace, keep_going: bool, allow_mismatch: bool) 
     )
     load_profile(args.profile)
     goal = args.min_steps or MIN_STEPS[args.profile]
-    setup = MachineSetup(factories, RunStats(), default_failure_dir(), profile=profile, op_timeout=args.op_timeout)
+    excluded = _excluded(args, factories)
+    shapes, excluded, notes = probe(factories, _shapes(args), profile, excluded)
+    for note in notes:
+        console.print(f"left out: {note}")
+    if excluded:
+        console.print(f"features left out: {', '.join(sorted(excluded))}")
+    if not shapes:
+        console.print("[red]nothing to check[/]: the adapters refuse every configuration shape (see above)")
+        return 3
+    setup = MachineSetup(
+        factories, RunStats(), default_failure_dir(), shapes=shapes, profile=profile, op_timeout=args.op_timeout,
+        known=known, excluded=excluded,
+    )  # fmt: skip
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"))
     classes: list[DivergenceClass] = []
     failure = None
@@ -178,6 +275,31 @@ def run_check(args: argparse.Namespace, keep_going: bool, allow_mismatch: bool) 
         console.print("[red]no lockstep step ran[/]: every drawn configuration was refused (see the table)")
         return 3
     return 0
+
+
+def _known(args: argparse.Namespace) -> tuple[Divergence, ...]:
+    """The entries of every ``--known`` file."""
+    return tuple(entry for path in getattr(args, "known", []) for entry in load_known_file(path))
+
+
+def _excluded(args: argparse.Namespace, factories: list[AdapterFactory]) -> frozenset[str]:
+    """``--without`` plus what the factories declare they lack."""
+    try:
+        chosen = parse_features(getattr(args, "without", "") or "")
+    except ValueError as exc:
+        raise InputError(f"--without: {exc}") from None
+    return chosen.union(*(declared_unsupported(f) for f in factories))
+
+
+def _shapes(args: argparse.Namespace) -> tuple[Shape, ...]:
+    """The ``--shapes`` (default: the whole catalog)."""
+    text = getattr(args, "shapes", None)
+    if not text:
+        return SHAPES
+    try:
+        return tuple(shape_named(name.strip()) for name in text.split(",") if name.strip())
+    except ValueError as exc:
+        raise InputError(f"--shapes: {exc}") from None
 
 
 def _positive(kind: type[int] | type[float]) -> Any:
@@ -248,7 +370,8 @@ def _report(
     table.add_row("steps run", str(stats.steps))
     table.add_row("machine runs", str(stats.runs))
     covered = sorted(stats.configs)
-    table.add_row("configurations covered", f"{len(covered)}/{len(SHAPES)}: {', '.join(covered)}")
+    total = "" if covered == ["pool"] else f"/{len(SHAPES)}"
+    table.add_row("configurations covered", f"{len(covered)}{total}: {', '.join(covered)}")
     table.add_row("invariant checks", str(stats.invariant_checks))
     table.add_row("event-log checks", str(stats.event_log_checks))
     kinds = ", ".join(sorted(stats.invalid_calls)) or "0"
@@ -257,7 +380,11 @@ def _report(
     )
     table.add_row("invalid configs rejected", str(stats.invalid_configs))
     refused = ", ".join(f"{k} x{v}" for k, v in sorted(stats.refused_configs.items())) or "0"
-    table.add_row("configurations refused by the profile", refused)
+    table.add_row("configurations refused (skipped)", refused)
+    skipped = ", ".join(f"{k} x{v}" for k, v in sorted(stats.skipped.items())) or "0"
+    table.add_row("operations an adapter cannot run (skipped)", skipped)
+    left_out = ", ".join(f"{k} x{v}" for k, v in sorted(stats.left_out.items())) or "0"
+    table.add_row("operations left out (excluded features)", left_out)
     known = ", ".join(f"{k} x{v}" for k, v in sorted(stats.known.items())) or "0"
     table.add_row("divergences known", known)
     table.add_row("divergences unexplained", "1" if failed else "0")
@@ -265,6 +392,8 @@ def _report(
     Console().print(table)
     for reason, count in sorted(stats.refused_reasons.items(), key=lambda kv: -kv[1])[:5]:
         console.print(f"refused x{count}: {reason}")
+    for key, reason in sorted(stats.skip_reasons.items()):
+        console.print(f"skipped {key}: {reason}")
     if failed and stats.last_failure is not None:
         n_ops = len(stats.last_failure.read_text().splitlines()) - 1
         console.print(f"shrunk trace ({n_ops} operations): {stats.last_failure}")

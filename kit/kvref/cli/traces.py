@@ -10,6 +10,7 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvref.adapters import load_factory
+from kvref.capabilities import parse_features
 from kvref.check import SEED_STRIDE
 from kvref.cli.check import choose_profile
 from kvref.exits import InputError
@@ -47,6 +48,12 @@ def add_parser(sub: Any) -> None:
         help="record only this configuration shape (repeatable; default: every shape)",
     )
     rec.add_argument(
+        "--without",
+        default="",
+        metavar="FEATURE,...",
+        help="leave these features out (as kvref check --without), e.g. for a corpus a minimal engine can run",
+    )
+    rec.add_argument(
         "--min-allocations",
         type=int,
         default=0,
@@ -64,9 +71,14 @@ def run(args: argparse.Namespace) -> int:
     factories = [load_factory("spec")] + ([load_factory(args.also)] if args.also else [])
     profile = choose_profile(args.semantics, factories)
     shapes = SHAPES if not args.shape else tuple(s for s in SHAPES if s.name in args.shape)
+    try:
+        excluded = parse_features(args.without)
+    except ValueError as exc:
+        raise InputError(f"--without: {exc}") from None
     setup = MachineSetup(
-        factories, RunStats(), default_failure_dir(), shapes=shapes, record_dir=args.out, profile=profile
-    )
+        factories, RunStats(), default_failure_dir(), shapes=shapes, record_dir=args.out, profile=profile,
+        excluded=excluded, learn_skips=False,
+    )  # fmt: skip
     setup.min_allocations, setup.record_limit = args.min_allocations, args.count
     machine = make_lockstep_machine(setup)
     batch = 0

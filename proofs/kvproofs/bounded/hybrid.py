@@ -20,25 +20,27 @@ from kvspec.block_pool import BlockId
 from kvspec.config import FULL_TYPE_KINDS, AttentionKind, FullAttention, KVCacheConfig, Mamba, SlidingWindow
 from kvspec.hashing import BlockHash, coarse_block_hashes, make_key
 from kvspec.kv_cache_coordinator import HybridCoordinator
+from kvspec.profiles import VLLM_0_25_1
 from kvspec.single_type_kv_cache_manager import find_longest_cache_hit
 
 CONFIGS: tuple[tuple[tuple[AttentionKind, ...], int, bool], ...] = (
-    ((FullAttention(2), SlidingWindow(2, 3), Mamba(2)), 8, False),
-    ((FullAttention(2), SlidingWindow(2, 3), Mamba(2)), 6, True),
+    ((FullAttention(2), SlidingWindow(2, 3), Mamba(2, "all")), 8, False),
+    ((FullAttention(2), SlidingWindow(2, 3), Mamba(2, "all")), 6, True),
     ((SlidingWindow(2, 3), SlidingWindow(2, 5)), 10, False),
     ((SlidingWindow(2, 3), SlidingWindow(2, 5)), 8, True),
     ((FullAttention(2), SlidingWindow(4, 5)), 12, False),
     ((FullAttention(2), SlidingWindow(4, 5)), 12, True),
-    ((FullAttention(2), Mamba(4)), 12, False),
+    ((FullAttention(2), Mamba(4, "all")), 12, False),
     ((FullAttention(2), SlidingWindow(2, 3)), 10, True),
-    ((SlidingWindow(2, 5), Mamba(2)), 10, False),
+    ((SlidingWindow(2, 5), Mamba(2, "all")), 10, False),
 )
 """``(groups, tokens, use_eagle)``: the hash block size is 2 and the prompt
 has ``tokens`` tokens."""
 
 
 def _coordinator(groups: tuple[AttentionKind, ...], eagle: bool) -> HybridCoordinator:
-    config = KVCacheConfig(64, groups, 64, use_eagle=eagle, hash_block_size=2)
+    # vLLM 0.25.1's rules: later releases cache Mamba state only in align mode.
+    config = KVCacheConfig(64, groups, 64, use_eagle=eagle, hash_block_size=2, profile=VLLM_0_25_1)
     coord = coord_mod.make_coordinator(config)
     assert isinstance(coord, HybridCoordinator)
     return coord

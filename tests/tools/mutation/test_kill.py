@@ -70,8 +70,8 @@ Json = Any
 
 ROOT = Path(kvref.__file__).resolve().parents[2]
 """The repository (found through the kit, so that mutmut's copy of this file finds it too)."""
-GOLDEN_DIR = Path(os.environ.get("KVREF_GOLDEN", ROOT / "traces" / "golden"))
-DIRECTED_DIR = ROOT / "traces" / "directed"
+GOLDEN_DIR = Path(os.environ.get("KVREF_GOLDEN", ROOT / "traces" / "vllm-0.25.1" / "golden"))
+DIRECTED_DIR = ROOT / "traces" / "vllm-0.25.1" / "directed"
 SHAPE_NAMES = [s.name for s in SHAPES]
 DEVICE_TRACES = 4
 """Golden traces per shape replayed with device block tables (they only mirror the tables)."""

@@ -7,7 +7,7 @@ the exact free-block boundary, a hybrid hit search that comes back to an
 EAGLE group, a caller error on a boundary value, a default argument. The
 script is run on kvspec (:mod:`kvtools.directed.script`), which records every
 output and view digest, and the result is written to
-``traces/directed/<name>.jsonl`` as an ordinary version-1 trace
+``traces/vllm-0.25.1/directed/<name>.jsonl`` as an ordinary version-1 trace
 (``docs/traces.md``), so every adapter replays it like a golden trace, real
 vLLM 0.25.1 included (``ci/test.sh`` does).
 

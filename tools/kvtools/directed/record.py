@@ -1,7 +1,7 @@
 """The directed-trace recorder: ``python -m kvtools directed [--check] [--out DIR]``.
 
 Records every scenario of every theme on kvspec and writes
-``traces/directed/<name>.jsonl``, deleting files that are no scenario's; with
+``traces/vllm-0.25.1/directed/<name>.jsonl``, deleting files that are no scenario's; with
 ``--check`` it only compares the committed files with a fresh recording.
 """
 
@@ -16,7 +16,7 @@ from kvtools.directed import allocation, arguments, boundary, hits
 from kvtools.directed.script import Scenario
 
 ROOT = Path(__file__).resolve().parents[3]
-DIRECTED_DIR = ROOT / "traces" / "directed"
+DIRECTED_DIR = ROOT / "traces" / "vllm-0.25.1" / "directed"
 THEMES = (allocation, arguments, hits, boundary)
 """The scenario modules (the trace files sort by scenario name, whatever the theme)."""
 
@@ -53,7 +53,7 @@ def write_all(out_dir: Path, check: bool) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Record (or, with ``--check``, compare) the directed traces; 1 when a file is out of date."""
     parser = argparse.ArgumentParser(prog="python -m kvtools directed", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DIRECTED_DIR, help="output folder (default traces/directed)")
+    parser.add_argument("--out", type=Path, default=DIRECTED_DIR, help="output folder (default: %(default)s)")
     parser.add_argument("--check", action="store_true", help="only compare the committed files with a fresh recording")
     args = parser.parse_args(argv)
     return write_all(args.out, args.check)

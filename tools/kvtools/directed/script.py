@@ -168,7 +168,7 @@ class Scenario:
         """The directed trace: the script's steps, then a ``take_events`` for
         whatever the script left in the event queue; the header names the
         scenario, says why it exists and marks a known divergence as
-        ``traces/divergences`` files are."""
+        ``traces/vllm-0.25.1/divergences`` files are."""
         s = self.run()
         if self.config.enable_kv_cache_events:
             s.call({"op": "take_events"})

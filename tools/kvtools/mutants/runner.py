@@ -59,8 +59,8 @@ CORE = MODULES[:4]
 KILL_TEST = (
     ROOT / "tests" / "tools" / "mutation",
     ROOT / "tools" / "kvtools" / "killtest.py",
-    ROOT / "traces" / "golden",
-    ROOT / "traces" / "directed",
+    ROOT / "traces" / "vllm-0.25.1" / "golden",
+    ROOT / "traces" / "vllm-0.25.1" / "directed",
 )
 """Everything the kill test runs: its folder, its lockstep stage and the trace corpora it replays."""
 

@@ -8,7 +8,7 @@ it catches faults in the real code, not only in kvimpl::
 
     kvref check --target kvtools.zoo.vllm:vllm_free_all_to_tail --against spec
 
-Needs vLLM 0.25.1 installed (``ci/install-vllm.sh``).
+Needs vLLM 0.25.1 installed (``bash ci/setup.sh --with-vllm``).
 """
 
 from __future__ import annotations

@@ -57,13 +57,13 @@ __all__ = [
 ]
 
 MODELLED_VLLM_VERSION: Final = "0.25.1"
-"""The release kvspec models (and the one ``ci/install-vllm.sh`` installs)."""
+"""The baseline release (CI's main venv; ``kvref install-vllm`` installs any supported one)."""
 
 REQUIRED_VLLM_VERSION: Final = MODELLED_VLLM_VERSION
 """Former name of :data:`MODELLED_VLLM_VERSION`."""
 
 _INSTALL_HINT: Final = (
-    f"no supported vLLM is installed; run `bash ci/setup.sh --with-vllm` (installs vLLM {MODELLED_VLLM_VERSION})"
+    "no supported vLLM is installed; run `kvref install-vllm VERSION` (in a checkout: `bash ci/setup.sh --with-vllm`)"
 )
 
 _LOADED: VllmApi | None = None

@@ -59,10 +59,7 @@ from .view import convert_event, convert_stats, group_ids, ids_of, to_view
 _MAX_TOKENS: Final = 1_000_000
 
 _STATUS_NAMES: Final[dict[RequestStatus, str]] = {
-    RequestStatus.WAITING: "WAITING",
-    RequestStatus.RUNNING: "RUNNING",
-    RequestStatus.PREEMPTED: "PREEMPTED",
-    RequestStatus.WAITING_FOR_REMOTE_KVS: "WAITING_FOR_REMOTE_KVS",
+    **{status: status.name for status in RequestStatus},
     RequestStatus.FINISHED: "FINISHED_STOPPED",
 }
 """kvspec request status -> vLLM ``RequestStatus`` member name."""
@@ -72,7 +69,8 @@ class VllmAdapter:
     """:class:`kvref.adapters.KVCacheAdapter` over a real vLLM ``KVCacheManager``.
 
     Attributes:
-        name: ``"vllm"``.
+        name: ``"vllm"`` (a :class:`~kvref.adapters.vllm.lineage.VllmLineage` names it after its package).
+        protocol_version: 2: ``free`` and ``pop_blocks_for_free`` take the request.
         config: The kvspec configuration.
         api: The era object through which every vLLM internal is reached.
         semantics: ``vllm-<installed version>``, upstream (its known defects included).
@@ -82,6 +80,7 @@ class VllmAdapter:
     """
 
     name: str = "vllm"
+    protocol_version: int = 2
 
     def __init__(self, config: KVCacheConfig, api: VllmApi) -> None:
         """Build a fresh vLLM manager for ``config`` with the era ``api``.
@@ -413,13 +412,17 @@ class VllmAdapter:
                         "cached under the hash the request expects"
                     )
 
-    def free(self, request_id: str) -> None:
-        """Free every block of the request, each group's table reversed."""
+    def free(self, request: Request | str) -> None:
+        """Free every block of the request, each group's table reversed
+        (protocol 2: the request, as vLLM's ``free(request)``; an id works too)."""
+        request_id = request if isinstance(request, str) else request.request_id
         self.api.free(self.manager, self._ref(request_id))
         self._forget(request_id)
 
-    def pop_blocks_for_free(self, request_id: str) -> tuple[int, ...]:
-        """Drop the request's bookkeeping; return its blocks, groups concatenated."""
+    def pop_blocks_for_free(self, request: Request | str) -> tuple[int, ...]:
+        """Drop the request's bookkeeping; return its blocks, groups concatenated
+        (the request or its id, as for :meth:`free`)."""
+        request_id = request if isinstance(request, str) else request.request_id
         ids = ids_of(self.api, self.api.pop_blocks_for_free(self.manager, self._ref(request_id)))
         self._pending.update(i for i in ids if i != 0)
         self._forget(request_id)

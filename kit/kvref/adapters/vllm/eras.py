@@ -544,8 +544,15 @@ class VllmApi:
         )
 
     def status(self, name: str) -> Any:
-        """``vllm.v1.request.RequestStatus.<name>``."""
-        return getattr(self.request.RequestStatus, name)
+        """``vllm.v1.request.RequestStatus.<name>``.
+
+        Raises:
+            Unsupported: If the release has no status of that name.
+        """
+        member = getattr(self.request.RequestStatus, name, None)
+        if member is None:
+            raise self.unsupported(f"RequestStatus.{name}", "the release has no such status")
+        return member
 
     def append_output_token(self, vreq: Any, token: int) -> None:
         """``Request.append_output_token_ids`` (runs the block hasher)."""

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
-from kvspec.errors import KVCacheError
+import re
+
+from kvref.capabilities import ALLOCATE_FEATURES
+from kvref.capabilities import Unsupported as _Unsupported
 
 
 class VllmUnavailable(RuntimeError):
     """No supported vLLM release (and torch) can be imported in this environment."""
 
 
-class Unsupported(KVCacheError):
+class Unsupported(_Unsupported):
     """The installed vLLM release lacks a method or parameter the caller asked for.
 
     Raised before any state change. The adapter never emulates what a release
     does not have: a caller that needs the method must use a release that has it.
+    It is a :class:`kvref.capabilities.Unsupported`: the lockstep and replay
+    count it as a skip.
 
     Attributes:
         release: The installed vLLM version, e.g. ``"0.16.0"``.
@@ -24,4 +29,18 @@ class Unsupported(KVCacheError):
         self.release = release
         self.method = method
         message = f"vLLM {release} has no {method}"
-        super().__init__(f"{message}: {detail}" if detail else message)
+        super().__init__(f"{message}: {detail}" if detail else message, _feature(method))
+
+
+def _feature(method: str) -> str:
+    """The kvref feature a missing vLLM method or parameter stands for."""
+    if method == "KVCacheGroupSpec.is_eagle_group":
+        return "eagle"
+    argument = re.fullmatch(r"KVCacheManager\.allocate_slots\((\w+)=\.\.\.\)", method)
+    if argument is not None:
+        return ALLOCATE_FEATURES.get(argument.group(1), "op:allocate_slots")
+    operation = re.fullmatch(r"KVCacheManager\.(\w+)(\(.*\))?", method)
+    if operation is not None:
+        return f"op:{operation.group(1)}"
+    config = re.fullmatch(r"KVCacheManager\((\w+)=\.\.\.\)", method)
+    return "watermark" if config is not None and config.group(1) == "watermark" else "config"

@@ -1,0 +1,149 @@
+/* Reading a request: the C Request directly, any other request value (a
+ * kvspec Request, kvimpl's Python Request) through its attributes. */
+#include "native.h"
+
+int rv_check(PyObject *obj) {
+    if (Req_Check(obj))
+        return 1;
+    int r = PyObject_IsInstance(obj, G_.spec_request_type);
+    if (r != 0)
+        return r;
+    if (G_.py_request_type && G_.py_request_type != Py_None)
+        return PyObject_IsInstance(obj, G_.py_request_type);
+    return 0;
+}
+
+static int get_ssize(PyObject *obj, PyObject *name, Py_ssize_t *out) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (!v)
+        return -1;
+    Py_ssize_t x = PyLong_AsSsize_t(v);
+    Py_DECREF(v);
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    *out = x;
+    return 0;
+}
+
+/* Fill rv from obj. The caller has checked rv_check(obj). A computed-token
+ * count that is not an int (or does not fit) is left in computed_obj with
+ * computed = -1, for the caller's validation to report. */
+int rv_read(ReqView *rv, PyObject *obj, int need_hashes) {
+    memset(rv, 0, sizeof *rv);
+    rv->obj = obj;
+    if (Req_Check(obj)) {
+        ReqObject *r = (ReqObject *)obj;
+        rv->nat = r;
+        Py_INCREF(r->request_id);
+        rv->rid = r->request_id;
+        rv->computed = r->num_computed_tokens;
+        rv->ntok = r->ntok;
+        rv->npreempt = r->num_preemptions;
+        Py_INCREF(r->status);
+        rv->status = r->status;
+        rv->skip = r->skip_reading_prefix_cache;
+        rv->nhash = r->nhash;
+        return 0;
+    }
+    rv->rid = PyObject_GetAttr(obj, G_.s_request_id);
+    if (!rv->rid)
+        return -1;
+    if (!PyUnicode_Check(rv->rid)) {
+        PyErr_Format(G_.InvalidRequestError, "expected a kvspec Request with a str request_id, got %R", obj);
+        return -1;
+    }
+    rv->computed_obj = PyObject_GetAttr(obj, G_.s_num_computed_tokens);
+    if (!rv->computed_obj)
+        return -1;
+    rv->computed = -1;
+    if (PyLong_Check(rv->computed_obj) && !PyBool_Check(rv->computed_obj)) {
+        Py_ssize_t x = PyLong_AsSsize_t(rv->computed_obj);
+        if (x == -1 && PyErr_Occurred())
+            PyErr_Clear();
+        else
+            rv->computed = x;
+    }
+    if (get_ssize(obj, G_.s_num_tokens, &rv->ntok) < 0)
+        return -1;
+    rv->status = PyObject_GetAttr(obj, G_.s_status);
+    if (!rv->status)
+        return -1;
+    PyObject *skip = PyObject_GetAttr(obj, G_.s_skip_reading_prefix_cache);
+    if (!skip)
+        return -1;
+    rv->skip = PyObject_IsTrue(skip);
+    Py_DECREF(skip);
+    if (rv->skip < 0)
+        return -1;
+    PyObject *np = PyObject_GetAttr(obj, G_.s_num_preemptions);
+    if (!np)
+        return -1;
+    rv->npreempt = PyLong_Check(np) ? PyLong_AsSsize_t(np) : 0;
+    Py_DECREF(np);
+    if (rv->npreempt == -1 && PyErr_Occurred())
+        PyErr_Clear();
+    if (need_hashes) {
+        PyObject *hs = PyObject_GetAttr(obj, G_.s_block_hashes);
+        if (!hs)
+            return -1;
+        rv->hseq = PySequence_Fast(hs, "block_hashes must be a sequence of bytes");
+        Py_DECREF(hs);
+        if (!rv->hseq)
+            return -1;
+        rv->nhash = PySequence_Fast_GET_SIZE(rv->hseq);
+    }
+    return 0;
+}
+
+/* Make sure the hashes are readable (a generic value read without them). */
+static int rv_need_hashes(ReqView *rv) {
+    if (rv->nat || rv->hseq)
+        return 0;
+    PyObject *hs = PyObject_GetAttr(rv->obj, G_.s_block_hashes);
+    if (!hs)
+        return -1;
+    rv->hseq = PySequence_Fast(hs, "block_hashes must be a sequence of bytes");
+    Py_DECREF(hs);
+    if (!rv->hseq)
+        return -1;
+    rv->nhash = PySequence_Fast_GET_SIZE(rv->hseq);
+    return 0;
+}
+
+void rv_clear(ReqView *rv) {
+    Py_CLEAR(rv->rid);
+    Py_CLEAR(rv->computed_obj);
+    Py_CLEAR(rv->status);
+    Py_CLEAR(rv->hseq);
+}
+
+const uint8_t *rv_hash(Core *c, ReqView *rv, Py_ssize_t i) {
+    if (!rv->nat && !rv->hseq && rv_need_hashes(rv) < 0)
+        return NULL;
+    if (i < 0 || i >= rv->nhash) {
+        PyErr_SetString(PyExc_IndexError, "block hash index out of range (the request has fewer hashes)");
+        return NULL;
+    }
+    if (rv->nat) {
+        if (rv->nat->dlen != c->dlen) {
+            PyErr_Format(PyExc_ValueError, "request %R holds %d-byte hashes; this manager's hash function gives %d",
+                         rv->rid, rv->nat->dlen, c->dlen);
+            return NULL;
+        }
+        return rv->nat->hashes + i * c->dlen;
+    }
+    PyObject *h = PySequence_Fast_GET_ITEM(rv->hseq, i);
+    if (!PyBytes_Check(h) || PyBytes_GET_SIZE(h) != c->dlen) {
+        PyErr_Format(PyExc_ValueError, "block hash %zd of request %R is %R, expected %d bytes", i, rv->rid, h,
+                     c->dlen);
+        return NULL;
+    }
+    return (const uint8_t *)PyBytes_AS_STRING(h);
+}
+
+/* Number of hashes (reading them for a generic value if needed); -1 on error. */
+Py_ssize_t rv_num_hashes(ReqView *rv) {
+    if (!rv->nat && !rv->hseq && rv_need_hashes(rv) < 0)
+        return -1;
+    return rv->nhash;
+}

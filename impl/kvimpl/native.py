@@ -1,0 +1,375 @@
+"""kvimpl's native core: the manager's state and hot paths in C.
+
+``kvimpl._kvnative`` (C sources in ``impl/kvimpl/_native/``, compiled by the
+build hook ``hatch_build.py`` at install time) holds the whole state of a
+manager in flat arrays: the free queue (int32 links), ref counts, the cache
+map (open addressing over the digests), the per-request tables, pending
+popped blocks and Mamba's per-step keys, and runs every facade operation on
+it, argument checks included, with kvimpl's Python rules written again in C.
+:class:`NativeKVCacheManager` derives from that core and adds in Python what
+is not on a hot path: the view, the invariant checks, the statistics object,
+device block tables and request construction.
+
+Selection (:func:`create_manager`): the native core is used when the
+extension is built, ``KVREF_NATIVE`` is not ``0`` and it implements the
+configuration (:func:`native_unsupported`); otherwise the pure-Python
+:class:`kvimpl.kv_cache_manager.KVCacheManager`, which stays the reference
+build (the bug zoo and the mutation tests patch and subclass it). A missing
+extension is reported once, on one line, never as an error.
+
+What the core does not implement falls back to Python for the whole
+configuration: cross attention, KV-cache events, more than 64 groups, and
+any semantics-profile switch it does not know.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Iterable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from kvimpl.config_rules import unmodelled_features
+from kvimpl.hash_functions import hash_function
+from kvimpl.native_checks import native_invariants, native_view
+from kvimpl.request import RequestHasher
+from kvspec import errors as kv_errors
+from kvspec.config import (
+    MLA,
+    ChunkedLocal,
+    CrossAttention,
+    FullAttention,
+    KVCacheConfig,
+    Mamba,
+    SinkFullAttention,
+    SlidingWindow,
+)
+from kvspec.errors import InvalidTokenCountError, UnsupportedOperationError
+from kvspec.hashing import ExtraKeySource, none_hash
+from kvspec.invariants import InvariantViolation
+from kvspec.request import Request as SpecRequest
+from kvspec.request import RequestStatus
+from kvspec.stats import PrefixCacheStats
+from kvspec.view import KVView
+
+if TYPE_CHECKING:
+    from kvimpl.kv_cache_manager import KVCacheManager
+
+_module: ModuleType | None = None
+_import_error: str | None = None
+try:
+    from kvimpl import _kvnative as _loaded
+except ImportError as exc:  # not built (no compiler at install time), or built for another interpreter
+    _import_error = str(exc)
+else:
+    _module = _loaded
+
+NATIVE_SWITCHES = frozenset(
+    {
+        "free_unhashed_first", "free_unhashed_needs_caching", "sink_blocks_reserved", "new_block_ids",
+        "mamba_skip_spec_slack", "mamba_align_estimate_capped", "mamba_eagle_counts_verified",
+        "eagle_margin_hashed_cap", "eagle_flags_need_use_eagle", "stats_at_lookup", "adopt_hit_without_new_tokens",
+        "common_prefix", "pop_drops_leading_nulls",
+        # Applied before the core sees a value (the request hasher) or by KVCacheConfig's validation.
+        "extra_keys_tagged", "mm_resume_from_first_feature", "single_spec_group_hybrid", "mamba_caching_needs_align",
+        # Features kvimpl does not model in either build: a configuration that needs one is refused
+        # (kvimpl.config_rules.unmodelled_features), so their switches never reach the core.
+        "partial_tail_entries", "partial_hash_hits", "mamba_tail_entries",
+        "fa_tail_below_last_token", "mamba_tail_skip_keyed",
+    }
+)  # fmt: skip
+"""Profile switches the native core follows; a profile that sets any other
+switch away from its default runs on the Python manager."""
+
+_KIND_CODES: dict[type, int] = {
+    FullAttention: 0, MLA: 1, SinkFullAttention: 2, SlidingWindow: 3, ChunkedLocal: 4, Mamba: 5,
+}  # fmt: skip
+_MAMBA_MODES = {"none": 0, "all": 1, "align": 2}
+_FULL_TYPE = (FullAttention, MLA, SinkFullAttention)
+_noticed = False
+
+
+def native_module() -> ModuleType | None:
+    """The extension module (set up), or None when it is not built."""
+    if _module is not None:
+        _module.setup(kv_errors, RequestStatus, SpecRequest, _py_request_type(), InvariantViolation)
+    return _module
+
+
+def native_enabled() -> bool:
+    """Whether the native core is selected: built, and ``KVREF_NATIVE`` is not ``0``."""
+    return _module is not None and os.environ.get("KVREF_NATIVE", "1") != "0"
+
+
+def build_description() -> str:
+    """One line: which build kvimpl uses here, and why (CI prints it)."""
+    if _module is None:
+        return f"pure Python (the native core is not built: {_import_error})"
+    if not native_enabled():
+        return "pure Python (KVREF_NATIVE=0)"
+    return "native core (kvimpl._kvnative), pure Python where the core does not implement a configuration"
+
+
+def native_unsupported(config: KVCacheConfig) -> str | None:
+    """Why the native core cannot run ``config`` (then kvimpl uses Python), or None."""
+    if _module is None:
+        return f"the native extension is not built ({_import_error})"
+    missing = unmodelled_features(config)
+    if missing:
+        return f"kvimpl does not model {', '.join(missing)} yet"
+    if config.enable_kv_cache_events:
+        return "KV-cache events are kept by the Python manager"
+    if len(config.groups) > 64:
+        return f"{len(config.groups)} groups (the native core takes up to 64)"
+    for gid, kind in enumerate(config.groups):
+        if type(kind) not in _KIND_CODES:
+            return f"group {gid}: {type(kind).__name__} is not in the native core"
+    defaults = {f.name: f.default for f in dataclasses.fields(config.profile)}
+    for name, default in defaults.items():
+        if name in ("name", "release") or name in NATIVE_SWITCHES:
+            continue
+        if getattr(config.profile, name) != default:
+            return f"profile switch {name} of {config.profile.name} is not in the native core"
+    return None
+
+
+def create_manager(config: KVCacheConfig, device: str | None = None, native: bool | None = None) -> Any:
+    """The best kvimpl manager for ``config``: native when selected and able
+    (:func:`native_enabled`, :func:`native_unsupported`), else Python.
+
+    Args:
+        config: The cache configuration.
+        device: As :class:`kvimpl.kv_cache_manager.KVCacheManager`.
+        native: True: native or fall back (with the notice); False: Python;
+            None: as ``KVREF_NATIVE`` says (native unless it is ``0``).
+    """
+    want = native_enabled() if native is None else native and _module is not None
+    if native or native is None:
+        notice_if_missing()
+    reason = native_unsupported(config) if want else "not selected"
+    if want and reason is None:
+        return NativeKVCacheManager(config, device)
+    from kvimpl.kv_cache_manager import KVCacheManager  # noqa: PLC0415 - imports most of kvimpl
+
+    return KVCacheManager(config, device)
+
+
+def notice_if_missing() -> None:
+    """Print the one-line notice (once per process) when the native core is
+    wanted (``KVREF_NATIVE`` is not ``0``) but not built."""
+    if _module is None and os.environ.get("KVREF_NATIVE", "1") != "0":
+        _notice()
+
+
+def _notice() -> None:
+    global _noticed  # noqa: PLW0603 - a once-per-process notice
+    if not _noticed:
+        _noticed = True
+        print(f"kvimpl: native core not built ({_import_error}); using the pure-Python manager", file=sys.stderr)
+
+
+def _py_request_type() -> type:
+    from kvimpl.request import Request  # noqa: PLC0415 - kvimpl.request imports this module lazily
+
+    return Request
+
+
+def core_params(config: KVCacheConfig) -> dict[str, Any]:
+    """The native core's constructor parameters: every rule kvimpl derives
+    from the configuration, evaluated here once (kvimpl.config_rules)."""
+    from kvimpl.config_rules import admission_cap, batched_tokens, hash_block_size, scheduler_block_size  # noqa: PLC0415
+
+    p = config.profile
+    eagle = _eagle_group_ids(config)
+    hybrid = config.enable_caching and len(config.groups) > 1
+    spec_groups: list[tuple[int, tuple[int, ...], int]] = []
+    use_eagle = [False] * len(config.groups)
+    if hybrid:
+        merged: dict[Any, list[int]] = {}
+        for gid, kind in enumerate(config.groups):
+            merged.setdefault(kind, []).append(gid)
+        sgs = [(ids[0], tuple(ids), any(i in eagle for i in ids)) for ids in merged.values()]
+        sgs.sort(key=lambda sg: not isinstance(config.groups[sg[0]], _FULL_TYPE))
+        for rep, ids, eg in sgs:
+            spec_groups.append((rep, ids, int(eg)))
+            for gid in ids:
+                use_eagle[gid] = eg
+    elif config.enable_caching:
+        use_eagle[0] = 0 in eagle
+    has_mamba = any(isinstance(k, Mamba) for k in config.groups)
+    groups = []
+    mnbt, mml = batched_tokens(config), config.max_model_len
+    for gid, kind in enumerate(config.groups):
+        cap = admission_cap(kind, mnbt, mml) if not isinstance(kind, Mamba | CrossAttention) else None
+        mamba = kind if isinstance(kind, Mamba) else None
+        groups.append((
+            _KIND_CODES[type(kind)], kind.block_size,
+            kind.window if isinstance(kind, SlidingWindow) else 0,
+            kind.chunk if isinstance(kind, ChunkedLocal) else 0,
+            _MAMBA_MODES[mamba.mode] if mamba else 0, mamba.num_speculative_blocks if mamba else 0,
+            int(_records_new_block_ids(kind, p.new_block_ids, has_mamba)), int(use_eagle[gid]),
+            -1 if cap is None else cap,
+            mamba.num_speculative_blocks if mamba and p.mamba_skip_spec_slack else 0,
+            int(p.mamba_align_estimate_capped),
+            kind.sink_len // kind.block_size if isinstance(kind, SinkFullAttention) and p.sink_blocks_reserved else 0,
+        ))  # fmt: skip
+    fn = hash_function(config.hash_function)
+    return {
+        "num_blocks": config.num_blocks,
+        "max_model_len": config.max_model_len,
+        "watermark_blocks": int(config.watermark * config.num_blocks),
+        "hash_block_size": hash_block_size(config),
+        "scheduler_block_size": scheduler_block_size(config),
+        "digest_len": len(none_hash(fn, config.hash_seed)),
+        "enable_caching": int(config.enable_caching),
+        "coordinator": 0 if not config.enable_caching else (2 if hybrid else 1),
+        "unhashed_first": int(p.free_unhashed_first and (config.enable_caching or not p.free_unhashed_needs_caching)),
+        "pop_trims_nulls": int(p.pop_drops_leading_nulls),
+        "common_prefix_zero": int(p.common_prefix == "zero"),
+        "adopt_hit_without_new_tokens": int(p.adopt_hit_without_new_tokens),
+        "mamba_eagle_counts_verified": int(p.mamba_eagle_counts_verified),
+        "eagle_margin_hashed_cap": int(p.eagle_margin_hashed_cap),
+        "stats_at_lookup": int(p.stats_at_lookup),
+        "groups": groups,
+        "spec_groups": spec_groups,
+    }
+
+
+def _eagle_group_ids(config: KVCacheConfig) -> frozenset[int]:
+    """Groups that drop the EAGLE block (kvimpl.config_rules.eagle_group_ids)."""
+    if config.profile.eagle_flags_need_use_eagle and not config.use_eagle:
+        return frozenset()
+    if config.eagle_groups:
+        return frozenset(config.eagle_groups)
+    return frozenset(range(len(config.groups))) if config.use_eagle else frozenset()
+
+
+def _records_new_block_ids(kind: Any, mode: str, has_mamba: bool) -> bool:
+    """kvimpl.single_type_kv_cache_manager.records_new_block_ids."""
+    full_or_mla = type(kind) is FullAttention or type(kind) is MLA
+    if mode == "full-mla":
+        return full_or_mla
+    if mode == "full-mla-with-mamba":
+        return has_mamba and full_or_mla
+    return has_mamba and not isinstance(kind, Mamba)
+
+
+_Base: Any = _module.Core if _module is not None else object
+
+
+class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is known only at run time
+    """kvimpl's manager on the native core: the facade of
+    :class:`kvimpl.kv_cache_manager.KVCacheManager`, the batched step API
+    (``allocate_slots_batch``, ``free_batch``) and the array API
+    (``handle``, ``allocate_slots_array``, ``advance_array``).
+
+    inv: every invariant of kvimpl's Python manager (:func:`kvimpl.native_checks.native_invariants`)
+    """
+
+    name = "impl-native"
+
+    def __init__(self, config: KVCacheConfig, device: str | None = None) -> None:
+        """An empty manager.
+
+        Raises:
+            RuntimeError: If the extension is not built or cannot run ``config``.
+        """
+        reason = native_unsupported(config)
+        if reason is not None:
+            raise RuntimeError(f"NativeKVCacheManager: {reason}")
+        native_module()
+        super().__init__(core_params(config))
+        self.config = config
+        self.enable_caching = config.enable_caching
+        self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if config.log_stats else None
+        self._stats = self.prefix_cache_stats
+        self.hasher = RequestHasher.for_config(config, native=True)
+        self.device_tables: Any = None
+        if device is not None:
+            from kvimpl.device_tables import BlockTable  # noqa: PLC0415 - torch is optional
+
+            self.device_tables = BlockTable.for_config(config, device, core=self)
+
+    def new_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Iterable[int],
+        extra: ExtraKeySource = ExtraKeySource(),
+        skip_reading_prefix_cache: bool = False,
+    ) -> Any:
+        """A WAITING native request hashing like this manager (see :class:`kvimpl.request.RequestHasher`)."""
+        return self.hasher.new_request(request_id, list(prompt_token_ids), extra, skip_reading_prefix_cache)
+
+    def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
+        """Record an admitted request's lookup (vLLM 0.27.0 on; see the Python manager).
+
+        Raises:
+            UnsupportedOperationError: Before vLLM 0.27.0.
+            InvalidTokenCountError: A negative ``num_hits``.
+        """
+        if self.config.profile.stats_at_lookup:
+            raise UnsupportedOperationError(
+                f"record_prefix_cache_stats: not in {self.config.profile.name} (lookups record the statistics)"
+            )
+        self.get_blocks(request.request_id)  # the request-id check of the Python manager's check_request
+        if not isinstance(num_hits, int) or isinstance(num_hits, bool) or num_hits < 0:
+            raise InvalidTokenCountError(f"record_prefix_cache_stats: num_hits {num_hits!r} is not an int >= 0")
+        stats = self.prefix_cache_stats
+        if stats is None or not self.enable_caching or request.skip_reading_prefix_cache:
+            return
+        stats.record(request.num_tokens, num_hits, request.num_preemptions > 0)
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """Take the statistics and start new ones (None unless ``log_stats``)."""
+        if self.prefix_cache_stats is None:
+            return None
+        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+        self._stats = self.prefix_cache_stats
+        return stats
+
+    def take_events(self) -> list[Any]:
+        """No events: configurations with events run on the Python manager."""
+        return []
+
+    def block_table(self, group: int = 0) -> Any:
+        """The device block table of ``group`` (see :class:`kvimpl.device_tables.BlockTable`).
+
+        Raises:
+            RuntimeError: If the manager was built without a ``device``.
+        """
+        return self._device("block_table").block_table(group)
+
+    def slot_mapping(self, request_ids: Any, positions: Any, group: int = 0) -> Any:
+        """Per (request, position) pair, its KV slot in ``group`` as a device tensor."""
+        return self._device("slot_mapping").slot_mapping(request_ids, positions, group)
+
+    def to_view(self) -> KVView:
+        """The normalized observable state."""
+        return native_view(self)
+
+    def check_invariants(self) -> None:
+        """Raise InvariantViolation if any invariant of the manager is broken."""
+        native_invariants(self)
+        if self.device_tables is not None:
+            self.device_tables.check_invariants()
+
+    def _device(self, op: str) -> Any:
+        if self.device_tables is None:
+            raise RuntimeError(f"{op}: this manager keeps no device tables; construct it with device='cpu'")
+        return self.device_tables
+
+    if TYPE_CHECKING:  # the methods of the C core
+
+        def allocate_slots(self, request: Any, num_new_tokens: int, *args: Any, **kwargs: Any) -> Any: ...
+        def get_blocks(self, request_id: str) -> Any: ...
+
+
+def manager_class(config: KVCacheConfig) -> type[KVCacheManager] | type[NativeKVCacheManager]:
+    """The class :func:`create_manager` would build for ``config``."""
+    if native_enabled() and native_unsupported(config) is None:
+        return NativeKVCacheManager
+    from kvimpl.kv_cache_manager import KVCacheManager  # noqa: PLC0415
+
+    return KVCacheManager

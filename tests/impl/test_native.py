@@ -1,0 +1,260 @@
+"""kvimpl's native core: selection and fallback, requests, the array API, lockstep.
+
+The native manager must agree with kvspec and with the pure-Python manager
+wherever it runs, and must refuse (so that kvimpl falls back to Python) every
+configuration it does not implement: KV-cache events, cross attention, more
+than 64 groups, a profile switch it does not follow, a missing build.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from array import array
+from typing import Any
+
+import pytest
+
+from kvimpl import PROFILE_SWITCHES, native
+from kvimpl.kv_cache_manager import KVCacheManager as PythonManager
+from kvimpl.native import NativeKVCacheManager, create_manager, native_unsupported
+from kvimpl.request import Request as MutableRequest
+from kvimpl.request import RequestHasher
+from kvref.adapters import load_factory
+from kvref.adapters.impl import ImplAdapter, NativeImplAdapter
+from kvref.cli import main
+from kvspec.config import CrossAttention, FullAttention, KVCacheConfig, Mamba, SlidingWindow
+from kvspec.errors import UnsupportedByProfileError
+from kvspec.kv_cache_manager import KVCacheManager as SpecManager
+from kvspec.profiles import NEWEST, PROFILES, VLLM_0_25_1
+from kvspec.request import RequestBlockHasher, RequestStatus
+
+BUILT = native.native_module() is not None
+needs_build = pytest.mark.skipif(not BUILT, reason="the native extension is not built here")
+CONFIG = KVCacheConfig(num_blocks=64, groups=(FullAttention(4), SlidingWindow(4, 8)), max_model_len=128)
+
+
+def built(target: str, config: KVCacheConfig) -> object:
+    """The adapter ``--target target`` builds for ``config``."""
+    return load_factory(target)(config)
+
+
+@needs_build
+def test_selection_follows_kvref_native(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Native by default; KVREF_NATIVE=0 or native=False selects the Python manager."""
+    assert isinstance(create_manager(CONFIG), NativeKVCacheManager)
+    assert type(create_manager(CONFIG, native=False)) is PythonManager
+    monkeypatch.setenv("KVREF_NATIVE", "0")
+    assert type(create_manager(CONFIG)) is PythonManager
+    assert isinstance(create_manager(CONFIG, native=True), NativeKVCacheManager)
+
+
+@needs_build
+@pytest.mark.parametrize(
+    ("config", "why"),
+    [
+        (dataclasses.replace(CONFIG, enable_kv_cache_events=True), "KV-cache events"),
+        (
+            KVCacheConfig(
+                num_blocks=64, groups=(FullAttention(4), CrossAttention(4)), max_model_len=128, enable_caching=False
+            ),
+            "Cross",
+        ),
+        (KVCacheConfig(num_blocks=4096, groups=(FullAttention(4),) * 65, max_model_len=128), "65 groups"),
+    ],
+)
+def test_unimplemented_configurations_fall_back(config: KVCacheConfig, why: str) -> None:
+    """What the core does not implement runs on the Python manager, and impl-native refuses it."""
+    reason = native_unsupported(config)
+    assert reason is not None
+    assert why in reason
+    assert type(create_manager(config)) is PythonManager
+    assert type(built("impl", config)) is ImplAdapter
+    with pytest.raises(UnsupportedByProfileError, match="native core"):
+        built("impl-native", config)
+
+
+@needs_build
+def test_a_switch_the_core_does_not_follow_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A profile setting a switch away from its default that the core does not
+    know runs on Python (here: the core is made to forget one it knows)."""
+    assert native.NATIVE_SWITCHES <= PROFILE_SWITCHES
+    profile, switch = next(
+        (p, f.name)
+        for p in PROFILES.values()
+        for f in dataclasses.fields(p)
+        if f.name in native.NATIVE_SWITCHES and getattr(p, f.name) != f.default
+    )
+    config = dataclasses.replace(CONFIG, profile=profile)
+    assert native_unsupported(config) is None
+    monkeypatch.setattr(native, "NATIVE_SWITCHES", native.NATIVE_SWITCHES - {switch})
+    reason = native_unsupported(config)
+    assert reason is not None
+    assert switch in reason
+    assert type(create_manager(config)) is PythonManager
+    assert type(built("impl", config)) is ImplAdapter
+
+
+def test_a_missing_build_falls_back_with_one_notice(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without the extension, asking for the native core gives the Python manager and one line on stderr."""
+    monkeypatch.setattr(native, "_module", None)
+    monkeypatch.setattr(native, "_import_error", "No module named 'kvimpl._kvnative'")
+    monkeypatch.setattr(native, "_noticed", False)
+    assert type(create_manager(CONFIG, native=True)) is PythonManager
+    assert type(create_manager(CONFIG, native=True)) is PythonManager
+    assert type(create_manager(CONFIG)) is PythonManager
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "pure-Python" in err
+    assert type(built("impl", CONFIG)) is ImplAdapter
+    with pytest.raises(UnsupportedByProfileError, match="not built"):
+        built("impl-native", CONFIG)
+
+
+@needs_build
+def test_impl_targets() -> None:
+    """``impl`` is the native core where it applies, ``impl-python`` never."""
+    assert type(built("impl", CONFIG)) is NativeImplAdapter
+    assert type(built("impl-native", CONFIG)) is NativeImplAdapter
+    assert type(built("impl-python", CONFIG)) is ImplAdapter
+
+
+@pytest.mark.parametrize("build", [False, pytest.param(True, marks=needs_build)])
+@pytest.mark.parametrize("hash_function", ["sha256_cbor", "sha256"])
+def test_mutable_requests_hash_like_the_spec(build: bool, hash_function: str) -> None:
+    """Advanced in place one token at a time, a kvimpl request has kvspec's block hashes."""
+    config = dataclasses.replace(CONFIG, hash_function=hash_function)
+    spec_hasher = RequestBlockHasher.for_config(config)
+    hasher = RequestHasher.for_config(config, native=build)
+    rng = random.Random(1)
+    prompt = [rng.randrange(50000) for _ in range(23)]
+    want = spec_hasher.new_request("r", prompt)
+    got = hasher.new_request("r", prompt)
+    assert (type(got) is MutableRequest) is not build
+    for _ in range(30):
+        token = rng.randrange(50000)
+        want = spec_hasher.with_output_tokens(want, [token])
+        got.append_output_token_ids(token)
+        assert got.block_hashes == want.block_hashes
+        assert got.all_token_ids == want.all_token_ids
+        assert got.num_tokens == want.num_tokens
+
+
+def _drive(manager: Any, hasher: Any, steps: int, seed: int) -> list[Any]:
+    """A seeded decode-and-admit run through the object API; every result in order."""
+    rng = random.Random(seed)
+    reqs: dict[str, Any] = {}
+    out: list[Any] = []
+    for step in range(steps):
+        manager.new_step_starts()
+        for rid, r in list(reqs.items()):
+            got = manager.allocate_slots(r, 1)
+            out.append(got)
+            if got is None or rng.random() < 0.1:
+                manager.free(rid)
+                del reqs[rid]
+                continue
+            r.num_computed_tokens += 1
+            r.append_output_token_ids(rng.randrange(100))
+        rid = f"r{step}"
+        r = hasher.new_request(rid, [rng.randrange(100) for _ in range(rng.randint(1, 20))])
+        hits, n = manager.get_computed_blocks(r)
+        got = manager.allocate_slots(r, r.num_tokens - n, n, hits if any(hits) else None)
+        out.append((n, got))
+        if got is not None:
+            r.num_computed_tokens = r.num_tokens
+            r.status = RequestStatus.RUNNING
+            r.append_output_token_ids(rng.randrange(100))
+            reqs[rid] = r
+    out.append(manager.to_view())
+    return out
+
+
+@needs_build
+@pytest.mark.parametrize(
+    "groups", [(FullAttention(4),), (FullAttention(4), SlidingWindow(4, 8)), (FullAttention(4), Mamba(4))]
+)
+def test_native_and_python_agree_on_mutable_requests(groups: tuple[Any, ...]) -> None:
+    """The same scheduler run on both builds, each with its own requests: same results and view."""
+    config = KVCacheConfig(num_blocks=48, groups=groups, max_model_len=128, profile=VLLM_0_25_1)
+    py = _drive(PythonManager(config), RequestHasher.for_config(config, native=False), 60, 3)
+    nat = _drive(NativeKVCacheManager(config), RequestHasher.for_config(config, native=True), 60, 3)
+    assert py == nat
+
+
+@needs_build
+def test_array_api_matches_the_object_api() -> None:
+    """allocate_slots_array and advance_array give the blocks allocate_slots gives, request for request."""
+    config = KVCacheConfig(num_blocks=256, groups=(FullAttention(4), SlidingWindow(4, 8)), max_model_len=256)
+    a, b = NativeKVCacheManager(config), NativeKVCacheManager(config)
+    ha, hb = RequestHasher.for_config(config, native=True), RequestHasher.for_config(config, native=True)
+    rng = random.Random(5)
+    rids = [f"r{i}" for i in range(6)]
+    ra, rb = {}, {}
+    for rid in rids:
+        prompt = [rng.randrange(100) for _ in range(rng.randint(3, 30))]
+        ra[rid], rb[rid] = ha.new_request(rid, prompt), hb.new_request(rid, prompt)
+        for m, r in ((a, ra[rid]), (b, rb[rid])):
+            assert m.allocate_slots(r, r.num_tokens) is not None
+            r.num_computed_tokens = r.num_tokens
+            r.status = RequestStatus.RUNNING
+    handles = array("i", [b.handle(rid) for rid in rids])
+    for _ in range(20):
+        tokens = [rng.randrange(100) for _ in rids]
+        want = []
+        for rid, t in zip(rids, tokens, strict=True):
+            ra[rid].append_output_token_ids(t)
+            want.append(a.allocate_slots(ra[rid], 1))
+            ra[rid].num_computed_tokens += 1
+        b.advance_array(handles, array("i", [0] * len(rids)), array("i", tokens))
+        counts, ids = b.allocate_slots_array(handles, array("i", [1] * len(rids)))
+        got, pos = [], 0
+        for i in range(len(rids)):
+            row = []
+            for k in counts[i * 2 : i * 2 + 2]:
+                row.append(tuple(ids[pos : pos + k]))
+                pos += k
+            got.append(tuple(row))
+        b.advance_array(handles, array("i", [1] * len(rids)), array("i", [-1] * len(rids)))
+        assert got == want
+        assert [rb[r].block_hashes for r in rids] == [ra[r].block_hashes for r in rids]
+    assert a.to_view() == b.to_view()
+
+
+@needs_build
+@pytest.mark.parametrize("profile", [VLLM_0_25_1.name, NEWEST.name])
+def test_lockstep_native_against_spec(profile: str) -> None:
+    """A short seeded ``kvref check`` of the native core against the spec."""
+    assert main(["check", "--target", "impl-native", "--against", "spec", "--seed", "3", "--min-steps", "400",
+                 "--semantics", profile]) == 0  # fmt: skip
+
+
+def test_spec_manager_is_untouched() -> None:
+    """kvspec takes only its own immutable values (the kit translates; kvimpl's requests are kvimpl's)."""
+    config = CONFIG
+    r = RequestHasher.for_config(config, native=False).new_request("r", [1, 2, 3])
+    with pytest.raises(Exception, match="Request"):
+        SpecManager(config).allocate_slots(r, 3)
+
+
+@pytest.mark.parametrize("name", ["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"])
+def test_kvimpl_hash_functions_are_vllms(name: str) -> None:
+    """kvimpl's copy of the hash-function lookup gives kvspec's digests (which the hash vectors pin)."""
+    from kvimpl.hash_functions import hash_function  # noqa: PLC0415
+    from kvspec.hashing import get_hash_fn_by_name  # noqa: PLC0415
+
+    if name.startswith("xxhash"):
+        pytest.importorskip("xxhash")
+    for obj in ("seed", (b"\x00" * 32, (1, 2, 3), None), (b"p", tuple(range(16)), ("lora", 1))):
+        assert hash_function(name)(obj) == get_hash_fn_by_name(name)(obj)
+
+
+def test_an_unknown_hash_function_is_refused() -> None:
+    """The same error class as kvspec's lookup."""
+    from kvimpl.hash_functions import hash_function  # noqa: PLC0415
+    from kvspec.errors import UnknownHashFunctionError  # noqa: PLC0415
+
+    with pytest.raises(UnknownHashFunctionError):
+        hash_function("md5")

@@ -1,0 +1,368 @@
+"""kvimpl follows each switch of the semantics profiles exactly as kvspec does.
+
+One case per switch: a release's profile and the same profile with only that
+switch flipped (``dataclasses.replace``), a minimal scenario whose outcome
+(results, errors, view, events, new-block ids) depends on the switch, and
+the check that kvimpl's outcome equals kvspec's under both profiles while the
+two outcomes differ. So each case fails if kvimpl ignored its switch (it
+would then answer both profiles alike), or if the scenario stopped showing
+the switch. Then the impl adapter: it follows every profile kvspec models
+and refuses one it does not know, and a configuration that uses a feature
+kvspec models and kvimpl does not yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+import pytest
+
+from kvimpl import PROFILE_SWITCHES
+from kvimpl.kv_cache_manager import KVCacheManager as ImplManager
+from kvimpl.native import create_manager
+from kvref.adapters.impl import (
+    IMPL_FEATURES,
+    IMPL_PROFILES,
+    REFUSED_FEATURE_SWITCHES,
+    make_impl_adapter,
+    unread_switches,
+)
+from kvspec.config import (
+    AttentionKind,
+    CrossAttention,
+    FullAttention,
+    KVCacheConfig,
+    Mamba,
+    SinkFullAttention,
+    SlidingWindow,
+)
+from kvspec.errors import ConfigError, KVCacheError, UnsupportedByProfileError
+from kvspec.hashing import ExtraKeySource, LoRA, MultiModalFeature
+from kvspec.kv_cache_manager import KVCacheManager as SpecManager
+from kvspec.profiles import (
+    MODELLED_FEATURES,
+    NEWEST,
+    PROFILES,
+    VLLM_0_25_1,
+    VLLM_0_26_0,
+    VLLM_0_27_0,
+    VLLM_0_28_0,
+    VLLM_0_29_0,
+    VLLM_0_30_0,
+    VLLM_0_31_0,
+    VLLM_0_32_0,
+    VLLM_0_33_0,
+    SemanticsProfile,
+    features_used,
+)
+from kvspec.request import Request, RequestBlockHasher, RequestStatus
+
+Scenario = Callable[[Any, RequestBlockHasher], object]
+"""Runs on a manager (kvspec's or kvimpl's) and returns what it observed."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One switch: ``base`` has the release's value, the flipped profile ``value``."""
+
+    switch: str
+    base: SemanticsProfile
+    value: Any
+    scenario: Scenario
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def flipped(self) -> SemanticsProfile:
+        changes: dict[str, Any] = {"name": f"{self.base.name}-{self.switch}-{self.value}", self.switch: self.value}
+        return replace(self.base, **changes)
+
+
+def outcome(make: Callable[[KVCacheConfig], Any], case: Case, profile: SemanticsProfile) -> object:
+    """Everything observable of ``case.scenario`` on a manager built by ``make``."""
+    kw: dict[str, Any] = {"num_blocks": 32, "max_model_len": 64, **case.config}
+    try:
+        config = KVCacheConfig(profile=profile, **kw)
+    except ConfigError as exc:
+        return ("config refused", type(exc).__name__)
+    mgr = make(config)
+    try:
+        got = case.scenario(mgr, RequestBlockHasher.for_config(config))
+    except KVCacheError as exc:
+        got = ("error", type(exc).__name__)
+    mgr.check_invariants()
+    return got, mgr.to_view(), mgr.take_events(), mgr.take_new_block_ids()
+
+
+def admit(mgr: Any, req: Request) -> Request:
+    """Look up, allocate the whole prompt (with its hits) and return the running request."""
+    hits, n = mgr.get_computed_blocks(req)
+    got = mgr.allocate_slots(req, req.num_tokens - n, n, hits if n else None)
+    assert got is not None, f"admitting {req.request_id} failed"
+    return replace(req, num_computed_tokens=req.num_tokens, status=RequestStatus.RUNNING)
+
+
+# -- scenarios, one per switch ---------------------------------------------------------
+
+
+def free_order(mgr: Any, h: RequestBlockHasher) -> object:
+    """A request with one full and one partial block is freed: where does each go?"""
+    admit(mgr, h.new_request("a", [1, 2, 3, 4, 5, 6]))
+    mgr.free("a")
+    return mgr.to_view().free_queue
+
+
+def sink_blocks(mgr: Any, h: RequestBlockHasher) -> object:
+    """Which blocks the first allocation gets (sink blocks are taken at construction)."""
+    return mgr.allocate_slots(h.new_request("a", [1] * 6), 6)
+
+
+def new_ids_with_cross(mgr: Any, h: RequestBlockHasher) -> object:
+    """Fresh blocks of every kind, then which of them take_new_block_ids reports."""
+    req = h.new_request("a", [1] * 9)
+    return mgr.allocate_slots(req, 9, num_encoder_tokens=8), mgr.take_new_block_ids()
+
+
+def new_ids(mgr: Any, h: RequestBlockHasher) -> object:
+    """One allocation, then which fresh blocks take_new_block_ids reports."""
+    return mgr.allocate_slots(h.new_request("a", [1] * 9), 9), mgr.take_new_block_ids()
+
+
+def mamba_slack(mgr: Any, h: RequestBlockHasher) -> object:
+    """remove_skipped_blocks at 9 tokens: does Mamba first subtract its speculative block count?"""
+    admit(mgr, h.new_request("a", [1] * 10))
+    mgr.remove_skipped_blocks("a", 9)
+    return mgr.get_blocks("a")
+
+
+def mamba_align_estimate(mgr: Any, h: RequestBlockHasher) -> object:
+    """A request adopts a cached Mamba state without new tokens in a pool with two free blocks:
+    the capped estimate (2) fits, the uncapped one (3) does not."""
+    admit(mgr, h.new_request("a", [1] * 8))
+    mgr.free("a")
+    mgr.new_step_starts()
+    b = h.new_request("b", [1] * 9)
+    hits, n = mgr.get_computed_blocks(b)
+    return (hits, n), mgr.allocate_slots(b, 0, n, hits)
+
+
+def pop_nulls(mgr: Any, h: RequestBlockHasher) -> object:
+    """A sliding-window table with three leading nulls is popped and freed later."""
+    admit(mgr, h.new_request("a", [1] * 16))
+    mgr.remove_skipped_blocks("a", 16)
+    popped = mgr.pop_blocks_for_free("a")
+    mgr.free_blocks(list(reversed(popped)))
+    return popped
+
+
+def eagle_mamba(mgr: Any, h: RequestBlockHasher) -> object:
+    """Hybrid EAGLE search where the Mamba group shrinks the hit: without the switch the
+    sliding-window group drops its EAGLE block again on the next pass (hit 4), with it its
+    drop stays verified (hit 8). Holes: sliding-window block 10, Mamba blocks 17-19."""
+    admit(mgr, h.new_request("a", list(range(25))))
+    mgr.evict_blocks([10, 17, 18, 19])
+    return mgr.get_computed_blocks(h.new_request("b", list(range(25))))
+
+
+def eagle_hashed_cap(mgr: Any, h: RequestBlockHasher) -> object:
+    """An 8-token request whose two blocks are cached: the EAGLE look-ahead capped by the
+    hashed tokens (8) finds both and drops one; capped by num_tokens - 1 it finds one."""
+    admit(mgr, h.new_request("a", [2, 2, 1, 1, 1, 1, 2, 1, 2, 2, 2, 2, 1]))
+    return mgr.get_computed_blocks(h.new_request("b", [2, 2, 1, 1, 1, 1, 2, 1]))
+
+
+def eagle_flags(mgr: Any, h: RequestBlockHasher) -> object:
+    """A group flagged for EAGLE without use_eagle: does its hit drop a block?"""
+    admit(mgr, h.new_request("a", [3] * 12))
+    return mgr.get_computed_blocks(h.new_request("b", [3] * 12))
+
+
+def stats(mgr: Any, h: RequestBlockHasher) -> object:
+    """A lookup, then recording it at admission: which one counts?"""
+    admit(mgr, h.new_request("a", [1] * 9))
+    b = h.new_request("b", [1] * 9)
+    _, n = mgr.get_computed_blocks(b)
+    try:
+        mgr.record_prefix_cache_stats(b, n)
+        recorded: object = "recorded"
+    except KVCacheError as exc:
+        recorded = type(exc).__name__
+    return recorded, mgr.make_prefix_cache_stats()
+
+
+def adopt_hit(mgr: Any, h: RequestBlockHasher) -> object:
+    """allocate_slots with 0 new tokens that adopts 8 hit tokens."""
+    admit(mgr, h.new_request("a", [1] * 9))
+    b = h.new_request("b", [1] * 9)
+    hits, n = mgr.get_computed_blocks(b)
+    return mgr.allocate_slots(b, 0, n, hits)
+
+
+def common_prefix(mgr: Any, h: RequestBlockHasher) -> object:
+    """Two requests share two blocks."""
+    admit(mgr, h.new_request("a", [1] * 9))
+    admit(mgr, h.new_request("b", [1] * 10))
+    return mgr.get_num_common_prefix_blocks("a"), mgr.get_num_common_prefix_blocks("b")
+
+
+def lora_path(mgr: Any, h: RequestBlockHasher) -> object:
+    """Two requests of one LoRA name with different paths: one cache entry or two?"""
+    admit(mgr, h.new_request("a", [1] * 9, ExtraKeySource(lora=LoRA("x", 1, "/a"))))
+    return mgr.get_computed_blocks(h.new_request("b", [1] * 9, ExtraKeySource(lora=LoRA("x", 1, "/b"))))
+
+
+def mm_resume(mgr: Any, h: RequestBlockHasher) -> object:
+    """Features at [0, 8) and [1, 9); the block completed after construction sees the first
+    one too only with the switch, so its cache key changes."""
+    mm = ExtraKeySource(mm_features=(MultiModalFeature("A", 0, 8), MultiModalFeature("B", 1, 8)))
+    a = admit(mgr, h.new_request("a", [1] * 5, mm))
+    a = h.with_output_tokens(a, [2, 3, 4])
+    assert mgr.allocate_slots(a, 3) is not None
+    return a.block_hashes
+
+
+def hybrid_hit(mgr: Any, h: RequestBlockHasher) -> object:
+    """A hit on a hybrid model (it may be refused for the profile)."""
+    admit(mgr, h.new_request("a", [1] * 17))
+    return mgr.get_computed_blocks(h.new_request("b", [1] * 17))
+
+
+EAGLE_HYBRID = {"groups": (FullAttention(4), SlidingWindow(4, 8)), "use_eagle": True}
+MAMBA_HYBRID = {"groups": (FullAttention(4), SlidingWindow(4, 8), Mamba(4, "all", 0)), "enable_caching": False}
+CASES = [
+    Case("free_unhashed_first", VLLM_0_25_1, False, free_order, {"groups": (FullAttention(4),)}),
+    Case(
+        "free_unhashed_needs_caching", VLLM_0_27_0, False, free_order,
+        {"groups": (FullAttention(4),), "enable_caching": False},
+    ),
+    Case("sink_blocks_reserved", VLLM_0_30_0, True, sink_blocks, {"groups": (SinkFullAttention(4, 8),)}),
+    Case("new_block_ids", VLLM_0_26_0, "full-mla", new_ids, {"groups": (FullAttention(4),)}),
+    Case("new_block_ids", VLLM_0_28_0, "full-mla-with-mamba", new_ids, MAMBA_HYBRID),
+    Case(
+        "new_block_ids", VLLM_0_28_0, "full-mla-with-mamba", new_ids_with_cross,
+        {**MAMBA_HYBRID, "groups": (FullAttention(4), CrossAttention(4), Mamba(4, "all", 0))},
+    ),
+    Case(
+        "mamba_skip_spec_slack", VLLM_0_26_0, True, mamba_slack,
+        {"groups": (Mamba(4, "all", 1),), "enable_caching": False},
+    ),
+    Case(
+        "mamba_align_estimate_capped", VLLM_0_31_0, False, mamba_align_estimate,
+        {"groups": (Mamba(4, "align", 1),), "num_blocks": 3},
+    ),
+    Case(
+        "pop_drops_leading_nulls", VLLM_0_33_0, False, pop_nulls,
+        {"groups": (SlidingWindow(4, 4),), "enable_caching": False},
+    ),
+    Case(
+        "mamba_eagle_counts_verified", VLLM_0_26_0, False, eagle_mamba,
+        {"groups": (FullAttention(4), SlidingWindow(4, 4), Mamba(4, "all", 0)), "use_eagle": True},
+    ),
+    Case("eagle_margin_hashed_cap", VLLM_0_32_0, False, eagle_hashed_cap, EAGLE_HYBRID),
+    Case(
+        "eagle_flags_need_use_eagle", VLLM_0_33_0, False, eagle_flags,
+        {"groups": (FullAttention(4),), "eagle_groups": (0,)},
+    ),
+    Case("stats_at_lookup", VLLM_0_27_0, True, stats, {"groups": (FullAttention(4),), "log_stats": True}),
+    Case("adopt_hit_without_new_tokens", VLLM_0_31_0, False, adopt_hit, {"groups": (FullAttention(4),)}),
+    Case("common_prefix", VLLM_0_32_0, "tables", common_prefix, {"groups": (FullAttention(4),)}),
+    Case(
+        "extra_keys_tagged", VLLM_0_31_0, False, lora_path,
+        {"groups": (FullAttention(4),), "enable_kv_cache_events": True},
+    ),
+    Case("mm_resume_from_first_feature", VLLM_0_31_0, False, mm_resume, {"groups": (FullAttention(4),)}),
+    Case(
+        "single_spec_group_hybrid", VLLM_0_29_0, False, hybrid_hit,
+        {"groups": (FullAttention(4), FullAttention(4))},
+    ),
+    Case("mamba_caching_needs_align", VLLM_0_33_0, False, hybrid_hit, {"groups": (Mamba(4, "all", 0),)}),
+    Case(
+        "partial_hash_hits", VLLM_0_26_0, False, hybrid_hit,
+        {"groups": (FullAttention(4), Mamba(8, "align", 0))},
+    ),
+]  # fmt: skip
+
+FEATURE_CASES: dict[str, tuple[SemanticsProfile, dict[str, Any]]] = {
+    "partial-tail-entries": (VLLM_0_26_0, {"groups": (FullAttention(8), SlidingWindow(4, 8))}),
+    "mamba-tail-entries": (VLLM_0_32_0, {"groups": (FullAttention(4), Mamba(4, "align", 0))}),
+}
+"""A configuration per state-adding feature kvspec models and kvimpl does not yet."""
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.switch}-{c.base.release}-{c.scenario.__name__}")
+def test_kvimpl_follows_the_switch(case: Case) -> None:
+    assert getattr(case.base, case.switch) != case.value, "the case must flip its switch"
+    seen = {}
+    for profile in (case.base, case.flipped):
+        want = outcome(SpecManager, case, profile)
+        got = outcome(ImplManager, case, profile)
+        assert got == want, f"{case.switch} under {profile.name}: kvimpl {got} != kvspec {want}"
+        seen[profile.name] = want
+    base, flipped = seen.values()
+    assert base != flipped, f"the scenario does not show {case.switch}: both profiles give {base}"
+
+
+def test_every_switch_has_a_case() -> None:
+    """Every switch has a case, or belongs to a feature kvimpl refuses."""
+    switches = {f.name for f in fields(SemanticsProfile)} - {"name", "release"}
+    assert switches == {c.switch for c in CASES} | REFUSED_FEATURE_SWITCHES
+    assert switches == PROFILE_SWITCHES | REFUSED_FEATURE_SWITCHES
+    assert set(FEATURE_CASES) == MODELLED_FEATURES - IMPL_FEATURES
+
+
+@pytest.mark.parametrize("feature", sorted(FEATURE_CASES))
+def test_the_adapter_refuses_a_feature_kvimpl_does_not_model(feature: str) -> None:
+    """kvspec runs the configuration; the impl adapter refuses it, naming the feature."""
+    profile, kw = FEATURE_CASES[feature]
+    config = KVCacheConfig(profile=profile, num_blocks=32, max_model_len=64, **kw)
+    assert feature in features_used(config)
+    hybrid_hit(SpecManager(config), RequestBlockHasher.for_config(config))
+    with pytest.raises(UnsupportedByProfileError, match=f"kvimpl does not model {feature}"):
+        make_impl_adapter(config)
+
+
+def test_the_adapter_follows_every_profile() -> None:
+    assert frozenset(PROFILES) == IMPL_PROFILES
+    for profile in PROFILES.values():
+        config = KVCacheConfig(num_blocks=8, groups=(FullAttention(4),), max_model_len=16, profile=profile)
+        assert make_impl_adapter(config).config.profile == profile
+
+
+@pytest.mark.parametrize(
+    ("profile", "why"),
+    [
+        (replace(VLLM_0_33_0, name="vllm-9.9.9", release="9.9.9"), "not one of kvspec's profiles"),
+        (replace(VLLM_0_33_0, common_prefix="tables"), "not one of kvspec's profiles"),
+    ],
+)
+def test_the_adapter_refuses_a_profile_it_does_not_know(profile: SemanticsProfile, why: str) -> None:
+    config = KVCacheConfig(num_blocks=8, groups=(FullAttention(4),), max_model_len=16, profile=profile)
+    with pytest.raises(UnsupportedByProfileError, match=why):
+        make_impl_adapter(config)
+
+
+def test_the_adapter_refuses_a_switch_kvimpl_does_not_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A future release adds a switch: until kvimpl reads it, a profile that sets it is refused."""
+    monkeypatch.setattr("kvref.adapters.impl.PROFILE_SWITCHES", PROFILE_SWITCHES - {"common_prefix"})
+    assert unread_switches(VLLM_0_33_0) == ("common_prefix",)
+    assert unread_switches(VLLM_0_31_0) == ()
+    config = KVCacheConfig(num_blocks=8, groups=(FullAttention(4),), max_model_len=16, profile=VLLM_0_33_0)
+    with pytest.raises(UnsupportedByProfileError, match="does not read common_prefix"):
+        make_impl_adapter(config)
+
+
+@pytest.mark.parametrize(
+    ("groups", "feature"),
+    [
+        ((FullAttention(8), SlidingWindow(4, 8)), "partial-tail-entries"),
+        ((FullAttention(4), Mamba(4, "align")), "mamba-tail-entries"),
+    ],
+)
+def test_kvimpl_refuses_a_feature_it_does_not_model(groups: tuple[AttentionKind, ...], feature: str) -> None:
+    """kvspec runs these under the newest profile; kvimpl's own constructor (both builds) refuses them by name."""
+    config = KVCacheConfig(num_blocks=32, groups=groups, max_model_len=64, profile=NEWEST)
+    SpecManager(config)
+    for native in (True, False):
+        with pytest.raises(UnsupportedByProfileError, match=feature):
+            create_manager(config, native=native)

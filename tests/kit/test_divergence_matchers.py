@@ -1,0 +1,71 @@
+"""Each registered divergence's matcher recognises what vLLM really returned
+(outputs copied from runs of vLLM 0.25.1 on the divergence traces and on a
+shrunk lockstep failure), and nothing else: a well-formed difference, or the
+same difference under a release where the divergence is fixed, stays
+unexplained."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvref.divergences import explain, load_registry
+from kvref.traces import load
+from kvspec.config import FullAttention, KVCacheConfig, Mamba, SlidingWindow
+from kvspec.profiles import VLLM_0_25_1, VLLM_0_26_0
+
+ROOT = Path(__file__).resolve().parents[2]
+LOOKUP = {"op": "get_computed_blocks", "rid": "b"}
+
+EAGLE_MAMBA_ALIGN_SWA = KVCacheConfig(
+    profile=VLLM_0_25_1,
+    num_blocks=16,
+    groups=(FullAttention(4), Mamba(4, "align"), SlidingWindow(2, 1)),
+    max_model_len=32,
+    use_eagle=True,
+)
+
+
+def _trace_step(div_id: str) -> tuple[KVCacheConfig, dict[str, Any], Any]:
+    trace = load(ROOT / load_registry()[div_id].trace)
+    step = trace.steps[trace.meta["divergence_step"]]
+    return trace.config, step, step["expect"]
+
+
+@pytest.mark.parametrize(
+    ("div_id", "vllm_out"),
+    [
+        ("eagle-mamba-hit", {"blocks": [[1, 2, 3], [0, 0, 0, 9]], "num_tokens": 16}),
+        ("swa-eagle-fallback", {"blocks": [[], []], "num_tokens": 0}),
+        ("second-full-group", {"blocks": [[1, 2, 3], [6, 7, 8, 9], [0, 0, 13]], "num_tokens": 12}),
+        ("common-prefix-pending", [2]),
+        ("mamba-align-external-estimate", {"crash": "ValueError"}),
+    ],
+)
+def test_matcher_explains_vllms_output_on_its_trace(div_id: str, vllm_out: Any) -> None:
+    cfg, op, spec_out = _trace_step(div_id)
+    pending = div_id == "common-prefix-pending"
+    assert explain(cfg, op, vllm_out, spec_out, pending) == div_id
+
+
+def test_eagle_mamba_hit_with_lists_longer_than_a_shrunk_hit() -> None:
+    """The second form: the hit shrank to 0, a later look-ahead pass left longer lists."""
+    vllm_out = {"blocks": [[], [2], [0, 0]], "num_tokens": 0}
+    spec_out = {"blocks": [[], [], []], "num_tokens": 0}
+    assert explain(EAGLE_MAMBA_ALIGN_SWA, LOOKUP, vllm_out, spec_out, False) == "eagle-mamba-hit"
+
+
+def test_a_well_formed_difference_is_not_explained() -> None:
+    vllm_out = {"blocks": [[1], [0], [0, 7]], "num_tokens": 4}
+    spec_out = {"blocks": [[], [], []], "num_tokens": 0}
+    assert explain(EAGLE_MAMBA_ALIGN_SWA, LOOKUP, vllm_out, spec_out, False) is None
+
+
+def test_a_fixed_divergence_is_not_explained_on_later_releases() -> None:
+    cfg, op, spec_out = _trace_step("eagle-mamba-hit")
+    vllm_out = {"blocks": [[1, 2, 3], [0, 0, 0, 9]], "num_tokens": 16}
+    later = replace(cfg, profile=VLLM_0_26_0)
+    assert explain(later, op, vllm_out, spec_out, False) is None
