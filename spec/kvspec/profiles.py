@@ -315,13 +315,23 @@ def features_used(config: KVCacheConfig) -> frozenset[str]:
     return frozenset(used)
 
 
-MODELLED_FEATURES = frozenset({"partial-tail-entries", "mamba-tail-entries", "partial-hash-hits"})
-"""The features of :func:`features_used` that kvspec models."""
+MODELLED_FEATURES = frozenset({"partial-tail-entries", "mamba-tail-entries"})
+"""The features of :func:`features_used` that kvspec models under every
+profile; fine-grained hits (``"partial-hash-hits"``) only under those of
+:data:`PARTIAL_HASH_HITS_CHECKED`."""
 
 FEATURE_SWITCHES: dict[str, frozenset[str]] = {
     "partial-tail-entries": frozenset({"partial_tail_entries", "fa_tail_below_last_token"}),
-    "partial-hash-hits": frozenset({"partial_hash_hits"}),
-    "mamba-tail-entries": frozenset({"mamba_tail_entries", "mamba_tail_skip_keyed"}),
+    "partial-hash-hits": frozenset(
+        {
+            "partial_hash_hits",
+            "partial_hits_gated",
+            "cache_mask_hit_alignment",
+            "mamba_early_return_allocated",
+            "mamba_tail_eagle",
+        }
+    ),
+    "mamba-tail-entries": frozenset({"mamba_tail_entries", "mamba_tail_skip_keyed", "mamba_tail_eagle"}),
 }
 """The profile switches each feature of :func:`features_used` reads. They
 change nothing for a configuration that does not use the feature, so an
@@ -348,11 +358,12 @@ def unsupported_reason(config: KVCacheConfig) -> str | None:
     """
     from kvspec.partial_hits import blocks_fine_hits  # noqa: PLC0415 - partial_hits imports config
 
-    missing = sorted(features_used(config) - MODELLED_FEATURES)
-    if missing:
-        return f"{config.profile.name}: {', '.join(missing)} not modelled"
     p = config.profile
-    if "partial-hash-hits" in features_used(config) and not p.partial_hits_gated:
+    used = features_used(config)
+    missing = sorted(used - MODELLED_FEATURES - {"partial-hash-hits"})
+    if missing:
+        return f"{p.name}: {', '.join(missing)} not modelled"
+    if "partial-hash-hits" in used and not p.partial_hits_gated:
         hbs = config.resolved_hash_block_size()
         for gid, kind in enumerate(config.groups):
             if blocks_fine_hits(kind, hbs):
@@ -361,7 +372,7 @@ def unsupported_reason(config: KVCacheConfig) -> str | None:
                     f"the hash block ({hbs}) in a model with fine-grained hits; vLLM {p.release} fails an "
                     "assertion at the first lookup"
                 )
-    if "partial-hash-hits" in features_used(config) and p.name not in PARTIAL_HASH_HITS_CHECKED:
+    if "partial-hash-hits" in used and p.name not in PARTIAL_HASH_HITS_CHECKED:
         return (
             f"{p.name}: a Mamba align group coarser than the hash block needs fine-grained hits with "
             "copy-on-write, which are not modelled for this release"

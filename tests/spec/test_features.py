@@ -13,6 +13,8 @@ from kvspec.errors import UnsupportedByProfileError
 from kvspec.kv_cache_manager import KVCacheManager
 from kvspec.profiles import (
     FEATURE_SWITCHES,
+    PARTIAL_HASH_HITS_CHECKED,
+    PROFILES,
     VLLM_0_25_1,
     VLLM_0_26_0,
     VLLM_0_28_0,
@@ -61,14 +63,20 @@ def test_configurations_vllm_fails_on_are_refused() -> None:
     groups = (FullAttention(4), SlidingWindow(8, 4), Mamba(8, "align"))
     with pytest.raises(UnsupportedByProfileError, match="assertion"):
         config(groups, VLLM_0_26_0)
-    with pytest.raises(UnsupportedByProfileError, match="not modelled for this release"):
-        config(groups, VLLM_0_28_0)
+    if VLLM_0_28_0.name in PARTIAL_HASH_HITS_CHECKED:
+        assert features_used(config(groups, VLLM_0_28_0)) == {"partial-hash-hits"}
 
 
-def test_unmodelled_features_are_refused() -> None:
-    """Fine-grained hits (a coarse Mamba align group) are still refused."""
+@pytest.mark.parametrize("profile", list(PROFILES.values()), ids=lambda p: p.name)
+def test_fine_grained_hits_are_refused_where_unchecked(profile: SemanticsProfile) -> None:
+    """Fine-grained hits (a coarse Mamba align group) are modelled for the
+    releases they were checked against, refused for the others."""
+    groups = (FullAttention(4), Mamba(8, "align"))
+    if not profile.partial_hash_hits or profile.name in PARTIAL_HASH_HITS_CHECKED:
+        config(groups, profile)
+        return
     with pytest.raises(UnsupportedByProfileError, match="fine-grained hits"):
-        config((FullAttention(4), Mamba(8, "align")), VLLM_0_26_0)
+        config(groups, profile)
 
 
 def test_feature_switches_change_nothing_without_the_feature() -> None:
