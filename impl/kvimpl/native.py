@@ -78,6 +78,7 @@ NATIVE_SWITCHES = frozenset(
         # (kvimpl.config_rules.unmodelled_features), so their switches never reach the core.
         "partial_tail_entries", "partial_hash_hits", "mamba_tail_entries",
         "fa_tail_below_last_token", "mamba_tail_skip_keyed",
+        "partial_hits_gated", "cache_mask_hit_alignment", "mamba_early_return_allocated", "mamba_tail_eagle",
     }
 )  # fmt: skip
 """Profile switches the native core follows; a profile that sets any other
