@@ -95,6 +95,9 @@ IMPL_KVSPEC_NAMES: dict[str, frozenset[str]] = {
     "kvspec.hashing": value_types(SPEC_ROOT / "kvspec" / "hashing.py") | HASHING_FUNCTIONS,
     "kvspec.block_pool": frozenset({"BlockId"}),
     "kvspec.invariants": frozenset({"InvariantViolation"}),
+    # the profile value a configuration carries (kvimpl follows its switches; the
+    # profile logic, features_used and unsupported_reason, stays out of reach)
+    "kvspec.profiles": frozenset({"SemanticsProfile"}),
 }
 """kvspec modules that also hold logic: kvimpl may import only these names of them."""
 

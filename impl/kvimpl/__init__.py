@@ -39,17 +39,22 @@ PROFILE_SWITCHES = frozenset(
         "sink_blocks_reserved", "new_block_ids", "mamba_skip_spec_slack",  # single_type_kv_cache_manager
         "mamba_align_estimate_capped", "pop_drops_leading_nulls",
         "mamba_eagle_counts_verified", "eagle_margin_hashed_cap",  # kv_cache_coordinator.hybrid_hit_search
-        "eagle_flags_need_use_eagle",  # config_rules.eagle_group_ids
+        "eagle_flags_need_use_eagle", "eagle_group_flags",  # config_rules.eagle_group_ids
+        "event_annotations",  # block_pool.BlockPool(annotated_events=...)
+        "mamba_step_guard",  # single_type_kv_cache_manager.MambaManager, kv_cache_manager.require_operation
+        "admission_controls", "deferred_free", "new_block_ids_list",  # kv_cache_manager
         "stats_at_lookup", "adopt_hit_without_new_tokens", "common_prefix",  # kv_cache_manager
+        "lookup_returns_boundary",  # kv_cache_manager.get_prefix_hint
         # Applied before kvimpl sees a value: the request hasher (kvspec.request) hashes with them.
-        "extra_keys_tagged", "mm_resume_from_first_feature",
+        "extra_keys_tagged", "mm_resume_from_first_feature", "mm_key_with_offset", "prompt_embeds_digest",
         # Applied by KVCacheConfig's own validation (a configuration kvimpl is given already obeys them).
-        "single_spec_group_hybrid", "mamba_caching_needs_align",
+        "single_spec_group_hybrid", "mamba_caching_needs_align", "hybrid_rules_v025", "external_cap_any_skip",
         # Features kvimpl does not model: a configuration that needs one is refused
         # (kvimpl.config_rules.unmodelled_features), so kvimpl never runs with them on.
         "partial_tail_entries", "partial_hash_hits", "mamba_tail_entries",
         "fa_tail_below_last_token", "mamba_tail_skip_keyed",  # read only by those features
         "partial_hits_gated", "cache_mask_hit_alignment", "mamba_early_return_allocated", "mamba_tail_eagle",
+        "circular_buffer_kind", "kpool_tail_kind",  # the ring kinds (feature "ring-kinds")
     }
 )  # fmt: skip
 """The fields of :class:`kvspec.profiles.SemanticsProfile` whose values kvimpl

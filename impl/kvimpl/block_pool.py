@@ -155,13 +155,17 @@ class BlockPool:
         enable_kv_cache_events: bool = False,
         int_block_hashes: bool = True,
         unhashed_first: bool = True,
+        annotated_events: bool = True,
     ) -> None:
         """An empty pool: every block but the null block is free, in id order.
 
         ``unhashed_first``: freed unhashed blocks go to the front of the free
         queue (else every freed block goes to the tail; see
-        :func:`requeue_unhashed_first`)."""
+        :func:`requeue_unhashed_first`). ``annotated_events``: events carry
+        extra keys and the group index (profile switch ``event_annotations``;
+        before vLLM 0.25.1 those fields are None)."""
         self.num_gpu_blocks = num_gpu_blocks
+        self.annotated_events = annotated_events
         self.unhashed_first = unhashed_first
         self.enable_caching = enable_caching
         self.hash_block_size = hash_block_size
@@ -245,8 +249,14 @@ class BlockPool:
         ref = self.ref_cnt
         if len(set(blocks)) != len(blocks) or any(ref[b] < 1 for b in blocks):
             _check_double_free(ref, blocks)
+        # NOTE: FreeQueue.append and .prepend inlined (links and count updated
+        # here, one method call less per block): blocks reaching 0 go to the
+        # tail one by one; the unhashed ones are spliced in front as one chain in
+        # the given order, which is the order prepending them last-first gives.
         fq, bh, front = self.free_queue, self.block_hash, self.unhashed_first
+        nxt, prv, s = fq.nxt, fq.prv, fq.sentinel
         unhashed: list[BlockId] = []
+        linked = 0
         for b in blocks:
             n = ref[b] - 1
             ref[b] = n
@@ -254,9 +264,22 @@ class BlockPool:
                 if front and bh[b] is None:
                     unhashed.append(b)
                 else:
-                    fq.append(b)
-        for b in reversed(unhashed):
-            fq.prepend(b)
+                    t = prv[s]
+                    nxt[t] = b
+                    prv[b] = t
+                    nxt[b] = s
+                    prv[s] = b
+                    linked += 1
+        if unhashed:
+            head, prev = nxt[s], s
+            for b in unhashed:
+                nxt[prev] = b
+                prv[b] = prev
+                prev = b
+            nxt[prev] = head
+            prv[head] = prev
+            linked += len(unhashed)
+        fq._len += linked
 
     def cache_full_blocks(
         self,
@@ -363,7 +386,8 @@ class BlockPool:
             ids.remove(b)
         if self.enable_kv_cache_events:
             digest, gid = split_key(key)
-            self.events.append(BlockRemoved((external_block_hash(digest, self.int_block_hashes),), MEDIUM_GPU, gid))
+            ext = external_block_hash(digest, self.int_block_hashes)
+            self.events.append(BlockRemoved((ext,), MEDIUM_GPU, gid if self.annotated_events else None))
 
 
 def requeue_unhashed_first(config: KVCacheConfig) -> bool:
@@ -411,6 +435,6 @@ def _stored_event(
         lora_id=lora.adapter_id if lora else None,
         medium=MEDIUM_GPU,
         lora_name=lora.name if lora else None,
-        extra_keys=tuple(extra_keys) if extra_keys else None,
-        group_idx=group_id,
+        extra_keys=tuple(extra_keys) if extra_keys and pool.annotated_events else None,
+        group_idx=group_id if pool.annotated_events else None,
     )

@@ -19,8 +19,10 @@ from kvspec.config import (
     MLA,
     AttentionKind,
     ChunkedLocal,
+    CircularBuffer,
     CrossAttention,
     FullAttention,
+    KpoolTail,
     KVCacheConfig,
     Mamba,
     SinkFullAttention,
@@ -72,13 +74,16 @@ def scheduler_block_size(config: KVCacheConfig) -> int:
 
 
 def hash_block_size(config: KVCacheConfig) -> int:
-    """Hash granularity: the override, else the GCD of group sizes when
-    caching a hybrid model, else the scheduler block size."""
+    """Hash granularity: the override, else the GCD of the group sizes (ring
+    groups left out unless there is nothing else) when caching a hybrid
+    model, else the scheduler block size."""
     if config.hash_block_size is not None:
         return config.hash_block_size
     if len(config.groups) == 1 or not config.enable_caching:
         return scheduler_block_size(config)
-    return math.gcd(*(g.block_size for g in config.groups))
+    rings = (CircularBuffer, KpoolTail)
+    sizes = [g.block_size for g in config.groups if not isinstance(g, rings)] or [g.block_size for g in config.groups]
+    return math.gcd(*sizes)
 
 
 def batched_tokens(config: KVCacheConfig) -> int:
@@ -96,10 +101,11 @@ def has_mamba(config: KVCacheConfig) -> bool:
 def eagle_group_ids(config: KVCacheConfig) -> frozenset[int]:
     """Groups that drop the EAGLE block: the flagged ones, else all groups
     under ``use_eagle``; from vLLM 0.33.0 flags need ``use_eagle`` too
-    (profile switch ``eagle_flags_need_use_eagle``)."""
+    (profile switch ``eagle_flags_need_use_eagle``); before 0.25.1 there are
+    no flags (``eagle_group_flags``)."""
     if config.profile.eagle_flags_need_use_eagle and not config.use_eagle:
         return frozenset()
-    if config.eagle_groups:
+    if config.eagle_groups and config.profile.eagle_group_flags:
         return frozenset(config.eagle_groups)
     return frozenset(range(len(config.groups))) if config.use_eagle else frozenset()
 
@@ -113,13 +119,16 @@ def unmodelled_features(config: KVCacheConfig) -> list[str]:
       group coarser than the hash block (profile switch ``partial_tail_entries``);
     * ``partial-hash-hits``: a cached hybrid with a Mamba align group coarser
       than the hash block (``partial_hash_hits``);
-    * ``mamba-tail-entries``: a cached Mamba align group (``mamba_tail_entries``).
+    * ``mamba-tail-entries``: a cached Mamba align group (``mamba_tail_entries``);
+    * ``ring-kinds``: a ring group, ``CircularBuffer`` or ``KpoolTail``, cached
+      or not (``circular_buffer_kind``, ``kpool_tail_kind``).
     """
     p = config.profile
+    ring = ["ring-kinds"] if any(isinstance(k, (CircularBuffer, KpoolTail)) for k in config.groups) else []
     if not config.enable_caching:
-        return []
+        return ring
     hbs = hash_block_size(config)
-    used: list[str] = []
+    used: list[str] = list(ring)
     for kind in config.groups:
         align = isinstance(kind, Mamba) and kind.mode == "align"
         coarse = len(config.groups) > 1 and kind.block_size > hbs

@@ -39,6 +39,13 @@ GroupBlocks = tuple[list[BlockId], ...]
 class KVCacheCoordinator:
     """Fans operations out to one manager per group, in group order."""
 
+    num_uncached_common_prefix_tokens: int = 0
+    """Tokens of the last lookup's longest single-spec-group hit beyond the
+    reconciled hit: a shared prefix a sparse group (Mamba, sliding window)
+    has not cached yet. Only the hybrid coordinator sets it (vLLM 0.25.1's
+    scheduler reads it with ``getattr(..., 0)``; from 0.26.0 on the lookup
+    returns it); it keeps its value across lookups that skip the search."""
+
     def __init__(self, config: KVCacheConfig, enable_caching: bool) -> None:
         """Build the pool and the managers (SinkFull takes its blocks here)."""
         self.config = config
@@ -51,6 +58,7 @@ class KVCacheCoordinator:
             config.enable_kv_cache_events,
             config.int_block_hashes,
             requeue_unhashed_first(config),
+            config.profile.event_annotations,
         )
         self.eagle_group_ids = eagle_group_ids(config)
         mnbt, mml = batched_tokens(config), config.max_model_len
@@ -237,7 +245,8 @@ class HybridCoordinator(KVCacheCoordinator):
         trimmed to the final length ("second-full-group"; vLLM agrees from
         0.29.0 on).
         """
-        hit, hits = hybrid_hit_search(self, block_hashes, max_cache_hit_length)
+        hit, hits, longest = hybrid_hit_search_longest(self, block_hashes, max_cache_hit_length)
+        self.num_uncached_common_prefix_tokens = longest - hit
         for sg in self.spec_groups:
             if isinstance(sg.kind, FULL_TYPE_KINDS):
                 for gid in sg.group_ids:
@@ -261,6 +270,16 @@ def hybrid_hit_search(
 ) -> tuple[int, list[list[BlockId]]]:
     """The fixed-point loop of :meth:`HybridCoordinator.find_longest_cache_hit`;
     returns the hit length and untrimmed hit lists per group."""
+    hit, hits, _ = hybrid_hit_search_longest(coord, block_hashes, max_len)
+    return hit, hits
+
+
+def hybrid_hit_search_longest(
+    coord: HybridCoordinator, block_hashes: Sequence[BlockHash], max_len: int
+) -> tuple[int, list[list[BlockId]], int]:
+    """:func:`hybrid_hit_search`, also returning the longest length any one
+    spec-group lookup reached (vLLM's ``longest_hit_length``), at least the hit."""
+    longest = 0
     hits: list[list[BlockId]] = [[] for _ in coord.managers]
     looked_up: set[int] = set()
     verified: set[int] = set()
@@ -288,14 +307,15 @@ def hybrid_hit_search(
             elif new < cur:
                 verified.clear()
             cur = new
+            longest = max(longest, cur)
             looked_up.add(idx)
             for gid, blocks in zip(sg.group_ids, found, strict=True):
                 hits[gid] = blocks
         if cur >= hit:
-            return hit, hits
+            return hit, hits, longest
         hit = cur
         if simple:
-            return hit, hits
+            return hit, hits, longest
 
 
 def eagle_search_limit(cur: int, block_size: int, max_len: int, hashed: int, hashed_cap: bool) -> int:

@@ -50,6 +50,7 @@ from kvspec.errors import (
 )
 from kvspec.events import BlockRemoved, BlockStored, KVCacheEvent
 from kvspec.hashing import BlockHash, coarse_block_hashes, external_block_hash, make_key, split_key
+from kvspec.profiles import SemanticsProfile
 from kvspec.request import Request
 from kvspec.stats import PrefixCacheStats
 from kvspec.view import BlockIds, KVView
@@ -83,14 +84,21 @@ class KVCacheManager(StepAPI):
         self.coordinator = make_coordinator(config)
         self.block_pool = self.coordinator.pool
         self.watermark_blocks = int(config.watermark * config.num_blocks)
+        self.admission_controls = config.profile.admission_controls
+        """Profile switch ``admission_controls`` (see :func:`check_admission_args`)."""
         self.pending: Counter[BlockId] = Counter()
         self.requests: dict[str, Request] = {}
         """Latest value of each request holding blocks (for :func:`inv_hash_content`)."""
         self.event_keys: Counter[tuple[object, int | None]] = Counter()
         """Cache keys implied by the events taken so far (:func:`inv_events_replay_to_cache`)."""
         self.prefix_cache_stats = PrefixCacheStats() if config.log_stats else None
+        self.shared_prefix_boundary: dict[str, int] = {}
+        """Non-zero ``shared_prefix_boundary`` of each request's latest lookup
+        (vLLM keeps it on the request; :meth:`get_prefix_hint`)."""
         p = config.profile
         self.stats_at_lookup = p.stats_at_lookup
+        self.lookup_returns_boundary = p.lookup_returns_boundary
+        """Profile switch read by :meth:`get_prefix_hint`."""
         """Profile switch: lookups record the statistics (else ``record_prefix_cache_stats`` does)."""
         self.adopt_hit_without_new_tokens = p.adopt_hit_without_new_tokens
         """Profile switch read by :func:`allocation_without_tokens`."""
@@ -109,12 +117,27 @@ class KVCacheManager(StepAPI):
         hit blocks are only pinned by ``allocate_slots``.
         """
         check_request(request)
+        self.shared_prefix_boundary.pop(request.request_id, None)
         if not self.enable_caching or request.skip_reading_prefix_cache:
             return self._ids(tuple([] for _ in self.config.groups)), 0
         blocks, n = self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
+        uncached = self.coordinator.num_uncached_common_prefix_tokens
+        if uncached:
+            self.shared_prefix_boundary[request.request_id] = n + uncached
         if self.prefix_cache_stats is not None and self.stats_at_lookup:
             self.prefix_cache_stats.record(request.num_tokens, n, request.num_preemptions > 0)
         return self._ids(blocks), n
+
+    def get_prefix_hint(self, request: Request) -> int:
+        """The prefix hint vLLM's scheduler reads right after ``request``'s
+        lookup (kvspec's ``KVCacheManager.get_prefix_hint``): the coordinator's
+        ``num_uncached_common_prefix_tokens`` up to vLLM 0.25.1, the request's
+        ``shared_prefix_boundary`` from 0.26.0 on. Changes nothing.
+        """
+        check_request(request)
+        if self.lookup_returns_boundary:
+            return self.shared_prefix_boundary.get(request.request_id, 0)
+        return self.coordinator.num_uncached_common_prefix_tokens
 
     def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
         """Record one admitted request's lookup in the statistics (vLLM 0.27.0
@@ -171,7 +194,12 @@ class KVCacheManager(StepAPI):
             InvalidTokenCountError, GroupCountError, ExceedsMaxModelLenError,
             UnexpectedPrefixHitError, InvalidBlockIdError, StaleHitError: in
             this order of checking; nothing has changed when they are raised.
+            UnsupportedOperationError: Before vLLM 0.25.1, for a non-default
+                ``full_sequence_must_fit``, ``reserved_blocks`` or
+                ``has_scheduled_reqs`` (first of all).
         """
+        if not self.admission_controls:
+            check_admission_args(self.config.profile, full_sequence_must_fit, reserved_blocks, has_scheduled_reqs)
         if (
             type(request) in REQUEST_TYPES
             and new_computed_blocks is None
@@ -253,6 +281,7 @@ class KVCacheManager(StepAPI):
         """Forget the request but keep its references: the blocks (groups
         concatenated) are *pending* until the caller passes them to
         :meth:`free_blocks`, normally reversed. Unknown request → ()."""
+        require_operation(self.config.profile, "pop_blocks_for_free")
         check_request_id("pop_blocks_for_free", request_id)
         self.requests.pop(request_id, None)
         blocks = tuple(self.coordinator.pop_blocks_for_free(request_id))
@@ -373,11 +402,15 @@ class KVCacheManager(StepAPI):
         self.requests[rid] = request
 
     def take_new_block_ids(self) -> list[BlockId]:
-        """Drain the fresh block ids of the groups that record them, in group order."""
+        """Drain the fresh block ids of the groups that record them, in group
+        order (UnsupportedOperationError before vLLM 0.25.1)."""
+        require_operation(self.config.profile, "take_new_block_ids")
         return [b for m in self.coordinator.managers for b in m.take_new_block_ids()]
 
     def new_step_starts(self) -> None:
-        """A scheduler step begins (Mamba may now use states cached earlier)."""
+        """A scheduler step begins (Mamba may now use states cached earlier;
+        UnsupportedOperationError before vLLM 0.25.1)."""
+        require_operation(self.config.profile, "new_step_starts")
         self.coordinator.new_step_starts()
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
@@ -560,8 +593,36 @@ def inv_events_replay_to_cache(mgr: KVCacheManager) -> bool:
     expected: Counter[tuple[object, int | None]] = Counter()
     for key, ids in pool.cached.items():
         digest, gid = split_key(key)
-        expected[(external_block_hash(digest, pool.int_block_hashes), gid)] += len(ids)
+        group = gid if pool.annotated_events else None
+        expected[(external_block_hash(digest, pool.int_block_hashes), group)] += len(ids)
     return {k: v for k, v in keys.items() if v} == expected
+
+
+_OPERATION_SWITCHES = {
+    "pop_blocks_for_free": "deferred_free",
+    "take_new_block_ids": "new_block_ids_list",
+    "new_step_starts": "mamba_step_guard",
+}
+
+
+def require_operation(profile: SemanticsProfile, op: str) -> None:
+    """Raise UnsupportedOperationError if ``op`` does not exist in the
+    profile's release (before vLLM 0.25.1: profile switches ``deferred_free``,
+    ``new_block_ids_list``, ``mamba_step_guard``)."""
+    if not getattr(profile, _OPERATION_SWITCHES[op]):
+        raise UnsupportedOperationError(f"{op}: not in {profile.name}")
+
+
+def check_admission_args(profile: SemanticsProfile, must_fit: bool, reserved: int, has_scheduled: bool) -> None:
+    """Raise UnsupportedOperationError for an admission argument of
+    ``allocate_slots`` the profile's release lacks (before vLLM 0.25.1:
+    profile switch ``admission_controls``)."""
+    if profile.admission_controls:
+        return
+    given = [f"{k}={v!r}" for k, v, d in (("full_sequence_must_fit", must_fit, False),
+             ("reserved_blocks", reserved, 0), ("has_scheduled_reqs", has_scheduled, True)) if v != d]  # fmt: skip
+    if given:
+        raise UnsupportedOperationError(f"allocate_slots: {profile.name} has no {', '.join(given)}")
 
 
 def allocation_without_tokens(adopt_hit: bool, n_new: int, n_hit: int, n_external: int) -> bool:

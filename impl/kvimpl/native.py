@@ -18,8 +18,9 @@ build (the bug zoo and the mutation tests patch and subclass it). A missing
 extension is reported once, on one line, never as an error.
 
 What the core does not implement falls back to Python for the whole
-configuration: cross attention, KV-cache events, more than 64 groups, and
-any semantics-profile switch it does not know.
+configuration: cross attention, more than 64 groups, and any
+semantics-profile switch it does not know. KV-cache events are recorded by
+the core and built into kvspec events by :mod:`kvimpl.native_events`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from collections import Counter
 from collections.abc import Iterable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -34,6 +36,8 @@ from typing import TYPE_CHECKING, Any
 from kvimpl.config_rules import unmodelled_features
 from kvimpl.hash_functions import hash_function
 from kvimpl.native_checks import native_invariants, native_view
+from kvimpl.native_events import events_from_records, replay_events
+from kvimpl.native_hint import cached_map, native_hint_for
 from kvimpl.request import RequestHasher
 from kvspec import errors as kv_errors
 from kvspec.config import (
@@ -47,6 +51,7 @@ from kvspec.config import (
     SlidingWindow,
 )
 from kvspec.errors import InvalidTokenCountError, UnsupportedOperationError
+from kvspec.events import KVCacheEvent
 from kvspec.hashing import ExtraKeySource, none_hash
 from kvspec.invariants import InvariantViolation
 from kvspec.request import Request as SpecRequest
@@ -71,13 +76,13 @@ NATIVE_SWITCHES = frozenset(
         "free_unhashed_first", "free_unhashed_needs_caching", "sink_blocks_reserved", "new_block_ids",
         "mamba_skip_spec_slack", "mamba_align_estimate_capped", "mamba_eagle_counts_verified",
         "eagle_margin_hashed_cap", "eagle_flags_need_use_eagle", "stats_at_lookup", "adopt_hit_without_new_tokens",
-        "common_prefix", "pop_drops_leading_nulls",
+        "common_prefix", "pop_drops_leading_nulls", "lookup_returns_boundary",
         # Applied before the core sees a value (the request hasher) or by KVCacheConfig's validation.
         "extra_keys_tagged", "mm_resume_from_first_feature", "single_spec_group_hybrid", "mamba_caching_needs_align",
         # Features kvimpl does not model in either build: a configuration that needs one is refused
         # (kvimpl.config_rules.unmodelled_features), so their switches never reach the core.
         "partial_tail_entries", "partial_hash_hits", "mamba_tail_entries",
-        "fa_tail_below_last_token", "mamba_tail_skip_keyed",
+        "fa_tail_below_last_token", "mamba_tail_skip_keyed", "circular_buffer_kind", "kpool_tail_kind",
         "partial_hits_gated", "cache_mask_hit_alignment", "mamba_early_return_allocated", "mamba_tail_eagle",
     }
 )  # fmt: skip
@@ -120,8 +125,6 @@ def native_unsupported(config: KVCacheConfig) -> str | None:
     missing = unmodelled_features(config)
     if missing:
         return f"kvimpl does not model {', '.join(missing)} yet"
-    if config.enable_kv_cache_events:
-        return "KV-cache events are kept by the Python manager"
     if len(config.groups) > 64:
         return f"{len(config.groups)} groups (the native core takes up to 64)"
     for gid, kind in enumerate(config.groups):
@@ -233,6 +236,7 @@ def core_params(config: KVCacheConfig) -> dict[str, Any]:
         "mamba_eagle_counts_verified": int(p.mamba_eagle_counts_verified),
         "eagle_margin_hashed_cap": int(p.eagle_margin_hashed_cap),
         "stats_at_lookup": int(p.stats_at_lookup),
+        "enable_kv_cache_events": int(config.enable_kv_cache_events),
         "groups": groups,
         "spec_groups": spec_groups,
     }
@@ -287,6 +291,13 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if config.log_stats else None
         self._stats = self.prefix_cache_stats
         self.hasher = RequestHasher.for_config(config, native=True)
+        self.event_keys: Counter[tuple[object, int | None]] = Counter()
+        """Cache keys implied by the events taken so far (the events-replay invariant)."""
+        self._hint = native_hint_for(config)
+        self.num_uncached_common_prefix_tokens = 0
+        """The hybrid coordinator's value of the last lookup that searched (:mod:`kvimpl.native_hint`)."""
+        self.shared_prefix_boundary: dict[str, int] = {}
+        """Non-zero ``shared_prefix_boundary`` of each request's latest lookup."""
         self.device_tables: Any = None
         if device is not None:
             from kvimpl.device_tables import BlockTable  # noqa: PLC0415 - torch is optional
@@ -302,6 +313,25 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
     ) -> Any:
         """A WAITING native request hashing like this manager (see :class:`kvimpl.request.RequestHasher`)."""
         return self.hasher.new_request(request_id, list(prompt_token_ids), extra, skip_reading_prefix_cache)
+
+    def get_computed_blocks(self, request: Any) -> Any:
+        """The core's lookup; a cached hybrid also computes the prefix hint here."""
+        out = super().get_computed_blocks(request)
+        self.shared_prefix_boundary.pop(request.request_id, None)
+        if self._hint is not None and not request.skip_reading_prefix_cache:
+            hit = out[1]
+            longest = self._hint.longest(request.block_hashes, request.num_tokens - 1, cached_map(self))
+            self.num_uncached_common_prefix_tokens = uncached = longest - hit
+            if uncached:
+                self.shared_prefix_boundary[request.request_id] = hit + uncached
+        return out
+
+    def get_prefix_hint(self, request: Any) -> int:
+        """The scheduler's prefix hint (see the Python manager's ``get_prefix_hint``)."""
+        self.get_blocks(request.request_id)  # the request-id check of the Python manager's check_request
+        if self.config.profile.lookup_returns_boundary:
+            return self.shared_prefix_boundary.get(request.request_id, 0)
+        return self.num_uncached_common_prefix_tokens
 
     def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
         """Record an admitted request's lookup (vLLM 0.27.0 on; see the Python manager).
@@ -330,9 +360,12 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
         self._stats = self.prefix_cache_stats
         return stats
 
-    def take_events(self) -> list[Any]:
-        """No events: configurations with events run on the Python manager."""
-        return []
+    def take_events(self) -> list[KVCacheEvent]:
+        """Drain the events (none unless ``enable_kv_cache_events``); BlockStored
+        carries its group's kind and window, as the Python manager's."""
+        events = events_from_records(self.config, self._take_raw_events())
+        replay_events(self.event_keys, events)
+        return events
 
     def block_table(self, group: int = 0) -> Any:
         """The device block table of ``group`` (see :class:`kvimpl.device_tables.BlockTable`).

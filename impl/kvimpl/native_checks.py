@@ -16,7 +16,14 @@ from typing import Any
 
 from kvimpl.invariants import require
 from kvspec.config import MLA, ChunkedLocal, FullAttention, Mamba, SinkFullAttention, SlidingWindow
-from kvspec.hashing import BlockHash, coarse_block_hashes, make_key
+from kvspec.hashing import (
+    BlockHash,
+    BlockHashWithGroupId,
+    coarse_block_hashes,
+    external_block_hash,
+    make_key,
+    split_key,
+)
 from kvspec.view import KVView
 
 NULL_BLOCK = 0
@@ -100,6 +107,24 @@ def native_invariants(mgr: Any) -> None:
     require(inv_ref_cnt_counts_holders(st), "ref_cnt != table occurrences + pending")
     require(inv_group_exclusive(st), "a block is in the tables of two groups")
     require(inv_hash_content(st, kinds, mgr.config), "a cached block's key is not its prefix hash")
+    require(inv_events_replay_to_cache(mgr, st), "the event stream does not rebuild the cache map")
+
+
+def inv_events_replay_to_cache(mgr: Any, st: CoreState) -> bool:
+    """With events on, replaying every event since construction (taken and
+    pending) rebuilds the cache map's entries exactly."""
+    if not mgr.config.enable_kv_cache_events:
+        return True
+    from kvimpl.native_events import events_from_records, replay_events  # noqa: PLC0415 - only with events on
+
+    keys = Counter(mgr.event_keys)
+    replay_events(keys, events_from_records(mgr.config, mgr._pending_raw_events()))
+    as_int = mgr.config.int_block_hashes
+    expected: Counter[tuple[object, int | None]] = Counter()
+    for key, ids in st.cached.items():
+        digest, gid = split_key(BlockHashWithGroupId(key))
+        expected[(external_block_hash(digest, as_int), gid)] += len(ids)
+    return {k: v for k, v in keys.items() if v} == expected
 
 
 def inv_free_ring(st: CoreState) -> bool:

@@ -160,6 +160,9 @@ class RequestHasher:
         tagged: Extra keys carry their source tag (profile switch ``extra_keys_tagged``).
         resume_from_first: Resumed hashing looks at every multimodal feature
             (profile switch ``mm_resume_from_first_feature``).
+        v025_forms: Extra keys have vLLM 0.25.1's forms (profile switches
+            ``mm_key_with_offset`` and ``prompt_embeds_digest``; see
+            ``kvspec.hashing.block_extra_keys``).
         native: Make C requests when the extension is built (None: when
             kvimpl's native core is selected, see :func:`kvimpl.native.native_enabled`).
     """
@@ -170,6 +173,7 @@ class RequestHasher:
     tagged: bool = False
     resume_from_first: bool = False
     native: bool | None = None
+    v025_forms: bool = True
     fn: HashFunction = field(init=False, repr=False, compare=False)
     seed_hash: BlockHash = field(init=False, repr=False, compare=False)
 
@@ -184,7 +188,7 @@ class RequestHasher:
         p = config.profile
         return cls(
             config.hash_function, config.hash_seed, config.resolved_hash_block_size(), p.extra_keys_tagged,
-            p.mm_resume_from_first_feature, native,
+            p.mm_resume_from_first_feature, native, p.mm_key_with_offset and p.prompt_embeds_digest,
         )  # fmt: skip
 
     def new_request(
@@ -232,7 +236,7 @@ class RequestHasher:
         cursor = 0 if start == 0 or self.resume_from_first else -1
         while start + bs <= len(tokens):
             end = start + bs
-            keys, cursor = block_extra_keys(extra, start, end, cursor, self.tagged)
+            keys, cursor = block_extra_keys(extra, start, end, cursor, self.tagged, self.v025_forms)
             parent = hashes[-1] if hashes else self.seed_hash
             hashes.append(hash_block_tokens(fn, parent, tokens[start:end], keys))
             start = end
@@ -251,10 +255,10 @@ class RequestHasher:
 
 def block_hasher(hasher: RequestHasher, extra: ExtraKeySource) -> BlockHasher:
     """The per-block hash function a C request calls for blocks it cannot hash itself."""
-    fn, tagged = hasher.fn, hasher.tagged
+    fn, tagged, forms = hasher.fn, hasher.tagged, hasher.v025_forms
 
     def hash_one(parent: bytes, tokens: tuple[int, ...], start: int, end: int, cursor: int) -> tuple[bytes, int]:
-        keys, cursor = block_extra_keys(extra, start, end, cursor, tagged)
+        keys, cursor = block_extra_keys(extra, start, end, cursor, tagged, forms)
         return hash_block_tokens(fn, BlockHash(parent), tokens, keys), cursor
 
     return hash_one

@@ -279,6 +279,8 @@ class MambaManager(SingleTypeKVCacheManager):
         """Tokens :meth:`remove_skipped_blocks` subtracts first (profile switch ``mamba_skip_spec_slack``)."""
         self.estimate_capped = p.mamba_align_estimate_capped
         """Profile switch ``mamba_align_estimate_capped`` (see :func:`mamba_align_new_blocks`)."""
+        self.step_guard = p.mamba_step_guard
+        """Profile switch ``mamba_step_guard``: a hit on a state cached in this step waits."""
         self.cached_blocks_this_step: set[BlockHashWithGroupId] = set()
         self.last_state_block_idx: dict[str, int] = {}
         self.allocated_block_reqs: set[str] = set()
@@ -302,7 +304,11 @@ class MambaManager(SingleTypeKVCacheManager):
         of vLLM's estimate and the exact count (docs/divergences.md,
         "mamba-align-external-estimate").
         """
-        if new_computed_blocks and self.pool.block_hash[new_computed_blocks[-1]] in self.cached_blocks_this_step:
+        if (
+            self.step_guard
+            and new_computed_blocks
+            and self.pool.block_hash[new_computed_blocks[-1]] in self.cached_blocks_this_step
+        ):
             return self.pool.num_gpu_blocks + 1
         spec = self.mamba.num_speculative_blocks
         if self.mamba.mode != "align":

@@ -46,7 +46,9 @@ def run_once(name: str, mix: str, running: int, steps: int) -> tuple[float, floa
     if len(admitted) < running or admitted[-1][2] is None:
         raise SystemExit(f"{name}: the pool is too small for {running} requests")
     computed = {rid: hit + n for rid, (hit, n, _) in zip(rids, admitted, strict=True)}
-    engine.advance([(rid, computed[rid], computed[rid], rng.randrange(32000)) for rid in rids])
+    first = [(rid, computed[rid], computed[rid], rng.randrange(32000)) for rid in rids]
+    engine.prepare_advance(first)
+    engine.advance(first)
     ones = [1] * running
     results: list[Any] = []
     alloc = adv = 0.0
@@ -66,6 +68,7 @@ def run_once(name: str, mix: str, running: int, steps: int) -> tuple[float, floa
             for rid in rids:
                 computed[rid] += 1
                 items.append((rid, computed[rid], 1, rng.randrange(32000)))
+            engine.prepare_advance(items)
             t = clock()
             engine.advance(items)
             adv += clock() - t

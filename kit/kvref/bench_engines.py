@@ -117,6 +117,9 @@ class VllmEngine:
         self.allocs += len(out)
         return out
 
+    def prepare_advance(self, items: Sequence[Advance]) -> None:
+        """Untimed preparation of the advance (nothing: it advances request objects)."""
+
     def advance(self, items: Sequence[Advance]) -> None:
         reqs, running = self.reqs, self._running
         for rid, computed, _, token in items:
@@ -194,6 +197,9 @@ class SpecEngine:
         self.allocs += len(out)
         return out
 
+    def prepare_advance(self, items: Sequence[Advance]) -> None:
+        """Untimed preparation of the advance (nothing: it advances request objects)."""
+
     def advance(self, items: Sequence[Advance]) -> None:
         reqs, hasher, running = self.reqs, self.hasher, RequestStatus.RUNNING
         for rid, computed, _, token in items:
@@ -252,6 +258,12 @@ class ImplEngine:
         self.reqs: dict[str, Any] = {}
         self.handle_of: dict[str, int] = {}
         self._admitted: list[str] = []
+        # The array API's buffers, held as a scheduler holding int32 buffers would: the
+        # running requests' handles in running order (appended at admission, removed at
+        # finish and preemption), and the next advance's handles, counts and sampled tokens.
+        self._live: list[str] = []
+        self._live_hs = array("i")
+        self._adv: tuple[Any, Any, Any] = (array("i"), array("i"), array("i"))
         self.calls = self.allocs = 0
 
     def add(self, rid: str, prompt: list[int]) -> None:
@@ -290,7 +302,9 @@ class ImplEngine:
         num_free = self._num_free
         array_api = self.api == "array"
         if array_api:
-            hs = array("i", map(self.handle_of.__getitem__, rids))
+            # The held handle buffer when the batch is the running set (every step but one
+            # right after a preemption); the counts are the scheduler's own output buffer.
+            hs = self._live_hs if rids == self._live else array("i", map(self.handle_of.__getitem__, rids))
             ns = array("i", news)
         else:
             reqs = list(map(self.reqs.__getitem__, rids))
@@ -307,7 +321,8 @@ class ImplEngine:
                 j = max(j, i + 1)
             self.calls += 1
             if array_api:
-                counts, ids = mgr.allocate_slots_array(hs[i:j], ns[i:j])
+                whole = i == 0 and j == n  # the common case: no slice copies
+                counts, ids = mgr.allocate_slots_array(hs if whole else hs[i:j], ns if whole else ns[i:j])
                 chunks.append((counts, ids, j - i))
                 first_none = counts.index(-1) // g if min(counts, default=0) < 0 else -1
             else:
@@ -327,6 +342,7 @@ class ImplEngine:
     def preempt(self, rid: str) -> None:
         self.manager.free(rid)
         self.handle_of.pop(rid, None)
+        self._drop_live([rid])
         req = self.reqs[rid]
         req.num_computed_tokens = 0
         req.status = RequestStatus.PREEMPTED
@@ -343,8 +359,11 @@ class ImplEngine:
             if got is None:
                 break
             if self.api == "array":
-                self.handle_of[rid] = m.handle(rid)
+                h = m.handle(rid)
+                self.handle_of[rid] = h
                 self._admitted.append(rid)
+                self._live.append(rid)
+                self._live_hs.append(h)
         self.calls += len(out)
         self.allocs += len(out)
         return out
@@ -361,20 +380,42 @@ class ImplEngine:
             if token is not None:
                 req.append_output_token_ids(token)
 
+    def prepare_advance(self, items: Sequence[Advance]) -> None:
+        """Untimed: the array API's advance buffers (scheduled handles, their
+        computed-token growth, the sampled tokens, -1 for none). A scheduler on
+        the array API has them as buffers already (its schedule and the model
+        runner's int32 output); here they come from the loop's Python items."""
+        if self.api == "array":
+            handle_of = self.handle_of
+            self._adv = (
+                array("i", [handle_of[it[0]] for it in items]),
+                array("i", [it[2] for it in items]),
+                array("i", [-1 if it[3] is None else it[3] for it in items]),
+            )
+
     def _advance_array(self, items: Sequence[Advance]) -> None:
-        """One ``advance_array`` call; only requests admitted in this step change status."""
-        handle_of, running = self.handle_of, RequestStatus.RUNNING
+        """One ``advance_array`` call on the prepared buffers; only requests
+        admitted in this step change status."""
+        running = RequestStatus.RUNNING
         for rid in self._admitted:
             self.reqs[rid].status = running
         self._admitted.clear()
-        hs = array("i", [handle_of[it[0]] for it in items])
-        deltas = array("i", [it[2] for it in items])
-        toks = array("i", [-1 if it[3] is None else it[3] for it in items])
-        self.manager.advance_array(hs, deltas, toks)
+        self.manager.advance_array(*self._adv)
+
+    def _drop_live(self, rids: Sequence[str]) -> None:
+        """Remove requests from the held handle buffer (finish, preemption)."""
+        live, hs = self._live, self._live_hs
+        for rid in rids:
+            if rid in live:
+                i = live.index(rid)
+                del live[i]
+                del hs[i]
 
     def free(self, rids: Sequence[str]) -> None:
         for rid in rids:
             self.handle_of.pop(rid, None)
+        if self.api == "array":
+            self._drop_live(rids)
         if self.api == "object":
             free = self.manager.free
             for rid in rids:
@@ -383,11 +424,12 @@ class ImplEngine:
             self.manager.free_batch(list(rids))
 
     def tables(self) -> None:
-        """Sync the device tables and read every group's (one copy per step on a GPU)."""
+        """What a scheduler pays per step for device tables beyond the row
+        writes inside the manager's calls: one ``sync`` (one batched copy of
+        the live rows of every group when something changed; on the CPU the
+        host table is the device table and nothing is copied)."""
         if self.with_tables:
-            bt = self.manager.block_table
-            for g in range(self.groups):
-                bt(g)
+            self.manager.device_tables.sync()
 
     def ids(self, raw: Any) -> Ids | None:
         return raw  # type: ignore[no-any-return]  # kvimpl already returns block ids

@@ -105,25 +105,30 @@ def run_keep_going(
     max_classes: int = 50,
     on_batch: Callable[[int], None] | None = None,
     machine: type[RuleBasedStateMachine] | None = None,
+    accept: Callable[[Path], str | None] | None = None,
 ) -> list[DivergenceClass]:
     """Like :func:`run_lockstep`, but go on after an unexplained divergence.
 
     Each divergence is classified by the operation where it shows and the
     aspect that differs (:class:`kvref.lockstep.DivergenceClass`). The first
     one of a class is shrunk and its trace copied to ``out_dir`` as
-    ``<class>.jsonl``; from then on the class counts as known for the rest of
-    the run (a run that meets it again halts quietly, like one meeting a
-    registered halting divergence), and the hunt goes on until the step
-    goal, the budget or ``max_classes`` classes.
+    ``<class>.jsonl``. Then ``accept`` (``kvref drift``'s attribution,
+    :mod:`kvref.drift`) may explain the trace and change ``setup`` so that
+    the behaviour is expected from now on; it returns what explained it.
+    Otherwise the class counts as known for the rest of the run (a run that
+    meets it again halts quietly, like one meeting a registered halting
+    divergence). The hunt goes on until the step goal, the budget or
+    ``max_classes`` classes.
 
     Returns:
-        The classes found, in the order they were found.
+        The classes found, accepted ones included, in the order they were found.
     """
     stats = setup.stats
     stats.keep_going = True
     deadline = None if budget is None else time.monotonic() + budget
     batch = 0
-    while stats.steps < goal and len(stats.classes) < max_classes:
+    found_order: list[DivergenceClass] = []
+    while stats.steps < goal and len(found_order) < max_classes:
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0:
             break
@@ -140,9 +145,15 @@ def run_keep_going(
             trace = out_dir / f"{re.sub(r'[^A-Za-z0-9_.+-]', '_', key)}.jsonl"
             shutil.copyfile(stats.last_failure, trace)
             ops = len(trace.read_text().splitlines()) - 1
-        found = stats.class_found_at.get(key, steps_before)
-        stats.classes[key] = DivergenceClass(
-            key, failure, trace, ops, found, shapes=Counter({stats.last_failure_shape: 1})
-        )
+        found = stats.class_found_at.pop(key, steps_before)
+        cls = DivergenceClass(key, failure, trace, ops, found, shapes=Counter({stats.last_failure_shape: 1}))
         stats.unexplained -= 1  # counted as a class, not as a stop
-    return list(stats.classes.values())
+        cls.explained_by = (accept(trace) if accept is not None and trace is not None else None) or ""
+        if cls.explained_by and trace is not None:
+            # the same operation/aspect may show again with another cause: keep each trace
+            cls.trace = trace.rename(trace.with_name(f"{trace.stem}-{len(stats.accepted) + 1}.jsonl"))
+            stats.accepted.append(cls)
+        else:
+            stats.classes[key] = cls
+        found_order.append(cls)
+    return found_order

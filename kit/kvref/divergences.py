@@ -157,12 +157,20 @@ def resolve(known: Iterable[str | Divergence]) -> list[Divergence]:
     return out
 
 
-def explain(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> str | None:
-    """The id of the known divergence of ``cfg.profile``'s release that
-    explains ``vllm_out != spec_out``, or None."""
+def explain(
+    cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool, release: str | None = None
+) -> str | None:
+    """The id of the known divergence of ``release`` (default: ``cfg.profile``'s)
+    that explains ``vllm_out != spec_out``, or None.
+
+    The lockstep passes the release the vLLM side declares: under ``kvref
+    drift`` it differs from the profile kvspec runs, and a defect that
+    release fixed must not explain a difference any more.
+    """
     registry = load_registry()
+    release = release or cfg.profile.release
     for div_id, matcher in MATCHERS.items():
-        if registry[div_id].applies_to(cfg.profile.release) and matcher(cfg, op, vllm_out, spec_out, pending):
+        if registry[div_id].applies_to(release) and matcher(cfg, op, vllm_out, spec_out, pending):
             return div_id
     return None
 
@@ -172,10 +180,14 @@ def _hit_lengths(cfg: KVCacheConfig, out: Json) -> list[int]:
 
 
 def _eagle_mamba(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> bool:
-    if op["op"] != "get_computed_blocks" or "blocks" not in vllm_out:
-        return False
     eagle = cfg.eagle_group_ids()
     if not any(isinstance(k, Mamba) and g in eagle for g, k in enumerate(cfg.groups)):
+        return False
+    if op["op"] == "get_prefix_hint":
+        # The Mamba look-ahead reaches further than the hit, so vLLM's longest
+        # single-kind hit, and with it the hint, is longer (the hit itself agreed).
+        return isinstance(vllm_out, int) and isinstance(spec_out, int) and vllm_out > spec_out
+    if op["op"] != "get_computed_blocks" or "blocks" not in vllm_out:
         return False
     # Some group's list does not cover the hit: a full-attention list shorter
     # than the hit (the look-ahead raised the hit after full attention was

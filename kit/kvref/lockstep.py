@@ -13,6 +13,7 @@ the run stops comparing there.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -75,6 +76,10 @@ class RunStats:
     last_failure: Path | None = None
     prefix_hits: int = 0
     """Admissions whose prefix lookup found at least one token."""
+    prefix_hints: int = 0
+    """Lookups whose prefix hint (``get_prefix_hint``) was not 0."""
+    prefix_hint_reads: int = 0
+    """Prefix hints read (and compared) after a lookup."""
     first_failure_at: float | None = None
     """``time.monotonic()`` of the first unexplained divergence (shrinking starts there)."""
     first_failure_steps: int | None = None
@@ -89,6 +94,9 @@ class RunStats:
     """Collect divergence classes instead of stopping at the first (see :class:`DivergenceClass`)."""
     classes: dict[str, DivergenceClass] = field(default_factory=dict)
     """Divergence classes found so far, by key; a run that meets a known one halts quietly."""
+    accepted: list[DivergenceClass] = field(default_factory=list)
+    """Divergence classes a drift run attributed to profile switches and accepted
+    (:mod:`kvref.drift`); the hunt goes on under those switches."""
     last_failure_key: str | None = None
     """Class key of the last unexplained divergence."""
     class_found_at: dict[str, int] = field(default_factory=dict)
@@ -136,6 +144,8 @@ class DivergenceClass:
     steps_to_find: int
     occurrences: int = 1
     shapes: Counter[str] = field(default_factory=Counter)
+    explained_by: str = ""
+    """The profile switches that reproduce the trace (:mod:`kvref.drift`), if any."""
 
 
 class _Halted(Exception):
@@ -244,7 +254,8 @@ class Lockstep:
             if getattr(adapter, "construction_workaround", None) == "sinkfull-ctor":
                 stats.known["sinkfull-ctor"] += 1
             self.adapters.append(adapter)
-            self.event_logs.append(EventLog(config.int_block_hashes) if config.enable_kv_cache_events else None)
+            log = EventLog(config.int_block_hashes, config.profile.event_annotations)
+            self.event_logs.append(log if config.enable_kv_cache_events else None)
         self.declared = [resolve(semantics_of(a).known) for a in self.adapters]
         for extra in self.declared[1:]:
             extra.extend(known)
@@ -265,6 +276,11 @@ class Lockstep:
             raise Refused(f"{name}: {exc}", getattr(exc, "feature", ""), type(exc).__name__) from exc
         except Exception as exc:
             message = f"constructing {name} crashed: {type(exc).__name__}: {exc}"
+            known = stats.classes.get("construct/crash") if stats.keep_going else None
+            if known is not None:  # a keep-going run registered this class: count it, check nothing
+                known.occurrences += 1
+                known.shapes[self.config_name] += 1
+                raise Refused(f"{name}: a known divergence class (construct/crash): {exc}", kind="known class") from exc
             stats.unexplained += 1
             stats.last_failure_key, stats.last_failure_shape = "construct/crash", self.config_name
             raise LockstepFailure(message, self._write_trace(message)) from exc
@@ -284,8 +300,11 @@ class Lockstep:
         assert op["op"] not in REQUEST_OPS
         if self.excluded and op["op"] == "allocate_slots":
             op = without_arguments(op, self.excluded)
-        if self.skipped or (self.excluded and op_features(op) & self.excluded):
-            if not self.skipped:
+        if self.halted or self.skipped or (self.excluded and op_features(op) & self.excluded):
+            # NOTE: a run that met a halting known divergence compares nothing more, not even
+            # the rest of the rule that met it (the scheduler reads the prefix hint right
+            # after the lookup that diverged)
+            if not (self.skipped or self.halted):
                 self.stats.left_out[op["op"]] += 1
             return neutral_output(op["op"], len(self.config.groups))
         outs: list[Json] = []
@@ -402,7 +421,11 @@ class Lockstep:
         ref_upstream = semantics_of(self.adapters[0]).upstream
         if ref_upstream != semantics_of(other).upstream:
             vllm_out, spec_out = (ref_out, out) if ref_upstream else (out, ref_out)
-            div_id = explain(self.config, op, vllm_out, spec_out, pending)
+            declared = semantics_of(self.adapters[0] if ref_upstream else other).profile
+            number = declared.removeprefix("vllm-")
+            # not a plain release number (a test's fake upstream, a dev build): the profile's release
+            release = number if re.fullmatch(r"\d+(\.\d+)*", number) else None
+            div_id = explain(self.config, op, vllm_out, spec_out, pending, release)
             if div_id is not None:
                 return self._known(load_registry()[div_id])
         index = self.adapters.index(other)
@@ -509,9 +532,12 @@ class EventLog:
     the spec is caught too.
     """
 
-    def __init__(self, int_block_hashes: bool) -> None:
-        """An empty index; hashes are ints when ``int_block_hashes``."""
+    def __init__(self, int_block_hashes: bool, grouped: bool = True) -> None:
+        """An empty index; hashes are ints when ``int_block_hashes``. Without
+        ``grouped`` (releases before vLLM 0.25.1, whose events have no group
+        index) every entry is indexed under group None."""
         self.int_block_hashes = int_block_hashes
+        self.grouped = grouped
         self.counts: dict[tuple[Json, Json], int] = {}
         self.consumed = 0
         self.parents: dict[tuple[Json, Json], Json] = {}
@@ -573,7 +599,8 @@ class EventLog:
         for key, ids in view.cached:
             digest, group = key[:-4], int.from_bytes(key[-4:], "big")
             ext: Json = int.from_bytes(digest[-8:], "big") if self.int_block_hashes else digest.hex()
-            expected[(ext, group)] = expected.get((ext, group), 0) + len(ids)
+            where = group if self.grouped else None
+            expected[(ext, where)] = expected.get((ext, where), 0) + len(ids)
         if expected == self.counts:
             return ""
         diffs = [

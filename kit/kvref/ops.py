@@ -30,8 +30,10 @@ from kvspec.config import (
     MLA,
     AttentionKind,
     ChunkedLocal,
+    CircularBuffer,
     CrossAttention,
     FullAttention,
+    KpoolTail,
     KVCacheConfig,
     Mamba,
     SinkFullAttention,
@@ -48,6 +50,7 @@ Json = Any
 REQUEST_OPS = ("add_request", "append_tokens", "set_request")
 FACADE_OPS = (
     "get_computed_blocks",
+    "get_prefix_hint",
     "allocate_slots",
     "cache_blocks",
     "record_prefix_cache_stats",
@@ -79,8 +82,12 @@ ALLOCATE_KEYS = (
 )
 """Optional keyword arguments of ``allocate_slots``, in the protocol's order."""
 KIND_CLASSES: dict[str, type] = {
-    c.__name__: c for c in (FullAttention, MLA, SinkFullAttention, SlidingWindow, ChunkedLocal, Mamba, CrossAttention)
-}
+    c.__name__: c
+    for c in (
+        FullAttention, MLA, SinkFullAttention, SlidingWindow, ChunkedLocal, Mamba, CrossAttention, CircularBuffer,
+        KpoolTail,
+    )
+}  # fmt: skip
 
 
 class RequestBook:
@@ -130,6 +137,12 @@ def _execute(a: KVCacheAdapter, book: RequestBook, op: Json) -> Json:
         assert req is not None
         blocks, n = a.get_computed_blocks(req)
         return {"blocks": ids_to_json(blocks), "num_tokens": n}
+    if name == "get_prefix_hint":
+        assert req is not None
+        hint = getattr(a, "get_prefix_hint", None)
+        if hint is None:
+            raise UnsupportedOperationError(f"{a.name} has no get_prefix_hint")
+        return hint(req)
     if name == "allocate_slots":
         assert req is not None
         # A key the operation leaves out is not passed: the adapter's default
@@ -273,6 +286,8 @@ def output_problem(op: str, out: Json) -> str | None:
     if op in ("pop_blocks_for_free", "take_new_block_ids", "get_num_common_prefix_blocks"):
         ok = isinstance(out, list) and all(_int(x) for x in out)
         return None if ok else f"{op} must return a sequence of ints, got {out!r}"
+    if op == "get_prefix_hint":
+        return None if _int(out) and out >= 0 else f"get_prefix_hint must return an int >= 0, got {out!r}"
     if op == "reset_prefix_cache":
         return None if isinstance(out, bool) else f"reset_prefix_cache must return a bool, got {out!r}"
     if op == "take_kv_cache_block_copies":

@@ -18,6 +18,10 @@ Rules (as vLLM's scheduler applies them):
   (:func:`schedule_chunk`), and with fine-grained hits it also stops at the
   prompt's Mamba tail boundary when that lies in the prompt's last block
   (:meth:`Scheduler.tail_stop`), where the tail entry can be registered.
+* With a Mamba group in ``align`` mode the chunk also stops at the shared
+  prefix a sparse group has not cached yet, floored to a scheduler block
+  (vLLM's Marconi-style admission, :func:`cap_at_junction`), from the prefix
+  hint of the request's lookup (``get_prefix_hint``).
 * Admission: prefix lookup, then ``allocate_slots`` with the hit; on success
   the request runs with ``hit + external + new`` computed tokens, or, with
   delayed caching, waits for its connector load.
@@ -68,6 +72,31 @@ def schedule_chunk(config: KVCacheConfig, num_tokens: int, start: int, n: int, s
     return max(1, min(n, remaining))
 
 
+def cap_at_junction(config: KVCacheConfig, start: int, n: int, hint: int, admission: bool) -> int:
+    """The chunk ``n`` from ``start`` cut at the prefix hint's junction, as
+    vLLM's ``Scheduler._mamba_block_aligned_split`` does (only with a Mamba
+    group in ``align`` mode; ``bs`` is the scheduler block size):
+
+    * up to vLLM 0.25.1 the hint is ``num_uncached_common_prefix_tokens`` of
+      the admission's lookup: when it is at least ``bs`` and ``n`` exceeds it,
+      ``n`` becomes the hint floored to ``bs`` (later chunks ignore it);
+    * from 0.26.0 on (profile switch ``lookup_returns_boundary``) the hint is
+      the request's ``shared_prefix_boundary`` ``J``: a chunk with
+      ``start < J < start + n`` stops at ``start + (J - start) // bs * bs``
+      when that is past ``start`` (any chunk: the request keeps ``J``).
+
+    pre: start >= 0 and n >= 1 and hint >= 0
+    post: 1 <= __return__ <= n
+    """
+    if not hint or not any(isinstance(k, Mamba) and k.mode == "align" for k in config.groups):
+        return n
+    bs = config.scheduler_block_size
+    if not config.profile.lookup_returns_boundary:
+        return hint // bs * bs if admission and hint >= bs and n > hint else n
+    stop = start + (hint - start) // bs * bs
+    return stop - start if start < hint < start + n and start < stop else n
+
+
 @dataclass
 class ReqState:
     """The scheduler's view of one request."""
@@ -84,6 +113,8 @@ class ReqState:
     """The request's ``extra`` operation field, kept for requests that reuse its tokens."""
     reusable: bool = True
     """Whether later requests may reuse this request's tokens."""
+    hint: int = 0
+    """The prefix hint of the request's latest lookup (:func:`cap_at_junction`)."""
 
     def admitted(self, computed: int) -> None:
         """The request was allocated and runs with ``computed`` tokens."""
@@ -165,9 +196,13 @@ class Scheduler:
         remaining tokens, at most the step token budget (at least 1)."""
         return max(1, min(self.num_tokens(rid) - start, self.config.batched_tokens()))
 
-    def chunk(self, rid: str, start: int, n: int) -> int:
-        """The chunk scheduled when ``n`` tokens are wanted (:func:`schedule_chunk`)."""
-        return schedule_chunk(self.config, self.num_tokens(rid), start, n, self.tail_stop(rid))
+    def chunk(self, rid: str, start: int, n: int, admission: bool = False) -> int:
+        """The chunk scheduled when ``n`` tokens are wanted (:func:`schedule_chunk`),
+        cut at the junction of the request's prefix hint (:func:`cap_at_junction`;
+        ``admission``: the chunk of the admission that did the lookup)."""
+        n = schedule_chunk(self.config, self.num_tokens(rid), start, n, self.tail_stop(rid))
+        st = self.reqs.get(rid)
+        return n if st is None else cap_at_junction(self.config, start, n, st.hint, admission)
 
     def tail_stop(self, rid: str) -> int:
         """Where a prefill chunk must stop so that a Mamba tail entry can be
@@ -189,6 +224,15 @@ class Scheduler:
     def lookup(self, rid: str) -> Json:
         """The prefix lookup of a waiting request (``get_computed_blocks``)."""
         return self.call({"op": "get_computed_blocks", "rid": rid})
+
+    def read_hint(self, rid: str) -> int:
+        """Read the prefix hint right after ``rid``'s lookup, as vLLM's
+        scheduler does (``get_prefix_hint``); later chunks of ``rid`` use it.
+        An adapter without the operation answers None: no hint."""
+        out = self.call({"op": "get_prefix_hint", "rid": rid})
+        hint = out if isinstance(out, int) and not isinstance(out, bool) else 0
+        self.reqs[rid].hint = hint
+        return hint
 
     def admit(
         self, op: Json, hit: int, external: int = 0, delay: bool = False, looked_up: bool = True

@@ -22,24 +22,33 @@ Kind tokens (``+`` separates groups in a shape name):
 ``mamba-all``       ``Mamba(bs, "all", spec_blocks)``
 ``mamba-align``     ``Mamba(bs, "align", spec_blocks)``
 ``mamba-align@2x``  ``Mamba(2 * bs, "align", spec_blocks)``
+``ring``            ``CircularBuffer(bs // 2)`` (vLLM 0.29.0 on)
+``kpool``           ``KpoolTail(bs // 2, window)`` (vLLM 0.30.0 and 0.31.0)
 =================== ==============================================================
+
+A shape with a ``since`` switch is drawn only under the profiles that set it
+(:func:`shape_allowed`); the ring shapes come after every older shape, so the
+draws under older profiles do not move.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvspec.config import (
     MLA,
     AttentionKind,
     ChunkedLocal,
+    CircularBuffer,
     CrossAttention,
     FullAttention,
+    KpoolTail,
     Mamba,
     SinkFullAttention,
     SlidingWindow,
 )
+from kvspec.profiles import SemanticsProfile
 
 
 @dataclass(frozen=True)
@@ -51,16 +60,19 @@ class Shape:
         kinds: One kind token per group, in group order.
         caching: Forced prefix caching (None: drawn).
         eagle_ok: Whether EAGLE may be drawn (chunked local refuses it).
+        since: The profile switch a release must set for the shape to be
+            drawn (None: every release has its kinds).
     """
 
     name: str
     kinds: tuple[str, ...]
     caching: bool | None = None
     eagle_ok: bool = True
+    since: str | None = None
 
 
-def _shape(*kinds: str, caching: bool | None = None, eagle_ok: bool = True) -> Shape:
-    return Shape("+".join(kinds), kinds, caching, eagle_ok)
+def _shape(*kinds: str, caching: bool | None = None, eagle_ok: bool = True, since: str | None = None) -> Shape:
+    return Shape("+".join(kinds), kinds, caching, eagle_ok, since)
 
 
 SHAPES = (
@@ -83,6 +95,8 @@ SHAPES = (
     _shape("full", "mla", "swa"),
     _shape("full@2x", "swa"),
     _shape("full@2x", "mamba-align@2x", "swa"),
+    _shape("full", "ring", since="circular_buffer_kind"),
+    _shape("full", "swa", "kpool", since="kpool_tail_kind"),
 )
 """The shapes the lockstep machine draws from (the order is part of the seeded
 draws: append new shapes at the end)."""
@@ -103,7 +117,12 @@ _BUILDERS: dict[str, Callable[[int, int, int], AttentionKind]] = {
     "mamba-all": lambda bs, w, s: Mamba(bs, "all", s),
     "mamba-align": lambda bs, w, s: Mamba(bs, "align", s),
     "mamba-align@2x": lambda bs, w, s: Mamba(bs * 2, "align", s),
+    "ring": lambda bs, w, s: CircularBuffer(max(bs // 2, 1)),
+    "kpool": lambda bs, w, s: KpoolTail(max(bs // 2, 1), w),
 }
+
+_SINCE: dict[str, str] = {"ring": "circular_buffer_kind", "kpool": "kpool_tail_kind"}
+"""Kind tokens of newer releases -> the profile switch that brings them."""
 
 
 def build_kind(token: str, bs: int, window: int = 1, spec_blocks: int = 0) -> AttentionKind:
@@ -133,7 +152,21 @@ def shape_named(name: str) -> Shape:
     unknown = [k for k in kinds if k not in _BUILDERS]
     if unknown:
         raise ValueError(f"shape {name!r}: unknown kind token(s) {unknown}; known: {', '.join(_BUILDERS)}")
-    return Shape(name, kinds, False if "cross" in kinds else None, "chunked" not in kinds)
+    since = next((_SINCE[k] for k in kinds if k in _SINCE), None)
+    return Shape(name, kinds, False if "cross" in kinds else None, "chunked" not in kinds, since)
+
+
+def shape_allowed(shape: Shape, profile: SemanticsProfile) -> bool:
+    """Whether ``profile``'s release has every kind of ``shape`` (its ``since`` switch)."""
+    return shape.since is None or bool(getattr(profile, shape.since))
+
+
+def drawable(shapes: Sequence[Shape], profile: SemanticsProfile) -> list[Shape]:
+    """The shapes to draw under ``profile``, each repeated by its weight
+    (:func:`shape_weight`); shapes the release lacks are left out unless
+    nothing else is left (they are then counted as refused)."""
+    allowed = [s for s in shapes if shape_allowed(s, profile)] or list(shapes)
+    return [s for s in allowed for _ in range(shape_weight(s))]
 
 
 def shape_weight(shape: Shape) -> int:
@@ -144,9 +177,10 @@ def shape_weight(shape: Shape) -> int:
     stops after one pass). Shapes with two distinct kinds outside full
     attention count six times: only there does the search come back to a
     non-full group after another one shortened the hit, the path where an
-    EAGLE group must not drop its look-ahead block a second time.
+    EAGLE group must not drop its look-ahead block a second time. Ring
+    tokens do not count (their groups stay out of the hit search).
     """
-    kinds = set(shape.kinds)
+    kinds = set(shape.kinds) - set(_SINCE)
     if len(kinds - FULL_TYPE_TOKENS) >= 2:
         return 6
     return 3 if len(kinds) >= 3 else 1

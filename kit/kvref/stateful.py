@@ -32,7 +32,7 @@ from kvref.exits import DEFAULT_OP_TIMEOUT
 from kvref.hypothesis_compat import draw
 from kvref.lockstep import Lockstep, Refused, RunStats
 from kvref.scheduler import ReqState, Scheduler
-from kvref.shapes import SHAPES, Shape, build_kinds, shape_weight
+from kvref.shapes import SHAPES, Shape, build_kinds, drawable
 from kvref.traces import Trace
 from kvspec.config import CrossAttention, FullAttention, KVCacheConfig, SinkFullAttention, SlidingWindow
 from kvspec.errors import ConfigError, UnsupportedByProfileError
@@ -76,7 +76,7 @@ def configs(
     A switch named in ``excluded`` (``caching``, ``eagle``, ``events``,
     ``stats``, ``watermark``) is turned off after the draws, so the draws are
     the same with or without exclusions."""
-    shape = draw(st.sampled_from([s for s in shapes for _ in range(shape_weight(s))]))
+    shape = draw(st.sampled_from(drawable(shapes, profile)))
     bs = draw(st.sampled_from([2, 4]))
     window = draw(st.integers(1, 3 * bs))
     eagle = shape.eagle_ok and draw(st.sampled_from([False, True, True]))
@@ -262,11 +262,11 @@ class SchedulerMachine(RuleBasedStateMachine):
     def _num_tokens(self, rid: str) -> int:
         return self._sched.num_tokens(rid)
 
-    def _chunk(self, data: st.DataObject, st_: ReqState, start: int) -> int:
+    def _chunk(self, data: st.DataObject, st_: ReqState, start: int, admission: bool = False) -> int:
         """Tokens to schedule from ``start``: a drawn chunk of what remains
-        (see :func:`kvref.scheduler.schedule_chunk`)."""
+        (see :func:`kvref.scheduler.schedule_chunk`), cut at the prefix hint's junction."""
         n = draw(data, st.integers(1, self._sched.chunk_bound(st_.rid, start)))
-        return self._sched.chunk(st_.rid, start, n)
+        return self._sched.chunk(st_.rid, start, n, admission)
 
     def _sample_token(self, data: st.DataObject, rid: str) -> None:
         assert self.lock is not None
@@ -398,9 +398,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         if looked_up:
             found = self._call({"op": "get_computed_blocks", "rid": rid})
             hit = found["num_tokens"]
+            assert self.lock is not None
             if hit:
-                assert self.lock is not None
                 self.lock.stats.prefix_hits += 1
+            # NOTE: the hint can only be non-zero for a cached hybrid (one
+            # coordinator computes it); elsewhere reading it would lengthen
+            # every history and its shrunk traces for a constant 0.
+            if len(self.cfg.groups) > 1 and self.cfg.enable_caching:
+                if self._sched.read_hint(rid):
+                    self.lock.stats.prefix_hints += 1
+                self.lock.stats.prefix_hint_reads += 1
             if any(found["blocks"]):
                 op["new_computed_blocks"] = found["blocks"]
             op["num_new_computed_tokens"] = hit
@@ -413,7 +420,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             if not self._allowed("external"):
                 external = 0
         delay = external > 0 and draw(data, st.booleans()) and self._allowed("delay_cache_blocks")
-        new = 0 if delay else self._chunk(data, st_, st_.computed + hit + external)
+        new = 0 if delay else self._chunk(data, st_, st_.computed + hit + external, looked_up)
         op.update(
             num_new_tokens=new, num_external_computed_tokens=external, delay_cache_blocks=delay,
             num_lookahead_tokens=draw(data, st.integers(0, 2)) if self.cfg.use_eagle else 0,

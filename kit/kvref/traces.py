@@ -14,7 +14,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from kvref.capabilities import SKIP_ERRORS, declared_unsupported, refusal, trace
 from kvref.exits import InputError, raise_if_interrupted
 from kvref.ops import REQUEST_OPS, RequestBook, config_from_json, config_to_json, execute
 from kvspec.config import KVCacheConfig
-from kvspec.profiles import VLLM_0_25_1, profile_named
+from kvspec.profiles import PROFILES, VLLM_0_25_1, SemanticsProfile, profile_named
 from kvspec.view import KVView
 
 FORMAT = "kvref-trace"
@@ -50,6 +50,7 @@ class Trace:
             "format": FORMAT,
             "version": VERSION,
             "semantics": self.config.profile.name,
+            **switches_to_json(self.config.profile),
             "hash_function": self.config.hash_function,
             "hash_seed": self.config.hash_seed,
             "config": config_to_json(self.config),
@@ -149,15 +150,42 @@ def load(path: Path) -> Trace:
     steps = lines[1:]
     if header["version"] >= 2:
         steps = _verified_steps(path, raw, steps)
-    known = ("format", "version", "semantics", "hash_function", "hash_seed", "config")
+    known = ("format", "version", "semantics", "switches", "hash_function", "hash_seed", "config")
     meta = {k: v for k, v in header.items() if k not in known}
     try:
         profile = profile_named(header["semantics"]) if "semantics" in header else VLLM_0_25_1
+        profile = switches_from_json(profile, header.get("switches", {}))
         config = config_from_json(header["config"], profile)
     except (KeyError, TypeError, ValueError) as exc:
         raise TraceFormatError(f"{path}:1: bad header: {type(exc).__name__}: {exc}") from None
     _check_limits(path, config)
     return Trace(config, steps, meta)
+
+
+def switches_to_json(profile: SemanticsProfile) -> Json:
+    """``{"switches": {...}}`` for a profile that differs from the release
+    profile of its name (a ``kvref drift`` run that accepted changes), else
+    ``{}``: the header names the base profile and each changed switch."""
+    base = PROFILES.get(profile.name)
+    if base is None or base == profile:
+        return {}
+    names = [f.name for f in fields(SemanticsProfile) if f.name not in ("name", "release")]
+    return {"switches": {n: getattr(profile, n) for n in names if getattr(profile, n) != getattr(base, n)}}
+
+
+def switches_from_json(profile: SemanticsProfile, switches: Json) -> SemanticsProfile:
+    """``profile`` with a header's ``switches`` applied.
+
+    Raises:
+        ValueError: For a value that is not an object, or an unknown switch.
+    """
+    if not isinstance(switches, dict):
+        raise ValueError(f"switches must be an object of switch names, got {type(switches).__name__}")
+    names = {f.name for f in fields(SemanticsProfile)} - {"name", "release"}
+    unknown = sorted(set(switches) - names)
+    if unknown:
+        raise ValueError(f"unknown profile switch(es) {', '.join(unknown)}")
+    return replace(profile, **switches) if switches else profile
 
 
 class TraceFormatError(InputError):

@@ -47,8 +47,10 @@ from kvspec.config import (
     MLA,
     AttentionKind,
     ChunkedLocal,
+    CircularBuffer,
     CrossAttention,
     FullAttention,
+    KpoolTail,
     KVCacheConfig,
     Mamba,
     SinkFullAttention,
@@ -61,8 +63,12 @@ from kvspec.request import RequestStatus
 __all__ = ["config_from_vllm", "kind_from_vllm_spec", "status_from_vllm"]
 
 _KINDS: Final[dict[str, type]] = {
-    c.__name__: c for c in (FullAttention, MLA, SinkFullAttention, SlidingWindow, ChunkedLocal, Mamba, CrossAttention)
-}
+    c.__name__: c
+    for c in (
+        FullAttention, MLA, SinkFullAttention, SlidingWindow, ChunkedLocal, Mamba, CrossAttention, CircularBuffer,
+        KpoolTail,
+    )
+}  # fmt: skip
 
 LAYOUT_FIELDS: Final = frozenset(
     {

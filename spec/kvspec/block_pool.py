@@ -287,7 +287,7 @@ class BlockPool:
             if self.enable_kv_cache_events:
                 digest, gid = split_key(key)
                 ext = external_block_hash(digest, self.int_block_hashes)
-                self.events.append(BlockRemoved((ext,), MEDIUM_GPU, gid))
+                self.events.append(BlockRemoved((ext,), MEDIUM_GPU, gid if annotated_events(self) else None))
 
     def _valid_id(self, b: int, op: str) -> BlockId:
         if not isinstance(b, int) or isinstance(b, bool) or not 0 <= b < self.num_gpu_blocks:
@@ -339,8 +339,10 @@ def _stored_event(
     block_size: int,
     group_id: int,
 ) -> BlockStored:
-    """The BlockStored event of one ``cache_full_blocks`` call."""
+    """The BlockStored event of one ``cache_full_blocks`` call (without
+    extra keys and group index where :func:`annotated_events` says so)."""
     as_int = pool.int_block_hashes
+    annotated = annotated_events(pool)
     extra_keys, cursor = [], 0
     for i in stored:
         keys, cursor = block_extra_keys(request.extra, i * block_size, (i + 1) * block_size, cursor)
@@ -354,9 +356,16 @@ def _stored_event(
         lora_id=lora.adapter_id if lora else None,
         medium=MEDIUM_GPU,
         lora_name=lora.name if lora else None,
-        extra_keys=tuple(extra_keys) if extra_keys else None,
-        group_idx=group_id,
+        extra_keys=tuple(extra_keys) if extra_keys and annotated else None,
+        group_idx=group_id if annotated else None,
     )
+
+
+def annotated_events(pool: BlockPool) -> bool:
+    """Whether events carry ``extra_keys`` and the group index (and so,
+    through the facade, the attention kind): from vLLM 0.25.1 on (profile
+    switch ``event_annotations``; before it those fields do not exist)."""
+    return pool.profile.event_annotations
 
 
 def inv_null_block_inert(pool: BlockPool) -> bool:

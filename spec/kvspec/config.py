@@ -89,10 +89,43 @@ class CrossAttention:
     block_size: int
 
 
-AttentionKind = FullAttention | MLA | SinkFullAttention | SlidingWindow | ChunkedLocal | Mamba | CrossAttention
+@dataclass(frozen=True, slots=True)
+class CircularBuffer:
+    """A per-request ring block: exactly one block per request for its whole
+    life, never prefix-cached; ``block_size`` is the ring capacity
+    (upstream: ``CircularBufferSpec``, vLLM 0.29.0 on)."""
+
+    block_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class KpoolTail:
+    """A kpool indexer's one-block circular tail, managed like
+    :class:`CircularBuffer`; ``window`` is its ``sliding_window``, which only
+    names its event kind (upstream: ``KpoolTailSpec``, a ``SlidingWindowSpec``
+    subclass, vLLM 0.30.0 and 0.31.0; removed in 0.32.0)."""
+
+    block_size: int
+    window: int
+
+
+AttentionKind = (
+    FullAttention | MLA | SinkFullAttention | SlidingWindow | ChunkedLocal | Mamba | CrossAttention | CircularBuffer
+    | KpoolTail
+)  # fmt: skip
 
 FULL_TYPE_KINDS = (FullAttention, MLA, SinkFullAttention)
 """Kinds vLLM manages with ``FullAttentionManager`` semantics."""
+
+RING_KINDS = (CircularBuffer, KpoolTail)
+"""Ring kinds: one block per request, never prefix-cached (``CircularBufferManager``)."""
+
+
+def prefix_cacheable(kind: AttentionKind) -> bool:
+    """Whether groups of ``kind`` take part in prefix caching (vLLM's
+    ``KVCacheSpec.prefix_cacheable``): false only for the ring kinds, which a
+    hybrid lookup, its block-size checks and the hash block size leave out."""
+    return not isinstance(kind, RING_KINDS)
 
 
 def kind_name(kind: AttentionKind) -> str:
@@ -105,13 +138,15 @@ def kind_name(kind: AttentionKind) -> str:
         ChunkedLocal: "chunked_local_attention",
         Mamba: "mamba",
         CrossAttention: "cross_attention",
+        CircularBuffer: "unknown",
+        KpoolTail: "sliding_window",
     }
     return names[type(kind)]
 
 
 def event_sliding_window(kind: AttentionKind) -> int | None:
     """The sliding window carried by BlockStored events (None unless SWA)."""
-    return kind.window if isinstance(kind, SlidingWindow) else None
+    return kind.window if isinstance(kind, SlidingWindow | KpoolTail) else None
 
 
 def tracks_new_block_ids(kind: AttentionKind) -> bool:
@@ -190,13 +225,15 @@ class KVCacheConfig:
         return math.lcm(*(g.block_size for g in self.groups))
 
     def resolved_hash_block_size(self) -> int:
-        """Hash granularity: the override, else the GCD of group sizes when
-        caching a hybrid model, else the scheduler block size."""
+        """Hash granularity: the override, else the GCD of the prefix-cacheable
+        group sizes (all groups if none is) when caching a hybrid model, else
+        the scheduler block size."""
         if self.hash_block_size is not None:
             return self.hash_block_size
         if len(self.groups) == 1 or not self.enable_caching:
             return self.scheduler_block_size
-        return math.gcd(*(g.block_size for g in self.groups))
+        sizes = [g.block_size for g in self.groups if prefix_cacheable(g)] or [g.block_size for g in self.groups]
+        return math.gcd(*sizes)
 
     def batched_tokens(self) -> int:
         """``max_num_batched_tokens`` with vLLM's default applied."""
@@ -207,10 +244,11 @@ class KVCacheConfig:
     def eagle_group_ids(self) -> frozenset[int]:
         """Groups that drop the EAGLE block: the flagged ones, else all groups
         under ``use_eagle``; from vLLM 0.33.0 flags need ``use_eagle`` too
-        (profile switch ``eagle_flags_need_use_eagle``)."""
+        (profile switch ``eagle_flags_need_use_eagle``); before 0.25.1 there
+        are no flags (``eagle_group_flags``; a flagged config is refused)."""
         if self.profile.eagle_flags_need_use_eagle and not self.use_eagle:
             return frozenset()
-        if self.eagle_groups:
+        if self.eagle_groups and self.profile.eagle_group_flags:
             return frozenset(self.eagle_groups)
         return frozenset(range(len(self.groups))) if self.use_eagle else frozenset()
 
@@ -234,6 +272,7 @@ def _validate(cfg: KVCacheConfig) -> None:
     if not 0.0 <= cfg.watermark < 1.0:
         raise ConfigError(f"watermark must be in [0, 1), got {cfg.watermark}")
     get_hash_fn_by_name(cfg.hash_function)
+    validate_release_options(cfg)
     for gid, kind in enumerate(cfg.groups):
         validate_kind(gid, kind, cfg)
     validate_groups(cfg)
@@ -243,16 +282,41 @@ def _validate(cfg: KVCacheConfig) -> None:
     hbs = cfg.resolved_hash_block_size()
     if hbs < 1 or cfg.scheduler_block_size % hbs:
         raise ConfigError(f"hash_block_size {hbs} must divide the scheduler block size")
-    if cfg.enable_caching and any(g.block_size % hbs for g in cfg.groups):
-        raise ConfigError(f"hash_block_size {hbs} must divide every group block size when caching")
+    if cfg.enable_caching and any(g.block_size % hbs for g in cfg.groups if prefix_cacheable(g)):
+        raise ConfigError(f"hash_block_size {hbs} must divide every prefix-cacheable group block size when caching")
     reason = unsupported_reason(cfg)
     if reason is not None:
         raise UnsupportedByProfileError(reason)
 
 
+def validate_release_options(cfg: KVCacheConfig) -> None:
+    """Refuse options the profile's release does not have: before vLLM 0.25.1
+    there is no watermark, no ``max_num_batched_tokens`` (profile switch
+    ``admission_controls``) and no per-group EAGLE flag (``eagle_group_flags``).
+
+    Raises:
+        UnsupportedByProfileError: Naming the option and the release.
+    """
+    p = cfg.profile
+    if not p.admission_controls:
+        if cfg.watermark != 0.0:
+            raise UnsupportedByProfileError(f"{p.name} has no watermark (got {cfg.watermark})")
+        if cfg.max_num_batched_tokens is not None:
+            raise UnsupportedByProfileError(
+                f"{p.name} has no max_num_batched_tokens (got {cfg.max_num_batched_tokens})"
+            )
+    if not p.eagle_group_flags and cfg.eagle_groups:
+        raise UnsupportedByProfileError(
+            f"{p.name} has no per-group EAGLE flags (got eagle_groups={cfg.eagle_groups})"
+        )
+
+
 def validate_groups(cfg: KVCacheConfig) -> None:
-    """Before vLLM 0.29.0 a cached model of several groups needs two distinct
-    kinds (profile switch ``single_spec_group_hybrid``)."""
+    """A cached model of several groups needs a prefix-cacheable group; before
+    vLLM 0.29.0 it needs two distinct kinds (profile switch
+    ``single_spec_group_hybrid``)."""
+    if cfg.enable_caching and len(cfg.groups) > 1 and not any(prefix_cacheable(g) for g in cfg.groups):
+        raise ConfigError("a cached hybrid needs at least one prefix-cacheable group (ring groups are not)")
     if cfg.profile.single_spec_group_hybrid:
         return
     if cfg.enable_caching and len(cfg.groups) > 1 and len(set(cfg.groups)) < 2:
@@ -264,7 +328,9 @@ def validate_kind(gid: int, kind: AttentionKind, cfg: KVCacheConfig) -> None:
     where = f"group {gid} ({type(kind).__name__})"
     if kind.block_size < 1:
         raise ConfigError(f"{where}: block_size must be positive, got {kind.block_size}")
-    if isinstance(kind, SlidingWindow) and kind.window < 1:
+    if isinstance(kind, RING_KINDS):
+        validate_ring_kind(where, kind, cfg.profile)
+    if isinstance(kind, SlidingWindow | KpoolTail) and kind.window < 1:
         raise ConfigError(f"{where}: window must be positive, got {kind.window}")
     if isinstance(kind, ChunkedLocal):
         if kind.chunk < 1:
@@ -284,3 +350,13 @@ def validate_kind(gid: int, kind: AttentionKind, cfg: KVCacheConfig) -> None:
             raise ConfigError(f"{where}: prefix caching needs mode 'align' ({cfg.profile.name}), got {kind.mode!r}")
     if isinstance(kind, CrossAttention) and cfg.enable_caching:
         raise ConfigError(f"{where}: cross attention requires enable_caching=False")
+
+
+def validate_ring_kind(where: str, kind: CircularBuffer | KpoolTail, profile: SemanticsProfile) -> None:
+    """A ring kind needs a release that has it: ``CircularBuffer`` from vLLM
+    0.29.0, ``KpoolTail`` in 0.30.0 and 0.31.0 only (profile switches
+    ``circular_buffer_kind`` and ``kpool_tail_kind``)."""
+    if isinstance(kind, CircularBuffer) and not profile.circular_buffer_kind:
+        raise ConfigError(f"{where}: CircularBufferSpec is new in vLLM 0.29.0; not in {profile.name}")
+    if isinstance(kind, KpoolTail) and not profile.kpool_tail_kind:
+        raise ConfigError(f"{where}: KpoolTailSpec exists in vLLM 0.30.0 and 0.31.0 only, not in {profile.name}")

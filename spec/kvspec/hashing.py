@@ -122,7 +122,7 @@ def hash_block_tokens(
 
 
 def block_extra_keys(
-    src: ExtraKeySource, start: int, end: int, mm_cursor: int, tagged: bool = False
+    src: ExtraKeySource, start: int, end: int, mm_cursor: int, tagged: bool = False, v025_forms: bool = True
 ) -> tuple[tuple[Any, ...] | None, int]:
     """Extra keys of the block ``[start, end)`` and the advanced mm cursor.
 
@@ -133,6 +133,10 @@ def block_extra_keys(
     ``extra_keys_tagged``) each key names its source: ``("lora", name, path)``,
     ``("mm", identifier, offset)``, ``("cache_salt", salt)``,
     ``("prompt_embeds", digest)``; events always carry the untagged form.
+    Without ``v025_forms`` (hashes before vLLM 0.25.1, profile switches
+    ``mm_key_with_offset`` and ``prompt_embeds_digest``) a multimodal key is
+    the bare identifier, a feature also keys the block that starts exactly at
+    its end, and the prompt-embedding key is the raw bytes.
 
     Args:
         src: The request's extra-key sources.
@@ -141,11 +145,12 @@ def block_extra_keys(
         mm_cursor: Index of the first feature to consider; ``-1`` means the
             last feature (used for blocks completed after construction).
         tagged: Whether keys carry their source tag.
+        v025_forms: Whether keys have vLLM 0.25.1's forms (see above).
 
     pre: 0 <= start < end and mm_cursor >= -1
     post: __return__[0] is None or len(__return__[0]) > 0
     """
-    mm_keys, cursor = _mm_extra_keys(src.mm_features, start, end, mm_cursor)
+    mm_keys, cursor = _mm_extra_keys(src.mm_features, start, end, mm_cursor, v025_forms)
     keys: list[Any] = []
     if src.lora is not None:
         keys.append(("lora", src.lora.name, src.lora.path) if tagged else src.lora.name)
@@ -153,7 +158,8 @@ def block_extra_keys(
     if start == 0 and src.cache_salt:
         keys.append(("cache_salt", src.cache_salt) if tagged else src.cache_salt)
     if src.prompt_embeds is not None:
-        digest = hashlib.sha256(b"".join(src.prompt_embeds[start:end])).digest()
+        rows = b"".join(src.prompt_embeds[start:end])
+        digest = hashlib.sha256(rows).digest() if v025_forms else rows
         keys.append(("prompt_embeds", digest) if tagged else digest)
     return (tuple(keys) if keys else None), cursor
 
@@ -167,6 +173,7 @@ def extend_block_hashes(
     src: ExtraKeySource,
     tagged: bool = False,
     resume_from_first: bool = False,
+    v025_forms: bool = True,
 ) -> tuple[BlockHash, ...]:
     """Return ``existing`` extended with the hashes of every new full block.
 
@@ -174,7 +181,8 @@ def extend_block_hashes(
     appended output token: the mm cursor starts at 0 when hashing starts at
     token 0, and at the last feature otherwise, unless ``resume_from_first``
     (vLLM 0.31.0 on, profile switch ``mm_resume_from_first_feature``), which
-    always starts at the first feature. ``tagged``: see :func:`block_extra_keys`.
+    always starts at the first feature. ``tagged``, ``v025_forms``: see
+    :func:`block_extra_keys`.
 
     pre: hash_block_size > 0
     post: len(__return__) == len(token_ids) // hash_block_size
@@ -184,7 +192,7 @@ def extend_block_hashes(
     cursor = 0 if start == 0 or resume_from_first else -1
     while start + hash_block_size <= len(token_ids):
         end = start + hash_block_size
-        extra, cursor = block_extra_keys(src, start, end, cursor, tagged)
+        extra, cursor = block_extra_keys(src, start, end, cursor, tagged, v025_forms)
         parent = hashes[-1] if hashes else seed_hash
         hashes.append(hash_block_tokens(fn, parent, token_ids[start:end], extra))
         start = end
@@ -234,9 +242,14 @@ def external_block_hash(block_hash: BlockHash, as_int: bool) -> bytes | int:
     return int.from_bytes(block_hash, "big") & ((1 << 64) - 1)
 
 
-def _mm_extra_keys(features: tuple[MultiModalFeature, ...], start: int, end: int, cursor: int) -> tuple[list[Any], int]:
-    """Multimodal keys of ``[start, end)``; features are sorted by offset."""
-    if not features or features[-1].offset + features[-1].length <= start:
+def _mm_extra_keys(
+    features: tuple[MultiModalFeature, ...], start: int, end: int, cursor: int, v025_forms: bool = True
+) -> tuple[list[Any], int]:
+    """Multimodal keys of ``[start, end)``; features are sorted by offset.
+    Without ``v025_forms`` (before vLLM 0.25.1) a feature ending exactly at
+    ``start`` still counts and the key is its bare identifier."""
+    reach = 0 if v025_forms else 1  # 0.16.0 compares the feature's end strictly
+    if not features or features[-1].offset + features[-1].length + reach <= start:
         return [], cursor
     if cursor < 0:
         cursor = len(features) + cursor
@@ -245,10 +258,10 @@ def _mm_extra_keys(features: tuple[MultiModalFeature, ...], start: int, end: int
         feat = features[cursor]
         if end <= feat.offset:
             break
-        if start >= feat.offset + feat.length:
+        if start >= feat.offset + feat.length + reach:
             cursor += 1
             continue
-        keys.append((feat.identifier, feat.offset - start))
+        keys.append((feat.identifier, feat.offset - start) if v025_forms else feat.identifier)
         if end < feat.offset + feat.length:
             break
         cursor += 1

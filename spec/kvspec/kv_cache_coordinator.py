@@ -16,7 +16,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvspec.block_pool import BlockId, BlockPool
-from kvspec.config import FULL_TYPE_KINDS, AttentionKind, CrossAttention, KVCacheConfig, Mamba, admission_cap
+from kvspec.config import (
+    FULL_TYPE_KINDS,
+    AttentionKind,
+    CrossAttention,
+    KVCacheConfig,
+    Mamba,
+    admission_cap,
+    prefix_cacheable,
+)
 from kvspec.hashing import BlockHash, coarse_block_hashes
 from kvspec.partial_hits import (
     eagle_margin,
@@ -33,6 +41,13 @@ GroupBlocks = tuple[list[BlockId], ...]
 
 class KVCacheCoordinator:
     """Fans operations out to one manager per group, in group order."""
+
+    num_uncached_common_prefix_tokens: int = 0
+    """Tokens of the last lookup's longest single-spec-group hit beyond the
+    reconciled hit: a shared prefix a sparse group (Mamba, sliding window)
+    has not cached yet. Only the hybrid coordinator sets it (vLLM 0.25.1's
+    scheduler reads it with ``getattr(..., 0)``; from 0.26.0 on the lookup
+    returns it); it keeps its value across lookups that skip the search."""
 
     def __init__(self, config: KVCacheConfig, enable_caching: bool) -> None:
         """Build the pool and the managers (SinkFull takes its blocks here)."""
@@ -215,11 +230,14 @@ class HybridCoordinator(KVCacheCoordinator):
     """Several groups with at least two distinct kinds."""
 
     def __init__(self, config: KVCacheConfig, enable_caching: bool) -> None:
-        """Merge equal kinds into spec groups, full-attention kinds first."""
+        """Merge equal kinds into spec groups, full-attention kinds first.
+        Groups that are not prefix-cacheable (rings) join no spec group: their
+        hit stays empty and they never drop an EAGLE block."""
         super().__init__(config, enable_caching)
         merged: dict[AttentionKind, list[int]] = {}
         for gid, kind in enumerate(config.groups):
-            merged.setdefault(kind, []).append(gid)
+            if prefix_cacheable(kind):
+                merged.setdefault(kind, []).append(gid)
         groups = [SpecGroup(k, tuple(ids), any(i in self.eagle_group_ids for i in ids)) for k, ids in merged.items()]
         self.spec_groups = sorted(groups, key=lambda g: not isinstance(g.kind, FULL_TYPE_KINDS))
         for sg in self.spec_groups:
@@ -244,7 +262,8 @@ class HybridCoordinator(KVCacheCoordinator):
         trimmed to the final length ("second-full-group"; vLLM agrees from
         0.29.0 on).
         """
-        hit, hits = hybrid_hit_search(self, block_hashes, max_cache_hit_length)
+        hit, hits, longest = hybrid_hit_search_longest(self, block_hashes, max_cache_hit_length)
+        self.num_uncached_common_prefix_tokens = longest - hit
         for sg in self.spec_groups:
             if isinstance(sg.kind, FULL_TYPE_KINDS):
                 for gid in sg.group_ids:
@@ -269,6 +288,16 @@ def hybrid_hit_search(
 ) -> tuple[int, list[list[BlockId]]]:
     """The fixed-point loop of :meth:`HybridCoordinator.find_longest_cache_hit`;
     returns the hit length and untrimmed hit lists per group."""
+    hit, hits, _ = hybrid_hit_search_longest(coord, block_hashes, max_len)
+    return hit, hits
+
+
+def hybrid_hit_search_longest(
+    coord: HybridCoordinator, block_hashes: Sequence[BlockHash], max_len: int
+) -> tuple[int, list[list[BlockId]], int]:
+    """:func:`hybrid_hit_search`, also returning the longest length any one
+    spec-group lookup reached (vLLM's ``longest_hit_length``), at least the hit."""
+    longest = 0
     hits: list[list[BlockId]] = [[] for _ in coord.managers]
     lengths: dict[int, int] = {}
     verified: set[int] = set()
@@ -294,13 +323,14 @@ def hybrid_hit_search(
             elif new < cur:
                 verified.clear()
             cur = lengths[idx] = new
+            longest = max(longest, cur)
             for gid, blocks in zip(sg.group_ids, found, strict=True):
                 hits[gid] = blocks
         if cur >= hit:
-            return hit, hits
+            return hit, hits, longest
         hit = cur
         if simple:
-            return hit, hits
+            return hit, hits, longest
 
 
 def spec_group_hit(

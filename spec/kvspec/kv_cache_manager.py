@@ -13,14 +13,16 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
-from kvspec.block_pool import NULL_BLOCK, BlockId
+from kvspec.block_pool import NULL_BLOCK, BlockId, annotated_events
 from kvspec.config import (
     FULL_TYPE_KINDS,
+    RING_KINDS,
     CrossAttention,
     KVCacheConfig,
     Mamba,
     event_sliding_window,
     kind_name,
+    prefix_cacheable,
 )
 from kvspec.errors import (
     CacheBeyondAllocationError,
@@ -74,6 +76,9 @@ class KVCacheManager:
         self.event_keys: Counter[tuple[object, int | None]] = Counter()
         """Cache keys implied by the events taken so far (:func:`inv_events_replay_to_cache`)."""
         self.prefix_cache_stats = PrefixCacheStats() if config.log_stats else None
+        self.shared_prefix_boundary: dict[str, int] = {}
+        """Non-zero ``shared_prefix_boundary`` of each request's latest lookup
+        (vLLM keeps it on the request; :meth:`get_prefix_hint`)."""
 
     @property
     def usage(self) -> float:
@@ -86,14 +91,33 @@ class KVCacheManager:
         hit blocks are only pinned by ``allocate_slots``.
         """
         check_request(request)
+        self.shared_prefix_boundary.pop(request.request_id, None)
         if not self.enable_caching or request.skip_reading_prefix_cache:
             return self._ids(tuple([] for _ in self.config.groups)), 0
         blocks, n = self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
+        uncached = self.coordinator.num_uncached_common_prefix_tokens
+        if uncached:
+            self.shared_prefix_boundary[request.request_id] = n + uncached
         covered = hit_covers_length(self.config, blocks, n, request.num_tokens - 1, self.coordinator.hit_alignment)
         require(covered, f"malformed hit {blocks}, {n}")
         if self.prefix_cache_stats is not None and self.config.profile.stats_at_lookup:
             self.prefix_cache_stats.record(request.num_tokens, n, request.num_preemptions > 0)
         return self._ids(blocks), n
+
+    def get_prefix_hint(self, request: Request) -> int:
+        """The prefix hint vLLM's scheduler reads right after ``request``'s
+        lookup to choose its chunk (:func:`prefix_hint`): up to vLLM 0.25.1 the
+        coordinator's ``num_uncached_common_prefix_tokens`` (of the last lookup
+        that searched, whichever request), from 0.26.0 on the request's
+        ``shared_prefix_boundary`` (0 without an uncached shared prefix).
+        Changes nothing.
+        """
+        check_request(request)
+        return prefix_hint(
+            self.config.profile.lookup_returns_boundary,
+            self.coordinator.num_uncached_common_prefix_tokens,
+            self.shared_prefix_boundary.get(request.request_id, 0),
+        )
 
     def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
         """Record one admitted request's lookup in the statistics (vLLM 0.27.0
@@ -150,7 +174,11 @@ class KVCacheManager:
             InvalidTokenCountError, GroupCountError, ExceedsMaxModelLenError,
             UnexpectedPrefixHitError, InvalidBlockIdError, StaleHitError: in
             this order of checking; nothing has changed when they are raised.
+            UnsupportedOperationError: Before vLLM 0.25.1, for a non-default
+                ``full_sequence_must_fit``, ``reserved_blocks`` or
+                ``has_scheduled_reqs`` (first of all).
         """
+        check_admission_args(self.config.profile, full_sequence_must_fit, reserved_blocks, has_scheduled_reqs)
         hits = self._validate_allocation(
             request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, num_lookahead_tokens,
             num_external_computed_tokens, num_encoder_tokens, reserved_blocks,
@@ -195,6 +223,7 @@ class KVCacheManager:
         """Forget the request but keep its references: the blocks (groups
         concatenated) are *pending* until the caller passes them to
         :meth:`free_blocks`, normally reversed. Unknown request → ()."""
+        require_operation(self.config.profile, "pop_blocks_for_free")
         check_request_id("pop_blocks_for_free", request_id)
         self.requests.pop(request_id, None)
         blocks = tuple(self.coordinator.pop_blocks_for_free(request_id))
@@ -299,7 +328,8 @@ class KVCacheManager:
                 f"cache_blocks: {num_computed_tokens} tokens > the request's {request.num_tokens}"
             )
         for g, (kind, table) in enumerate(zip(self.config.groups, self.get_blocks(request.request_id), strict=True)):
-            if not isinstance(kind, CrossAttention) and num_computed_tokens // kind.block_size > len(table):
+            ring_or_cross = isinstance(kind, CrossAttention) or not prefix_cacheable(kind)
+            if not ring_or_cross and num_computed_tokens // kind.block_size > len(table):
                 raise CacheBeyondAllocationError(
                     f"cache_blocks: group {g} holds {len(table)} blocks, fewer than "
                     f"{num_computed_tokens // kind.block_size} full blocks to cache"
@@ -308,7 +338,9 @@ class KVCacheManager:
         self.requests[request.request_id] = request
 
     def take_new_block_ids(self) -> list[BlockId]:
-        """Drain fresh full-attention/MLA block ids, in group order."""
+        """Drain fresh full-attention/MLA block ids, in group order
+        (UnsupportedOperationError before vLLM 0.25.1)."""
+        require_operation(self.config.profile, "take_new_block_ids")
         return [b for m in self.coordinator.managers for b in m.take_new_block_ids()]
 
     def take_kv_cache_block_copies(self) -> tuple[list[tuple[BlockId, BlockId]], list[BlockId]]:
@@ -329,7 +361,9 @@ class KVCacheManager:
         return copies, retained
 
     def new_step_starts(self) -> None:
-        """A scheduler step begins (Mamba may now use states cached earlier)."""
+        """A scheduler step begins (Mamba may now use states cached earlier;
+        UnsupportedOperationError before vLLM 0.25.1)."""
+        require_operation(self.config.profile, "new_step_starts")
         self.coordinator.new_step_starts()
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
@@ -419,6 +453,8 @@ class KVCacheManager:
         if not self.config.enable_caching:
             raise StaleHitError(f"allocate_slots: prefix caching is off, so request {rid!r} can have no hit")
         for g, kind in enumerate(self.config.groups):
+            if not prefix_cacheable(kind) and hits[g]:
+                raise StaleHitError(f"allocate_slots: a hit in group {g}, a ring group, which is never cached")
             if isinstance(kind, FULL_TYPE_KINDS) and NULL_BLOCK in hits[g]:
                 raise StaleHitError(
                     f"allocate_slots: the null block in group {g}'s hit: a full-attention hit never contains it"
@@ -449,6 +485,17 @@ def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def prefix_hint(lookup_returns_boundary: bool, num_uncached_common_prefix_tokens: int, boundary: int) -> int:
+    """The scheduler's prefix hint (profile switch ``lookup_returns_boundary``):
+    the request's shared-prefix boundary (the hit plus the uncached common
+    prefix, 0 when there is none) or the coordinator's uncached common prefix.
+
+    pre: num_uncached_common_prefix_tokens >= 0 and boundary >= 0
+    post: __return__ >= 0
+    """
+    return boundary if lookup_returns_boundary else num_uncached_common_prefix_tokens
+
+
 def check_request(request: object) -> None:
     """Raise InvalidRequestError unless ``request`` is a :class:`Request` with a str id."""
     if not isinstance(request, Request) or not isinstance(request.request_id, str):
@@ -459,6 +506,36 @@ def check_request_id(op: str, request_id: object) -> None:
     """Raise InvalidRequestError unless ``request_id`` is a str."""
     if not isinstance(request_id, str):
         raise InvalidRequestError(f"{op}: request_id must be a str, got {request_id!r}")
+
+
+OPERATION_SWITCHES = {
+    "pop_blocks_for_free": "deferred_free",
+    "take_new_block_ids": "new_block_ids_list",
+    "new_step_starts": "mamba_step_guard",
+}
+"""Facade operations that exist only with a profile switch on."""
+
+
+def require_operation(profile: SemanticsProfile, op: str) -> None:
+    """Raise UnsupportedOperationError if ``op`` does not exist in the
+    profile's release: ``pop_blocks_for_free`` needs ``deferred_free``
+    (``free_blocks`` stays: the pool's method exists, and with nothing
+    popped every block it is given is a double free), ``take_new_block_ids`` needs ``new_block_ids_list``,
+    ``new_step_starts`` needs ``mamba_step_guard`` (all from vLLM 0.25.1)."""
+    if not getattr(profile, OPERATION_SWITCHES[op]):
+        raise UnsupportedOperationError(f"{op}: not in {profile.name}")
+
+
+def check_admission_args(profile: SemanticsProfile, must_fit: bool, reserved: int, has_scheduled: bool) -> None:
+    """Raise UnsupportedOperationError for an admission argument of
+    ``allocate_slots`` the profile's release lacks (before vLLM 0.25.1:
+    profile switch ``admission_controls``)."""
+    if profile.admission_controls:
+        return
+    given = [f"{k}={v!r}" for k, v, d in (("full_sequence_must_fit", must_fit, False),
+             ("reserved_blocks", reserved, 0), ("has_scheduled_reqs", has_scheduled, True)) if v != d]  # fmt: skip
+    if given:
+        raise UnsupportedOperationError(f"allocate_slots: {profile.name} has no {', '.join(given)}")
 
 
 def allocation_without_tokens(profile: SemanticsProfile, n_new: int, n_hit: int, n_external: int) -> bool:
@@ -520,17 +597,23 @@ def hit_covers_length(config: KVCacheConfig, blocks: GroupBlocks, n: int, max_le
     alignment (the scheduler block size; the hash block size with
     fine-grained hits), and every group's list has the ``cdiv(n, bs)`` blocks
     that cover exactly ``n`` tokens (vLLM 0.25.1 breaks this in two places,
-    registered as the divergences ``eagle-mamba-hit`` and ``second-full-group``)."""
-    sizes = [k.block_size for k in config.groups]
-    exact = all(len(b) == -(-n // bs) for b, bs in zip(blocks, sizes, strict=True))
+    registered as the divergences ``eagle-mamba-hit`` and ``second-full-group``);
+    a ring group's list is always empty."""
+    exact = all(
+        len(b) == -(-n // k.block_size) if prefix_cacheable(k) else not b
+        for b, k in zip(blocks, config.groups, strict=True)
+    )
     return n <= max(max_len, 0) and n % alignment == 0 and exact
 
 
 def tables_cover_slots(mgr: KVCacheManager, request_id: str, slots: int) -> bool:
     """After an allocation, every group but Mamba and cross attention holds
-    at least ``cdiv(slots, bs)`` entries."""
+    at least ``cdiv(slots, bs)`` entries; a ring group holds exactly one."""
     for kind, table in zip(mgr.config.groups, mgr.get_blocks(request_id), strict=True):
-        if not isinstance(kind, Mamba | CrossAttention) and len(table) * kind.block_size < slots:
+        if isinstance(kind, RING_KINDS):
+            if len(table) != 1:
+                return False
+        elif not isinstance(kind, Mamba | CrossAttention) and len(table) * kind.block_size < slots:
             return False
     return True
 
@@ -574,5 +657,6 @@ def inv_events_replay_to_cache(mgr: KVCacheManager) -> bool:
     expected: Counter[tuple[object, int | None]] = Counter()
     for key, ids in pool.cached.items():
         digest, gid = split_key(key)
-        expected[(external_block_hash(digest, pool.int_block_hashes), gid)] += len(ids)
+        group = gid if annotated_events(pool) else None
+        expected[(external_block_hash(digest, pool.int_block_hashes), group)] += len(ids)
     return {k: v for k, v in keys.items() if v} == expected

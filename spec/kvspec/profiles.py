@@ -3,10 +3,16 @@
 A profile is a frozen value of named behaviour switches. Each release's
 constant is built from its predecessor with :func:`dataclasses.replace`,
 naming only what that release changed, so this module reads as a changelog of
-observable behaviour, oldest first. A release with no observable change
+observable behaviour, oldest first (0.16.0, then 0.25.1 onwards). A release with no observable change
 shares its predecessor's switches (and says so). Each switch is read in one
 named place of the spec (given after it below), so every rule stays a small
 function a port can check alone.
+
+NOTE: The dataclass defaults are vLLM 0.25.1's switches, the release kvspec
+was first written against; :data:`VLLM_0_16_0` (the oldest) names every
+switch that differs from them, and :data:`VLLM_0_25_1` is built from it by
+the inverse changes, so it equals the defaults and the changelog still reads
+oldest first.
 
 Releases change more than these switches: some add state (partial-tail
 entries, fine-grained hits with copy-on-write, new managers, a second pool).
@@ -53,11 +59,23 @@ class SemanticsProfile:
     mm_resume_from_first_feature: bool = False
     """Hashing that resumes after construction looks at every multimodal
     feature, not only the last: :func:`kvspec.hashing.extend_block_hashes`."""
+    mm_key_with_offset: bool = True
+    """The multimodal extra key is ``(identifier, offset - start)`` and a
+    feature overlaps a block only if it ends after the block's start; without
+    it (before 0.25.1) the key is the bare identifier and a block starting
+    exactly at a feature's end gets that key too: :func:`kvspec.request.v025_key_forms`."""
+    prompt_embeds_digest: bool = True
+    """The prompt-embedding extra key is the SHA-256 digest of the block's
+    rows; without it (before 0.25.1) the raw bytes: :func:`kvspec.request.v025_key_forms`."""
 
     # -- block pool (kvspec.block_pool) ------------------------------------------------
     free_unhashed_first: bool = True
     """Freed blocks without a hash go to the front of the free queue (they can
     never be hit), hashed ones to the tail: :func:`kvspec.block_pool.requeue_unhashed_first`."""
+    event_annotations: bool = True
+    """Events carry ``extra_keys`` and the group index (and, added by the
+    facade, the attention kind); before 0.25.1 those fields do not exist (None):
+    :func:`kvspec.block_pool.annotated_events`."""
     free_unhashed_needs_caching: bool = False
     """Freed unhashed blocks go to the front of the free queue only with prefix
     caching on (otherwise every freed block goes to the tail):
@@ -77,6 +95,11 @@ class SemanticsProfile:
     """An align-mode allocation that needs no block still marks the request as
     allocated (which decides, for a partial hit, between copying into the
     table and moving the tail entry): :meth:`MambaManager._allocate_aligned`."""
+
+    mamba_step_guard: bool = True
+    """A Mamba hit on a state cached in the current scheduler step is not
+    usable until ``new_step_starts`` (which exists only with this switch):
+    :func:`kvspec.single_type_kv_cache_manager.mamba_step_guarded`."""
     mamba_align_estimate_capped: bool = False
     """Mamba align's admission estimate is ``min(need, 1 + spec)`` instead of
     ``1 + spec`` for a request that needs any block:
@@ -91,6 +114,10 @@ class SemanticsProfile:
     eagle_margin_hashed_cap: bool = False
     """The hybrid search's EAGLE look-ahead is capped by the request's hashed
     tokens instead of ``num_tokens - 1``: :func:`kvspec.kv_cache_coordinator.eagle_search_limit`."""
+    eagle_group_flags: bool = True
+    """Groups can be flagged as EAGLE groups (``eagle_groups``); without it
+    (before 0.25.1) EAGLE applies to every group or none:
+    :meth:`kvspec.config.KVCacheConfig.eagle_group_ids`."""
     eagle_flags_need_use_eagle: bool = False
     """Per-group EAGLE flags drop blocks only when ``use_eagle`` is set:
     :meth:`kvspec.config.KVCacheConfig.eagle_group_ids`."""
@@ -98,7 +125,27 @@ class SemanticsProfile:
     """A cached model of several groups with one attention kind is allowed
     (looked up jointly): :func:`kvspec.config.validate_groups`."""
 
+    # -- attention kinds (kvspec.config) ----------------------------------------------------
+    circular_buffer_kind: bool = False
+    """The ring kind ``CircularBuffer`` (one block per request, never cached)
+    exists: :func:`kvspec.config.validate_ring_kind`."""
+    kpool_tail_kind: bool = False
+    """The ring kind ``KpoolTail`` exists (0.30.0 and 0.31.0 only):
+    :func:`kvspec.config.validate_ring_kind`."""
+
     # -- facade (kvspec.kv_cache_manager) -------------------------------------------------
+    admission_controls: bool = True
+    """The watermark, ``max_num_batched_tokens`` and ``allocate_slots``'s
+    ``full_sequence_must_fit``, ``reserved_blocks`` and ``has_scheduled_reqs``
+    exist; before 0.25.1 the only capacity test is need > free:
+    :func:`kvspec.config.validate_admission`, :func:`kvspec.kv_cache_manager.check_admission_args`."""
+    deferred_free: bool = True
+    """``pop_blocks_for_free`` exists (before 0.25.1 a request is always freed
+    at once; ``free_blocks`` then only ever sees double frees):
+    :func:`kvspec.kv_cache_manager.require_operation`."""
+    new_block_ids_list: bool = True
+    """``take_new_block_ids`` exists (before 0.25.1 there is no zeroing list):
+    :func:`kvspec.kv_cache_manager.require_operation`."""
     stats_at_lookup: bool = True
     """``get_computed_blocks`` records prefix-cache statistics; without it the
     scheduler calls ``record_prefix_cache_stats`` at admission."""
@@ -114,6 +161,25 @@ class SemanticsProfile:
     mamba_caching_needs_align: bool = False
     """A Mamba group with prefix caching on must use ``align`` mode:
     :func:`kvspec.config.validate_kind`."""
+    lookup_returns_boundary: bool = False
+    """The scheduler's prefix hint is the lookup's ``shared_prefix_boundary``
+    (``get_computed_blocks`` returns it, the request keeps it), not the
+    coordinator's last ``num_uncached_common_prefix_tokens``:
+    :func:`kvspec.kv_cache_manager.prefix_hint`."""
+
+    # -- rules of 0.16.0's cached hybrids and degenerate windows (not modelled yet) ---------
+    hybrid_rules_v025: bool = True
+    """Cached hybrids follow 0.25.1's rules: coarse hashes are the last fine
+    hash (0.16.0: the concatenation), caching is aligned to the scheduler
+    block (plus one for EAGLE) and masked to SWA-reachable blocks, the hybrid
+    EAGLE search looks one block ahead, hits are touched before external
+    tokens take blocks. Without it (0.16.0) kvspec refuses cached hybrids:
+    :func:`unsupported_reason`."""
+    external_cap_any_skip: bool = True
+    """The external-token cap applies whenever tokens are skipped (0.16.0:
+    only when a whole block is), which differs only for a sliding window of 1
+    or a chunk below the block size; without it kvspec refuses those windows:
+    :func:`unsupported_reason`."""
 
     # -- features that add state (their own modules; unsupported_reason) ------------------
     partial_tail_entries: bool = False
@@ -150,8 +216,53 @@ class SemanticsProfile:
     :func:`kvspec.mamba_tail.cache_mamba_tail_block`."""
 
 
-VLLM_0_25_1 = SemanticsProfile("vllm-0.25.1", "0.25.1")
-"""The baseline: vLLM 0.25.1 (the defects of ``docs/divergences.md`` aside)."""
+VLLM_0_16_0 = SemanticsProfile(
+    "vllm-0.16.0",
+    "0.16.0",
+    mm_key_with_offset=False,
+    prompt_embeds_digest=False,
+    free_unhashed_first=False,
+    event_annotations=False,
+    mamba_skip_spec_slack=False,
+    mamba_step_guard=False,
+    eagle_group_flags=False,
+    admission_controls=False,
+    deferred_free=False,
+    new_block_ids_list=False,
+    hybrid_rules_v025=False,
+    external_cap_any_skip=False,
+)
+"""vLLM 0.16.0, the oldest modelled release: freed blocks all go to the
+free-queue tail; multimodal keys are bare identifiers (closed at a feature's
+end) and prompt-embedding keys raw bytes; events have no extra keys, group
+index or kind; EAGLE is global; Mamba keeps no speculative slack when
+freeing skipped blocks, and a state cached this step is usable at once; no
+watermark, admission arguments, deferred free or zeroing list. Cached
+hybrids and degenerate windows are refused (not modelled yet)."""
+
+VLLM_0_25_1 = replace(
+    VLLM_0_16_0,
+    name="vllm-0.25.1",
+    release="0.25.1",
+    mm_key_with_offset=True,
+    prompt_embeds_digest=True,
+    free_unhashed_first=True,
+    event_annotations=True,
+    mamba_skip_spec_slack=True,
+    mamba_step_guard=True,
+    eagle_group_flags=True,
+    admission_controls=True,
+    deferred_free=True,
+    new_block_ids_list=True,
+    hybrid_rules_v025=True,
+    external_cap_any_skip=True,
+)
+"""vLLM 0.25.1 (the dataclass defaults): freed unhashed blocks go to the
+front; offset multimodal keys and digested embeddings; annotated events;
+per-group EAGLE flags; Mamba's speculative slack when freeing skipped blocks
+and its this-step guard with ``new_step_starts``; the
+admission controls, ``pop_blocks_for_free`` and ``take_new_block_ids``;
+the hybrid caching and lookup rules kvspec was written against."""
 
 VLLM_0_26_0 = replace(
     VLLM_0_25_1,
@@ -162,12 +273,14 @@ VLLM_0_26_0 = replace(
     mamba_eagle_counts_verified=True,
     partial_tail_entries=True,
     partial_hash_hits=True,
+    lookup_returns_boundary=True,
 )
 """0.26.0: fresh-block ids are recorded only for models with a Mamba group;
 Mamba keeps no speculative slack when freeing skipped blocks and gets no EAGLE
 look-ahead; coarse full-attention groups get partial-tail entries; Mamba
 align groups coarser than the hash block get fine-grained hits with
-copy-on-write."""
+copy-on-write; the lookup returns the shared-prefix boundary as the
+scheduler's prefix hint."""
 
 VLLM_0_27_0 = replace(
     VLLM_0_26_0, name="vllm-0.27.0", release="0.27.0", stats_at_lookup=False, free_unhashed_needs_caching=True
@@ -194,18 +307,29 @@ when a group cannot do them; an align-mode allocation that needs no block
 marks the request as allocated."""
 
 VLLM_0_29_0 = replace(
-    VLLM_0_28_0, name="vllm-0.29.0", release="0.29.0", single_spec_group_hybrid=True, cache_mask_hit_alignment=True
+    VLLM_0_28_0,
+    name="vllm-0.29.0",
+    release="0.29.0",
+    single_spec_group_hybrid=True,
+    cache_mask_hit_alignment=True,
+    circular_buffer_kind=True,
 )
 """0.29.0: every full-attention group is trimmed to the hit (kvspec always
 did; the ``second-full-group`` divergence ends); cached models whose groups
 share one kind are allowed; the sliding-window caching mask follows the hit
-alignment."""
+alignment; the ring kind ``CircularBuffer``."""
 
 VLLM_0_30_0 = replace(
-    VLLM_0_29_0, name="vllm-0.30.0", release="0.30.0", sink_blocks_reserved=False, mamba_tail_eagle="group"
+    VLLM_0_29_0,
+    name="vllm-0.30.0",
+    release="0.30.0",
+    sink_blocks_reserved=False,
+    mamba_tail_eagle="group",
+    kpool_tail_kind=True,
 )
 """0.30.0: SinkFull groups reserve no sink blocks (plain full attention); an
-EAGLE Mamba group's tail boundary is one hash unit lower."""
+EAGLE Mamba group's tail boundary is one hash unit lower; the ring kind
+``KpoolTail``."""
 
 VLLM_0_31_0 = replace(
     VLLM_0_30_0,
@@ -230,11 +354,12 @@ VLLM_0_32_0 = replace(
     eagle_margin_hashed_cap=True,
     fa_tail_below_last_token=True,
     mamba_tail_entries=True,
+    kpool_tail_kind=False,
 )
 """0.32.0: ``get_num_common_prefix_blocks`` always answers zeros; the hybrid
 EAGLE look-ahead is capped by hashed tokens; the full-attention partial tail
 moves to the last hash boundary below the prompt's last token; Mamba align
-tail entries."""
+tail entries; ``KpoolTailSpec`` is gone."""
 
 VLLM_0_33_0 = replace(
     VLLM_0_32_0,
@@ -252,6 +377,7 @@ skips a block already keyed at the boundary."""
 PROFILES: dict[str, SemanticsProfile] = {
     p.name: p
     for p in (
+        VLLM_0_16_0,
         VLLM_0_25_1,
         VLLM_0_26_0,
         VLLM_0_27_0,
@@ -290,18 +416,21 @@ def features_used(config: KVCacheConfig) -> frozenset[str]:
     * ``"partial-hash-hits"`` (0.26.0 on): a cached hybrid with a Mamba
       align group coarser than the hash block (fine-grained hits with
       copy-on-write);
-    * ``"mamba-tail-entries"`` (0.32.0 on): a cached Mamba align group.
+    * ``"mamba-tail-entries"`` (0.32.0 on): a cached Mamba align group;
+    * ``"ring-kinds"`` (0.29.0 on): a ring group (``CircularBuffer``,
+      ``KpoolTail``), cached or not.
 
     An implementation that models only some of them refuses the others
     (kvref's impl adapter compares this set with what kvimpl models).
     """
-    from kvspec.config import FULL_TYPE_KINDS, Mamba  # noqa: PLC0415 - config imports this module
+    from kvspec.config import FULL_TYPE_KINDS, RING_KINDS, Mamba  # noqa: PLC0415 - config imports this module
 
     p = config.profile
+    ring = {"ring-kinds"} if any(isinstance(k, RING_KINDS) for k in config.groups) else set()
     if not config.enable_caching:
-        return frozenset()
+        return frozenset(ring)
     hbs = config.resolved_hash_block_size()
-    used: set[str] = set()
+    used: set[str] = set(ring)
     for kind in config.groups:
         align = isinstance(kind, Mamba) and kind.mode == "align"
         if p.mamba_tail_entries and align:
@@ -315,7 +444,7 @@ def features_used(config: KVCacheConfig) -> frozenset[str]:
     return frozenset(used)
 
 
-MODELLED_FEATURES = frozenset({"partial-tail-entries", "mamba-tail-entries"})
+MODELLED_FEATURES = frozenset({"partial-tail-entries", "mamba-tail-entries", "ring-kinds"})
 """The features of :func:`features_used` that kvspec models under every
 profile; fine-grained hits (``"partial-hash-hits"``) only under those of
 :data:`PARTIAL_HASH_HITS_CHECKED`."""
@@ -332,6 +461,7 @@ FEATURE_SWITCHES: dict[str, frozenset[str]] = {
         }
     ),
     "mamba-tail-entries": frozenset({"mamba_tail_entries", "mamba_tail_skip_keyed", "mamba_tail_eagle"}),
+    "ring-kinds": frozenset({"circular_buffer_kind", "kpool_tail_kind"}),
 }
 """The profile switches each feature of :func:`features_used` reads. They
 change nothing for a configuration that does not use the feature, so an
@@ -355,9 +485,14 @@ def unsupported_reason(config: KVCacheConfig) -> str | None:
     hits together with a group that cannot do them (a sliding-window or
     chunked-local group coarser than the hash block) fail an assertion at
     the first lookup.
+    Some rules of vLLM 0.16.0 are not modelled either
+    (:func:`unmodelled_v016_rules`).
     """
     from kvspec.partial_hits import blocks_fine_hits  # noqa: PLC0415 - partial_hits imports config
 
+    old_rules = unmodelled_v016_rules(config)
+    if old_rules is not None:
+        return f"{config.profile.name}: {old_rules}"
     p = config.profile
     used = features_used(config)
     missing = sorted(used - MODELLED_FEATURES - {"partial-hash-hits"})
@@ -377,4 +512,27 @@ def unsupported_reason(config: KVCacheConfig) -> str | None:
             f"{p.name}: a Mamba align group coarser than the hash block needs fine-grained hits with "
             "copy-on-write, which are not modelled for this release"
         )
+    return None
+
+
+def unmodelled_v016_rules(config: KVCacheConfig) -> str | None:
+    """Which 0.16.0 rule kvspec would need for ``config`` and lacks, or None.
+
+    * Without ``hybrid_rules_v025``: a hybrid with prefix caching (0.16.0's
+      concatenated coarse hashes, unaligned and unmasked caching, the hybrid
+      EAGLE search without look-ahead and the per-group touch order);
+    * without ``external_cap_any_skip``: a sliding window of 1 token or a
+      chunk shorter than the block (where 0.16.0's external-token cap differs).
+    """
+    from kvspec.config import ChunkedLocal, SlidingWindow  # noqa: PLC0415 - config imports this module
+
+    p = config.profile
+    if not p.hybrid_rules_v025 and config.enable_caching and len(config.groups) > 1:
+        return "its rules for hybrids with prefix caching are not modelled"
+    if not p.external_cap_any_skip:
+        for kind in config.groups:
+            if (isinstance(kind, SlidingWindow) and kind.window == 1) or (
+                isinstance(kind, ChunkedLocal) and kind.chunk < kind.block_size
+            ):
+                return "its external-token cap for a window of 1 or a chunk below the block size is not modelled"
     return None

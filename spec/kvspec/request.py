@@ -158,8 +158,16 @@ class RequestBlockHasher:
         p = self.profile
         return extend_block_hashes(
             fn, none_hash(fn, self.seed), self.hash_block_size, existing, tokens, extra,
-            p.extra_keys_tagged, p.mm_resume_from_first_feature,
+            p.extra_keys_tagged, p.mm_resume_from_first_feature, v025_key_forms(p),
         )  # fmt: skip
+
+
+def v025_key_forms(profile: SemanticsProfile) -> bool:
+    """Whether extra hash keys have vLLM 0.25.1's forms (offset multimodal
+    keys, digested prompt embeddings); before 0.25.1 neither (profile
+    switches ``mm_key_with_offset``, ``prompt_embeds_digest``, which change
+    together)."""
+    return profile.mm_key_with_offset and profile.prompt_embeds_digest
 
 
 def valid_token_ids(request_id: str, token_ids: Sequence[int]) -> tuple[int, ...]:

@@ -18,8 +18,10 @@ from kvspec.block_pool import NULL_BLOCK, BlockId, BlockPool
 from kvspec.config import (
     FULL_TYPE_KINDS,
     MLA,
+    RING_KINDS,
     AttentionKind,
     ChunkedLocal,
+    CircularBuffer,
     CrossAttention,
     FullAttention,
     Mamba,
@@ -267,6 +269,54 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
         """Connector tokens never need encoder blocks."""
 
 
+class CircularBufferManager(SingleTypeKVCacheManager):
+    """A ring group: one block per request, claimed on the first allocation
+    and held until freed; no hits, no hashing, nothing skipped
+    (upstream: ``CircularBufferManager``, and ``KpoolTailManager``, which adds
+    nothing). The table is never tracked in ``num_cached_block``."""
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[BlockId],
+        total_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+        num_external: int = 0,
+        num_local: int = 0,
+    ) -> int:
+        """1 until the ring is claimed, then 0; token counts and caps are ignored."""
+        return 0 if self.req_to_blocks.get(request_id) else 1
+
+    def add_local_computed_blocks(
+        self, request_id: str, new_computed_blocks: Sequence[BlockId], num_local: int, num_external: int
+    ) -> None:
+        """A ring group never has hits; nothing is recorded."""
+
+    def allocate_external_computed_blocks(self, request_id: str, num_local: int, num_external: int) -> None:
+        """Claim the ring (the caller returns no external-phase block)."""
+        self._claim_ring(request_id)
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[BlockId]:
+        """The ring on the call that claims it, else nothing."""
+        return self._claim_ring(request_id)
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Ring blocks are never hashed."""
+
+    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+        """The ring is never skipped."""
+
+    def get_num_common_prefix_blocks(self, request_id: str) -> int:
+        """Always 0."""
+        return 0
+
+    def _claim_ring(self, request_id: str) -> list[BlockId]:
+        table = self.req_to_blocks.setdefault(request_id, [])
+        return [] if table else self._extend(table, 1)
+
+
 class MambaManager(SingleTypeKVCacheManager):
     """Recurrent state blocks; only the state after the last token matters.
 
@@ -315,7 +365,7 @@ class MambaManager(SingleTypeKVCacheManager):
         of vLLM's estimate and the exact count (docs/divergences.md,
         "mamba-align-external-estimate").
         """
-        if new_computed_blocks and self.pool.block_hash[new_computed_blocks[-1]] in self.cached_blocks_this_step:
+        if mamba_step_guarded(self, new_computed_blocks):
             return self.pool.num_gpu_blocks + 1
         spec = self.mamba.num_speculative_blocks
         if self.mamba.mode != "align":
@@ -456,12 +506,25 @@ def records_new_block_ids(kind: AttentionKind, profile: SemanticsProfile, has_ma
     0.26.0: the same, but only in models with a Mamba group (the ids are for
     zeroing recycled Mamba state pages). 0.28.0: every attention kind (not
     Mamba) of a model with a Mamba group (profile switch ``new_block_ids``).
+    A ``CircularBuffer`` ring never reports (vLLM excludes its spec class; a
+    ``KpoolTail`` ring is a sliding-window spec there, so it follows the rule).
     """
+    if isinstance(kind, CircularBuffer):
+        return False
     if profile.new_block_ids == "full-mla":
         return type(kind) in (FullAttention, MLA)
     if profile.new_block_ids == "full-mla-with-mamba":
         return has_mamba and type(kind) in (FullAttention, MLA)
     return has_mamba and not isinstance(kind, Mamba)
+
+
+def mamba_step_guarded(manager: MambaManager, hits: Sequence[BlockId]) -> bool:
+    """Whether a Mamba hit ends on a state cached in this very scheduler step,
+    which is not usable before ``new_step_starts``: from vLLM 0.25.1 on (profile
+    switch ``mamba_step_guard``; before it the hit is admitted at once)."""
+    if not manager.profile.mamba_step_guard or not hits:
+        return False
+    return manager.pool.block_hash[hits[-1]] in manager.cached_blocks_this_step
 
 
 def num_sink_blocks(kind: SinkFullAttention, profile: SemanticsProfile) -> int:
@@ -669,6 +732,8 @@ def find_longest_cache_hit(
         first, length = mamba_hit(present, bs, alignment)
     elif isinstance(kind, CrossAttention):
         raise NotImplementedError("cross attention does not support prefix caching")
+    elif isinstance(kind, RING_KINDS):
+        return [[] for _ in group_ids]
     else:
         first, length = 0, full_attention_hit(present, drop_eagle, bs, alignment)
     return [[NULL_BLOCK if i < first else found[i][g] for i in range(length)] for g in range(len(group_ids))]
@@ -727,6 +792,8 @@ def make_manager(
         return MambaManager(kind, pool, enable_caching, group_id, sched, profile)
     if isinstance(kind, CrossAttention):
         return CrossAttentionManager(kind, pool, enable_caching, group_id, sched, None, profile, has_mamba)
+    if isinstance(kind, RING_KINDS):
+        return CircularBufferManager(kind, pool, enable_caching, group_id, sched, None, profile, has_mamba)
     return SingleTypeKVCacheManager(kind, pool, enable_caching, group_id, sched, cap, profile, has_mamba)
 
 

@@ -2,8 +2,9 @@
 
 The native manager must agree with kvspec and with the pure-Python manager
 wherever it runs, and must refuse (so that kvimpl falls back to Python) every
-configuration it does not implement: KV-cache events, cross attention, more
-than 64 groups, a profile switch it does not follow, a missing build.
+configuration it does not implement: cross attention, more than 64 groups, a
+profile switch it does not follow, a missing build. KV-cache events are the
+core's own: the same events as the Python manager's, in the same order.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from kvref.adapters.impl import ImplAdapter, NativeImplAdapter
 from kvref.cli import main
 from kvspec.config import CrossAttention, FullAttention, KVCacheConfig, Mamba, SlidingWindow
 from kvspec.errors import UnsupportedByProfileError
+from kvspec.hashing import ExtraKeySource, LoRA
 from kvspec.kv_cache_manager import KVCacheManager as SpecManager
-from kvspec.profiles import NEWEST, PROFILES, VLLM_0_25_1
+from kvspec.profiles import NEWEST, PROFILES, VLLM_0_25_1, SemanticsProfile
 from kvspec.request import RequestBlockHasher, RequestStatus
 
 BUILT = native.native_module() is not None
@@ -53,7 +55,6 @@ def test_selection_follows_kvref_native(monkeypatch: pytest.MonkeyPatch) -> None
 @pytest.mark.parametrize(
     ("config", "why"),
     [
-        (dataclasses.replace(CONFIG, enable_kv_cache_events=True), "KV-cache events"),
         (
             KVCacheConfig(
                 num_blocks=64, groups=(FullAttention(4), CrossAttention(4)), max_model_len=128, enable_caching=False
@@ -82,6 +83,7 @@ def test_a_switch_the_core_does_not_follow_falls_back(monkeypatch: pytest.Monkey
     profile, switch = next(
         (p, f.name)
         for p in PROFILES.values()
+        if all(g.name in native.NATIVE_SWITCHES for g in _set_switches(p))
         for f in dataclasses.fields(p)
         if f.name in native.NATIVE_SWITCHES and getattr(p, f.name) != f.default
     )
@@ -93,6 +95,14 @@ def test_a_switch_the_core_does_not_follow_falls_back(monkeypatch: pytest.Monkey
     assert switch in reason
     assert type(create_manager(config)) is PythonManager
     assert type(built("impl", config)) is ImplAdapter
+
+
+def _set_switches(p: SemanticsProfile) -> list[dataclasses.Field[object]]:
+    """The switches profile ``p`` sets away from their defaults (0.16.0's are not all native)."""
+    return [
+        f for f in dataclasses.fields(p)
+        if f.name not in ("name", "release") and getattr(p, f.name) != f.default
+    ]
 
 
 def test_a_missing_build_falls_back_with_one_notice(
@@ -182,6 +192,80 @@ def test_native_and_python_agree_on_mutable_requests(groups: tuple[Any, ...]) ->
     py = _drive(PythonManager(config), RequestHasher.for_config(config, native=False), 60, 3)
     nat = _drive(NativeKVCacheManager(config), RequestHasher.for_config(config, native=True), 60, 3)
     assert py == nat
+
+
+def _drive_events(manager: Any, hasher: Any, steps: int, seed: int) -> list[Any]:
+    """A seeded run on a small pool (evictions), with LoRA requests, explicit
+    evictions and prefix-cache resets; the events of every step in order."""
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(50) for _ in range(12)] for _ in range(3)]
+    loras = [ExtraKeySource(), ExtraKeySource(lora=LoRA("a", 1, "/a"))]
+    reqs: dict[str, Any] = {}
+    out: list[Any] = []
+    for step in range(steps):
+        manager.new_step_starts()
+        for rid, r in list(reqs.items()):
+            got = manager.allocate_slots(r, 1)
+            if got is None or rng.random() < 0.15:
+                manager.free(rid)
+                del reqs[rid]
+                continue
+            r.num_computed_tokens += 1
+            r.append_output_token_ids(rng.randrange(50))
+        prompt = rng.choice(prefixes) + [rng.randrange(50) for _ in range(rng.randint(0, 9))]
+        r = hasher.new_request(f"r{step}", prompt, rng.choice(loras))
+        hits, n = manager.get_computed_blocks(r)
+        got = manager.allocate_slots(r, r.num_tokens - n, n, hits if any(hits) else None)
+        if got is not None:
+            r.num_computed_tokens = r.num_tokens
+            r.status = RequestStatus.RUNNING
+            r.append_output_token_ids(rng.randrange(50))
+            reqs[f"r{step}"] = r
+        if rng.random() < 0.1:
+            manager.evict_blocks(rng.sample(range(1, 40), 5))
+        if rng.random() < 0.05:
+            for rid in list(reqs):
+                manager.free(rid)
+            reqs.clear()
+            out.append(manager.reset_prefix_cache())
+        manager.check_invariants()
+        out.append(manager.take_events())
+    out.append(manager.to_view())
+    return out
+
+
+@needs_build
+@pytest.mark.parametrize("request_build", [True, False], ids=["c-requests", "python-requests"])
+@pytest.mark.parametrize(
+    ("groups", "profile"),
+    [
+        ((FullAttention(4),), NEWEST),
+        ((FullAttention(4), SlidingWindow(4, 8)), NEWEST),
+        ((FullAttention(4), SlidingWindow(4, 8)), VLLM_0_25_1),
+        ((FullAttention(4), Mamba(4, mode="all")), VLLM_0_25_1),
+    ],
+)
+def test_native_events_are_the_python_managers(groups: tuple[Any, ...], profile: Any, request_build: bool) -> None:
+    """With events on, the native core runs (no fallback) and emits the Python
+    manager's events: same order, hashes, parents, tokens, extra keys, kinds."""
+    config = KVCacheConfig(
+        num_blocks=40, groups=groups, max_model_len=128, enable_kv_cache_events=True, profile=profile
+    )
+    assert native_unsupported(config) is None
+    py = _drive_events(PythonManager(config), RequestHasher.for_config(config, native=False), 80, 7)
+    nat = _drive_events(NativeKVCacheManager(config), RequestHasher.for_config(config, native=request_build), 80, 7)
+    assert sum(len(x) for x in py if isinstance(x, list)) > 50
+    assert py == nat
+
+
+@needs_build
+def test_native_events_off_records_nothing() -> None:
+    """Without enable_kv_cache_events the core keeps no records."""
+    m = NativeKVCacheManager(CONFIG)
+    r = m.new_request("a", list(range(20)))
+    assert m.allocate_slots(r, 20) is not None
+    assert m._pending_raw_events() == []
+    assert m.take_events() == []
 
 
 @needs_build

@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from kvimpl import PROFILE_SWITCHES
+from kvimpl.config_rules import unmodelled_features
 from kvimpl.kv_cache_manager import KVCacheManager as ImplManager
-from kvimpl.native import create_manager
+from kvimpl.native import create_manager, native_unsupported
 from kvref.adapters.impl import (
     IMPL_FEATURES,
     IMPL_PROFILES,
@@ -31,6 +32,7 @@ from kvref.adapters.impl import (
 )
 from kvspec.config import (
     AttentionKind,
+    CircularBuffer,
     CrossAttention,
     FullAttention,
     KVCacheConfig,
@@ -92,7 +94,8 @@ def outcome(make: Callable[[KVCacheConfig], Any], case: Case, profile: Semantics
     except KVCacheError as exc:
         got = ("error", type(exc).__name__)
     mgr.check_invariants()
-    return got, mgr.to_view(), mgr.take_events(), mgr.take_new_block_ids()
+    new_ids = mgr.take_new_block_ids() if profile.new_block_ids_list else "no take_new_block_ids"
+    return got, mgr.to_view(), mgr.take_events(), new_ids
 
 
 def admit(mgr: Any, req: Request) -> Request:
@@ -228,6 +231,49 @@ def hybrid_hit(mgr: Any, h: RequestBlockHasher) -> object:
     return mgr.get_computed_blocks(h.new_request("b", [1] * 17))
 
 
+def events(mgr: Any, h: RequestBlockHasher) -> object:
+    """A salted request's stored events: with or without extra keys and group."""
+    admit(mgr, h.new_request("a", [1] * 9, ExtraKeySource(cache_salt="s")))
+    return mgr.take_events()
+
+
+def step_guard(mgr: Any, h: RequestBlockHasher) -> object:
+    """A Mamba hit on a state cached in this very step: admitted or not."""
+    admit(mgr, h.new_request("a", list(range(9))))
+    b = h.new_request("b", [*range(8), 99, 98])
+    hits, n = mgr.get_computed_blocks(b)
+    return mgr.allocate_slots(b, 2, n, hits)
+
+
+def operation(name: str) -> Scenario:
+    """A scenario calling facade operation ``name`` after one admission."""
+
+    def call(mgr: Any, h: RequestBlockHasher) -> object:
+        admit(mgr, h.new_request("a", [1] * 9))
+        if name == "allocate_slots":
+            return mgr.allocate_slots(h.new_request("b", [2] * 3), 3, has_scheduled_reqs=False)
+        return getattr(mgr, name)(*(("a",) if name == "pop_blocks_for_free" else ()))
+
+    call.__name__ = name
+    return call
+
+
+def mm_key(mgr: Any, h: RequestBlockHasher) -> object:
+    """A feature ending exactly where the second block starts; prompt embeddings."""
+    mm = ExtraKeySource(mm_features=(MultiModalFeature("A", 0, 4),), prompt_embeds=tuple(b"ab" for _ in range(9)))
+    return admit(mgr, h.new_request("a", [1] * 9, mm)).block_hashes
+
+
+def prefix_hint(mgr: Any, h: RequestBlockHasher) -> object:
+    """``a`` runs 8 then 9 tokens (Mamba states at 8 and 16); ``b`` shares 12:
+    the hint is the uncached common prefix (4) or the boundary (12)."""
+    a = h.new_request("a", list(range(17)))
+    mgr.allocate_slots(a, 8)
+    mgr.allocate_slots(replace(a, num_computed_tokens=8), 9)
+    b = h.new_request("b", [*range(12), 99, 98, 97, 96, 95])
+    return mgr.get_computed_blocks(b), mgr.get_prefix_hint(b)
+
+
 EAGLE_HYBRID = {"groups": (FullAttention(4), SlidingWindow(4, 8)), "use_eagle": True}
 MAMBA_HYBRID = {"groups": (FullAttention(4), SlidingWindow(4, 8), Mamba(4, "all", 0)), "enable_caching": False}
 CASES = [
@@ -266,6 +312,10 @@ CASES = [
     ),
     Case("stats_at_lookup", VLLM_0_27_0, True, stats, {"groups": (FullAttention(4),), "log_stats": True}),
     Case("adopt_hit_without_new_tokens", VLLM_0_31_0, False, adopt_hit, {"groups": (FullAttention(4),)}),
+    Case(
+        "lookup_returns_boundary", VLLM_0_26_0, False, prefix_hint,
+        {"groups": (FullAttention(4), Mamba(4, "align", 0))},
+    ),
     Case("common_prefix", VLLM_0_32_0, "tables", common_prefix, {"groups": (FullAttention(4),)}),
     Case(
         "extra_keys_tagged", VLLM_0_31_0, False, lora_path,
@@ -281,11 +331,25 @@ CASES = [
         "partial_hash_hits", VLLM_0_26_0, False, hybrid_hit,
         {"groups": (FullAttention(4), Mamba(8, "align", 0))},
     ),
+    Case(
+        "event_annotations", VLLM_0_25_1, False, events,
+        {"groups": (FullAttention(4),), "enable_kv_cache_events": True},
+    ),
+    Case("mamba_step_guard", VLLM_0_25_1, False, step_guard, {"groups": (Mamba(4, "all", 0),)}),
+    Case("eagle_group_flags", VLLM_0_25_1, False, eagle_flags, {"groups": (FullAttention(4),), "eagle_groups": (0,)}),
+    Case("admission_controls", VLLM_0_25_1, False, operation("allocate_slots"), {"groups": (FullAttention(4),)}),
+    Case("deferred_free", VLLM_0_25_1, False, operation("pop_blocks_for_free"), {"groups": (FullAttention(4),)}),
+    Case("new_block_ids_list", VLLM_0_25_1, False, operation("take_new_block_ids"), {"groups": (FullAttention(4),)}),
+    Case("mm_key_with_offset", VLLM_0_25_1, False, mm_key, {"groups": (FullAttention(4),)}),
+    Case("prompt_embeds_digest", VLLM_0_25_1, False, mm_key, {"groups": (FullAttention(4),)}),
+    Case("hybrid_rules_v025", VLLM_0_25_1, False, hybrid_hit, {"groups": (FullAttention(4), SlidingWindow(4, 8))}),
+    Case("external_cap_any_skip", VLLM_0_25_1, False, hybrid_hit, {"groups": (SlidingWindow(4, 1),)}),
 ]  # fmt: skip
 
 FEATURE_CASES: dict[str, tuple[SemanticsProfile, dict[str, Any]]] = {
     "partial-tail-entries": (VLLM_0_26_0, {"groups": (FullAttention(8), SlidingWindow(4, 8))}),
     "mamba-tail-entries": (VLLM_0_32_0, {"groups": (FullAttention(4), Mamba(4, "align", 0))}),
+    "ring-kinds": (VLLM_0_29_0, {"groups": (FullAttention(4), CircularBuffer(2))}),
 }
 """A configuration per state-adding feature kvspec models and kvimpl does not yet."""
 
@@ -366,3 +430,15 @@ def test_kvimpl_refuses_a_feature_it_does_not_model(groups: tuple[AttentionKind,
     for native in (True, False):
         with pytest.raises(UnsupportedByProfileError, match=feature):
             create_manager(config, native=native)
+
+
+def test_kvimpl_refuses_ring_kinds_in_both_builds() -> None:
+    """A ring group (cached or not) is refused by name by the Python manager
+    and by the native core's check, so the lockstep counts it unsupported."""
+    for caching in (True, False):
+        config = KVCacheConfig(num_blocks=16, groups=(FullAttention(4), CircularBuffer(2)), max_model_len=64,
+                               enable_caching=caching, profile=VLLM_0_30_0)  # fmt: skip
+        with pytest.raises(UnsupportedByProfileError, match="ring-kinds"):
+            ImplManager(config)
+        assert unmodelled_features(config) == ["ring-kinds"]
+        assert native_unsupported(config) is not None

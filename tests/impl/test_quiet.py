@@ -104,7 +104,9 @@ def _admit(both: Both, rid: str, prompt: list[int]) -> Request | None:
     return both.hasher.with_output_tokens(running, [3])
 
 
-@pytest.mark.parametrize("profile", list(PROFILES))
+@pytest.mark.parametrize(
+    "profile", [n for n, p in PROFILES.items() if p.deferred_free and p.new_block_ids_list]
+)  # 0.16.0 lacks pop_blocks_for_free and take_new_block_ids, which these steps call
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     shape=st.sampled_from(sorted(SHAPES)),

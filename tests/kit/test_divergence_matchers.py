@@ -69,3 +69,16 @@ def test_a_fixed_divergence_is_not_explained_on_later_releases() -> None:
     vllm_out = {"blocks": [[1, 2, 3], [0, 0, 0, 9]], "num_tokens": 16}
     later = replace(cfg, profile=VLLM_0_26_0)
     assert explain(later, op, vllm_out, spec_out, False) is None
+
+
+def test_the_vllm_sides_release_picks_the_entries_not_the_profile_kvspec_runs() -> None:
+    # kvref drift runs kvspec under 0.25.1 against a later vLLM: a defect that release
+    # fixed must not explain a difference there, and the vLLM release decides.
+    cfg, op, spec_out = _trace_step("eagle-mamba-hit")
+    vllm_out = {"blocks": [[1, 2, 3], [0, 0, 0, 9]], "num_tokens": 16}
+    assert cfg.profile.release == "0.25.1"
+    assert explain(cfg, op, vllm_out, spec_out, False, release="0.33.0") is None
+    assert explain(cfg, op, vllm_out, spec_out, False, release="0.25.1") == "eagle-mamba-hit"
+    assert explain(replace(cfg, profile=VLLM_0_26_0), op, vllm_out, spec_out, False, release="0.25.1") == (
+        "eagle-mamba-hit"
+    )

@@ -31,6 +31,7 @@ from kvref.settings import load_profile
 from kvref.shapes import shape_named
 from kvref.stateful import MachineSetup
 from kvref.traces import load, replay
+from kvspec.block_pool import BlockId
 from kvspec.config import FullAttention, KVCacheConfig
 from kvspec.kv_cache_manager import KVCacheManager
 from kvspec.profiles import VLLM_0_25_1
@@ -76,6 +77,57 @@ def test_keep_going_lists_each_class_once_with_its_shortest_trace(tmp_path: Path
     for c in classes:
         assert c.trace is not None and c.trace.exists() and c.trace_ops > 0 and c.steps_to_find > 0
         assert load(c.trace).meta["features"]
+
+
+def test_keep_going_counts_a_known_construction_crash_instead_of_listing_it_again(tmp_path: Path) -> None:
+    def crashes_with_blocks_above_20(config: KVCacheConfig) -> Any:
+        if config.num_blocks > 20:
+            raise RuntimeError("cannot build this one")
+        return load_factory("spec")(config)
+
+    setup = _setup(crashes_with_blocks_above_20, tmp_path)
+    classes = run_keep_going(setup, seed=0, goal=1500, out_dir=tmp_path / "classes")
+    assert [c.key for c in classes] == ["construct/crash"]
+    assert setup.stats.refused_configs["known class"] > 0
+    assert classes[0].occurrences == 1 + setup.stats.refused_configs["known class"]
+    assert setup.stats.steps >= 1500  # the other configurations were still checked
+
+
+class _HaltingPopThenWrongIds(_ReversedPop):
+    """Declares its reversed pop as a *halting* difference; every later
+    ``take_new_block_ids`` answer is wrong."""
+
+    semantics = DeclaredSemantics(
+        "vllm-0.33.0", upstream=False,
+        known=(Divergence("reversed-pop", "pop returns reversed", "pop_blocks_for_free", "", "", True,
+                          matcher=lambda cfg, op, own, other, pending: own == other[::-1]),),
+    )  # fmt: skip
+
+    def take_new_block_ids(self) -> list[BlockId]:
+        return [BlockId(999)]
+
+
+def test_a_halting_known_divergence_ends_the_comparison_within_the_rule(tmp_path: Path) -> None:
+    # The scheduler model reads the prefix hint right after a lookup: when that lookup
+    # meets a halting known divergence, the calls that follow compare nothing.
+    cfg = KVCacheConfig(num_blocks=16, groups=(FullAttention(4),), max_model_len=64)
+    halting: Any = _HaltingPopThenWrongIds  # a manager class stands in for its adapter factory
+    lock = Lockstep(cfg, [load_factory("spec"), halting], RunStats(), tmp_path)
+    lock.request_op({"op": "add_request", "rid": "a", "prompt": list(range(9))})
+    allocate = {"op": "allocate_slots", "rid": "a", "num_new_tokens": 9, "num_new_computed_tokens": 0,
+                "num_lookahead_tokens": 0, "num_external_computed_tokens": 0, "num_encoder_tokens": 0,
+                "delay_cache_blocks": False, "full_sequence_must_fit": False, "has_scheduled_reqs": False,
+                "reserved_blocks": 0}  # fmt: skip
+    lock.call(allocate)
+    with pytest.raises(LockstepFailure, match=r"returned \[999\]"):
+        Lockstep(cfg, [load_factory("spec"), halting], RunStats(), tmp_path).call(
+            {"op": "take_new_block_ids"}
+        )  # the planted difference is caught while the run compares
+    assert lock.call({"op": "pop_blocks_for_free", "rid": "a"}) == [1, 2, 3]  # the reference's answer
+    assert lock.halted and lock.stats.known["reversed-pop"] == 1
+    steps = lock.stats.steps
+    assert lock.call({"op": "take_new_block_ids"}) == []  # neutral output, not compared
+    assert lock.stats.steps == steps
 
 
 def test_a_declared_matcher_explains_the_difference(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from kvref.shapes import SHAPES, Shape, build_kinds
 from kvref.vllm_config import config_from_vllm, kind_from_vllm_spec, status_from_vllm
-from kvspec.config import ChunkedLocal, FullAttention, KVCacheConfig, Mamba, SlidingWindow
+from kvspec.config import ChunkedLocal, CircularBuffer, FullAttention, KpoolTail, KVCacheConfig, Mamba, SlidingWindow
 from kvspec.errors import ConfigError
 from kvspec.profiles import PROFILES, VLLM_0_25_1, VLLM_0_33_0
 from kvspec.request import RequestStatus
@@ -59,6 +59,18 @@ class MambaSpec:
     shapes: tuple[tuple[int, ...], ...] = ((2, 4),)
     mamba_cache_mode: str = "none"
     num_speculative_blocks: int = 0
+
+
+@dataclass
+class CircularBufferSpec:
+    block_size: int
+    num_kv_heads: int = 1
+    head_size: int = 8
+
+
+@dataclass
+class KpoolTailSpec(SlidingWindowSpec):
+    pass
 
 
 @dataclass
@@ -147,7 +159,9 @@ def test_config_fields_and_missing_keywords_are_refused() -> None:
         config_from_vllm(kvc, release="0.29.0", **MANAGER)
     with pytest.raises(ConfigError, match="hash_block_size"):
         config_from_vllm(standin(FullAttentionSpec(16)), release="0.29.0", max_model_len=64)
-    with pytest.raises(ConfigError, match=r"no semantics profile for vLLM 0\.16\.0"):
+    with pytest.raises(ConfigError, match=r"no semantics profile for vLLM 0\.24\.0"):
+        config_from_vllm(standin(FullAttentionSpec(16)), release="0.24.0", **MANAGER)
+    with pytest.raises(ConfigError, match=r"0\.16\.0's KVCacheManager takes no keyword 'scheduler_block_size'"):
         config_from_vllm(standin(FullAttentionSpec(16)), release="0.16.0", **MANAGER)
     with pytest.raises(ConfigError, match="not a release the adapter drives"):
         config_from_vllm(standin(FullAttentionSpec(16)), release="0.9.0", **MANAGER)
@@ -158,6 +172,18 @@ def test_a_full_attention_spec_standing_in_for_a_window_is_full_attention() -> N
     got = config_from_vllm(standin(FullAttentionSpec(16, sliding_window=64)), release="0.33.0", **MANAGER)
     assert got.groups == (FullAttention(16),)
     assert kind_from_vllm_spec(ChunkedLocalAttentionSpec(8, 32), release="0.33.0") == ChunkedLocal(8, 32)
+
+
+def test_ring_specs_translate_on_the_releases_that_have_them() -> None:
+    """CircularBufferSpec from vLLM 0.29.0; KpoolTailSpec in 0.30.0 and 0.31.0 only."""
+    kvc = standin(FullAttentionSpec(16), CircularBufferSpec(8))
+    got = config_from_vllm(kvc, release="0.29.0", **MANAGER)
+    assert got.groups == (FullAttention(16), CircularBuffer(8)) and got.resolved_hash_block_size() == 16
+    with pytest.raises(ConfigError, match="CircularBufferSpec has no kvspec kind"):
+        config_from_vllm(kvc, release="0.28.0", **MANAGER)
+    assert kind_from_vllm_spec(KpoolTailSpec(8, 64), release="0.31.0") == KpoolTail(8, 64)
+    with pytest.raises(ConfigError, match="KpoolTailSpec has no kvspec kind"):
+        kind_from_vllm_spec(KpoolTailSpec(8, 64), release="0.33.0")
 
 
 def test_statuses_keep_vllms_names() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kvspec.config import AttentionKind, FullAttention, KVCacheConfig, Mamba, SlidingWindow
+from kvspec.config import AttentionKind, CircularBuffer, FullAttention, KpoolTail, KVCacheConfig, Mamba, SlidingWindow
 from kvspec.errors import UnsupportedByProfileError
 from kvspec.kv_cache_manager import KVCacheManager
 from kvspec.profiles import (
@@ -18,6 +18,7 @@ from kvspec.profiles import (
     VLLM_0_25_1,
     VLLM_0_26_0,
     VLLM_0_28_0,
+    VLLM_0_29_0,
     VLLM_0_31_0,
     VLLM_0_32_0,
     VLLM_0_33_0,
@@ -46,6 +47,8 @@ def config(groups: tuple[AttentionKind, ...], profile: SemanticsProfile, caching
         ((FullAttention(4), Mamba(4, "align")), VLLM_0_32_0, True, {"mamba-tail-entries"}),
         ((Mamba(4, "align"),), VLLM_0_33_0, True, {"mamba-tail-entries"}),
         ((Mamba(4, "align"),), VLLM_0_33_0, False, set()),
+        ((FullAttention(4), CircularBuffer(2)), VLLM_0_29_0, True, {"ring-kinds"}),
+        ((FullAttention(4), KpoolTail(2, 8)), VLLM_0_31_0, False, {"ring-kinds"}),
     ],
 )
 def test_features_used(
@@ -72,6 +75,10 @@ def test_fine_grained_hits_are_refused_where_unchecked(profile: SemanticsProfile
     """Fine-grained hits (a coarse Mamba align group) are modelled for the
     releases they were checked against, refused for the others."""
     groups = (FullAttention(4), Mamba(8, "align"))
+    if not profile.hybrid_rules_v025:  # vLLM 0.16.0: cached hybrids are refused as a whole
+        with pytest.raises(UnsupportedByProfileError, match="hybrids with prefix caching"):
+            config(groups, profile)
+        return
     if not profile.partial_hash_hits or profile.name in PARTIAL_HASH_HITS_CHECKED:
         config(groups, profile)
         return

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvref.branches import Unreachable, build_report, function_lines, load_unreachable, package_relative
-from kvtools.coverage import parse_seeds
+from kvtools.coverage import merge_runs, parse_seeds
 
 SOURCE = """\
 import os
@@ -78,3 +78,23 @@ def test_listed_file_parses_and_quotes_its_lines() -> None:
         src = (root / ("spec" if e.file.startswith("kvspec") else "impl") / e.file).read_text().splitlines()
         assert src[e.line - 1].strip() == e.code, e
         assert e.why
+
+
+def _run(gaps: list[list[int]], unreachable: list[list[int]], stale: list[str], exit_code: int) -> dict[str, object]:
+    taken = 10 - 1 - len(gaps) - len(unreachable)
+    files = {
+        "kvimpl/m.py": {"outcomes": 10, "taken": taken, "import_time": 1, "unreachable": unreachable, "gaps": gaps}
+    }
+    return {"totals": {}, "stale": stale, "files": files, "exit": exit_code, "seconds": 1.5}
+
+
+def test_merge_runs_keeps_what_no_run_took() -> None:
+    impl = _run([[3, 4], [5, 6], [7, 8]], [[1, 2]], ["kvimpl/m.py:9->10 (x): taken in this run"], 0)
+    batch = _run([[3, 4], [9, 10]], [[1, 2]], [], 1)
+    merged = merge_runs([impl, batch])
+    assert merged["files"] == {
+        "kvimpl/m.py": {"outcomes": 10, "taken": 7, "import_time": 1, "unreachable": [[1, 2]], "gaps": [[3, 4]]}
+    }
+    assert merged["totals"] == {"outcomes": 10, "taken": 7, "import_time": 1, "unreachable": 1, "gaps": 1, "stale": 1}
+    assert (merged["exit"], merged["seconds"]) == (1, 3.0)
+    assert merge_runs([impl]) is impl

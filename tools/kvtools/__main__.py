@@ -2,6 +2,7 @@
 
 Tasks:
     zoo                 hunt every bug-zoo fault with the lockstep (docs/reports/bug-zoo.md)
+    zoo-seeds           the zoo's kill rate per seed from several kill tables (docs/reports/zoo-seeds.md)
     coverage            branch coverage of kvspec and kvimpl under the ci lockstep (docs/reports/coverage.md)
     mutants             generic mutants of kvimpl (mutmut) against the kill test (docs/reports/mutants.md)
     directed            re-record the directed trace corpus on kvspec (--check: compare only)
@@ -19,6 +20,7 @@ from collections.abc import Callable, Sequence
 
 TASKS: dict[str, tuple[str, str]] = {
     "zoo": ("kvtools.zoo.cli", "main"),
+    "zoo-seeds": ("kvtools.zoo.seeds", "main"),
     "coverage": ("kvtools.coverage", "main"),
     "mutants": ("kvtools.mutants.runner", "main"),
     "directed": ("kvtools.directed.record", "main"),

@@ -1,8 +1,12 @@
 """``python -m kvtools coverage``: branch coverage of kvspec and kvimpl under the ci lockstep.
 
-Runs ``kvref check --target impl --against spec --profile ci --coverage``
-once per seed (each in its own process, so that every seed starts from the
-same state and takes the same steps as it does in CI), then writes
+Runs ``kvref check --target T --against spec --profile ci --coverage`` once
+per seed and target (``--targets``, default ``impl`` as CI runs it and
+``impl-batch``, the pure-Python manager driven through its batch API, with
+device tables, :mod:`kvref.adapters.impl_batch`) and merges each seed's
+runs (an outcome is taken if any run took it); each run in its own process,
+so that every seed starts from the same state and takes the same steps as it
+does in CI. Then it writes
 docs/reports/coverage.md and coverage.json: per seed the outcomes, taken,
 listed unreachable (kit/kvref/unreachable_branches.toml) and gaps, and every
 gap with its decision's source line.
@@ -26,12 +30,19 @@ from kvref.branches import PACKAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORT_DIR = ROOT / "docs" / "reports"
+DEFAULT_TARGETS = "impl,impl-batch"
+"""What CI's lockstep runs (``impl``: the native core where it applies) and the batch API with device tables."""
 
 
 def main(argv: list[str]) -> int:
     """Run the seeds, write the reports; with ``--check`` exit 1 on a gap."""
     parser = argparse.ArgumentParser(prog="python -m kvtools coverage")
     parser.add_argument("--seeds", default="0-4", help="seeds, e.g. 0-4 or 0,2 (default 0-4)")
+    parser.add_argument(
+        "--targets",
+        default=DEFAULT_TARGETS,
+        help=f"kvimpl targets, comma-separated, merged per seed (default {DEFAULT_TARGETS})",
+    )
     parser.add_argument("--semantics", default=None, help="semantics profile (default: the newest)")
     parser.add_argument("--min-steps", type=int, default=None, help="override the ci profile's step goal")
     parser.add_argument("--out", type=Path, default=REPORT_DIR, help="where coverage.md and coverage.json go")
@@ -41,7 +52,10 @@ def main(argv: list[str]) -> int:
     runs: dict[int, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in seeds:
-            runs[seed] = run_seed(seed, Path(tmp), args.semantics, args.min_steps)
+            per_target = [
+                run_seed(seed, Path(tmp), args.semantics, args.min_steps, target) for target in args.targets.split(",")
+            ]
+            runs[seed] = merge_runs(per_target)
             t = runs[seed]["totals"]
             print(f"seed {seed}: {t['taken']}/{t['outcomes']} taken, {t['gaps']} gaps ({runs[seed]['seconds']:.0f} s)")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -61,10 +75,51 @@ def parse_seeds(text: str) -> list[int]:
     return out
 
 
-def run_seed(seed: int, tmp: Path, semantics: str | None, min_steps: int | None) -> dict[str, Any]:
+def merge_runs(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """One seed's reports of several targets as one: an outcome is a gap (or a
+    listed outcome) only if no run took it, an entry is stale if any run found
+    it stale; exit codes and seconds add up."""
+    if len(reports) == 1:
+        return reports[0]
+    files: dict[str, dict[str, Any]] = {}
+    for name in sorted({n for r in reports for n in r["files"]}):
+        per = [r["files"][name] for r in reports if name in r["files"]]
+        common = [{tuple(a) for a in d["gaps"]} for d in per]
+        listed = [{tuple(a) for a in d["unreachable"]} for d in per]
+        gaps, unreachable = set.intersection(*common), set.intersection(*listed)
+        total, import_time = per[0]["outcomes"], min(d["import_time"] for d in per)
+        files[name] = {
+            "outcomes": total,
+            "taken": total - import_time - len(gaps) - len(unreachable),
+            "import_time": import_time,
+            "unreachable": [list(a) for a in sorted(unreachable)],
+            "gaps": [list(a) for a in sorted(gaps)],
+        }
+    stale = sorted({s for r in reports for s in r["stale"]})
+    fs = files.values()
+    totals = {
+        "outcomes": sum(f["outcomes"] for f in fs),
+        "taken": sum(f["taken"] for f in fs),
+        "import_time": sum(f["import_time"] for f in fs),
+        "unreachable": sum(len(f["unreachable"]) for f in fs),
+        "gaps": sum(len(f["gaps"]) for f in fs),
+        "stale": len(stale),
+    }
+    return {
+        "totals": totals,
+        "stale": stale,
+        "files": files,
+        "exit": max(r["exit"] for r in reports),
+        "seconds": round(sum(r["seconds"] for r in reports), 1),
+    }
+
+
+def run_seed(
+    seed: int, tmp: Path, semantics: str | None, min_steps: int | None, target: str = "impl"
+) -> dict[str, Any]:
     """One ``kvref check --coverage`` run; its branch report, exit code and seconds."""
-    out = tmp / f"seed-{seed}.json"
-    cmd = [sys.executable, "-m", "kvref", "check", "--target", "impl", "--against", "spec", "--profile", "ci",
+    out = tmp / f"seed-{seed}-{target}.json"
+    cmd = [sys.executable, "-m", "kvref", "check", "--target", target, "--against", "spec", "--profile", "ci",
            "--seed", str(seed), "--coverage-json", str(out)]  # fmt: skip
     if semantics:
         cmd += ["--semantics", semantics]
@@ -82,7 +137,8 @@ def run_seed(seed: int, tmp: Path, semantics: str | None, min_steps: int | None)
 
 def command_line(args: argparse.Namespace) -> str:
     """How to regenerate the report."""
-    extra = f" --semantics {args.semantics}" if args.semantics else ""
+    extra = f" --targets {args.targets}" if args.targets != DEFAULT_TARGETS else ""
+    extra += f" --semantics {args.semantics}" if args.semantics else ""
     extra += f" --min-steps {args.min_steps}" if args.min_steps else ""
     return f"python -m kvtools coverage --seeds {args.seeds}{extra}"
 
@@ -92,7 +148,8 @@ def render_markdown(runs: dict[int, dict[str, Any]], command: str) -> str:
     lines = [
         "# Branch coverage of kvspec and kvimpl under the ci lockstep",
         "",
-        f"Generated by `{command}` (kvimpl against kvspec, `--profile ci`, one process per seed).",
+        f"Generated by `{command}` (kvimpl against kvspec, `--profile ci`, one process per seed and",
+        "target: `impl` as CI runs it, and `impl-batch`, the batch API and device tables; a seed's runs merged).",
         "An *outcome* is one arc out of a decision, as coverage.py (branch=True) counts them. *At import*:",
         "decisions at module or class level, which ran before measurement started. *Listed*: outcomes",
         "argued unreachable through the public API in `kit/kvref/unreachable_branches.toml`. A *gap* is",

@@ -1,7 +1,8 @@
 """Count lines of code without blank lines, comments and docstrings.
 
-Usage: ``python -m kvtools loc spec/kvspec/*.py`` prints one line per file and a
-total. A docstring is any string-literal expression statement (module, class,
+Usage: ``python -m kvtools loc [PATH ...]`` prints one line per Python file and
+a total; a folder counts every ``*.py`` below it, and no argument means
+``spec/kvspec`` (the specification's size). A docstring is any string-literal expression statement (module, class,
 function and attribute docstrings).
 """
 
@@ -30,15 +31,23 @@ def count(path: Path) -> int:
     return len(code - doc)
 
 
-def main(paths: list[str]) -> None:
-    """Print per-file counts and the total."""
+def main(paths: list[str]) -> int:
+    """Print per-file counts and the total; 2 for a path that does not exist."""
+    files: list[Path] = []
+    for name in paths or ["spec/kvspec"]:
+        path = Path(name)
+        if not path.exists():
+            print(f"kvtools loc: {name}: no such file or folder", file=sys.stderr)
+            return 2
+        files += sorted(path.rglob("*.py")) if path.is_dir() else [path]
     total = 0
-    for name in sorted(paths):
-        n = count(Path(name))
+    for path in files:
+        n = count(path)
         total += n
-        print(f"{n:5d} {name}")
+        print(f"{n:5d} {path}")
     print(f"{total:5d} total")
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

@@ -747,6 +747,8 @@ static PyObject *Core_reset_prefix_cache(Core *c, PyObject *unused) {
     if (c->N - c->nfree != 1)
         Py_RETURN_FALSE;
     pool_reset_cache(c);
+    if (c->events && ev_cleared(c) < 0)
+        return NULL;
     if (c->stats && c->stats != Py_None && PyObject_SetAttrString(c->stats, "reset", Py_True) < 0)
         return NULL;
     Py_RETURN_TRUE;
@@ -1355,6 +1357,7 @@ static int Core_init(Core *c, PyObject *args, PyObject *kwds) {
     c->mamba_counts = (int)dict_int(p, "mamba_eagle_counts_verified", &err);
     c->hashed_cap = (int)dict_int(p, "eagle_margin_hashed_cap", &err);
     c->stats_at_lookup = (int)dict_int(p, "stats_at_lookup", &err);
+    int events = (int)dict_int(p, "enable_kv_cache_events", &err);
     if (err)
         return -1;
     if (c->N < 1 || c->dlen < 1 || c->dlen > 32 || c->hbs < 1 || c->sched < 1) {
@@ -1363,6 +1366,8 @@ static int Core_init(Core *c, PyObject *args, PyObject *kwds) {
     }
     c->KL = c->dlen + 4;
     c->slot_of = PyDict_New();
+    if (events && !(c->events = PyList_New(0)))
+        return -1;
     if (!c->slot_of || pool_init(c) < 0)
         return -1;
     PyObject *groups = PyDict_GetItemString(p, "groups");
@@ -1469,6 +1474,8 @@ static void Core_dealloc(Core *c) {
     Py_XDECREF(c->host_owner);
     Py_XDECREF(c->stats);
     Py_XDECREF(c->slot_of);
+    Py_XDECREF(c->events);
+    PyMem_Free(c->ev_stored_idx.v);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
 
@@ -1505,6 +1512,8 @@ static PyMethodDef Core_methods[] = {
      "allocate_slots_array(handles, num_new_tokens, num_lookahead_tokens=0) -> (counts, ids) as array('i')."},
     {"advance_array", (PyCFunction)Core_advance_array, METH_VARARGS,
      "advance_array(handles, num_new_tokens, tokens): advance native requests (token -1: none)."},
+    {"_take_raw_events", (PyCFunction)ev_take, METH_NOARGS, "Drain the raw event records (kvimpl.native_events)."},
+    {"_pending_raw_events", (PyCFunction)ev_pending, METH_NOARGS, NULL},
     {"_free_order", (PyCFunction)Core_free_order, METH_NOARGS, NULL},
     {"_free_links", (PyCFunction)Core_free_links, METH_NOARGS, NULL},
     {"_ref_counts", (PyCFunction)Core_ref_counts, METH_NOARGS, NULL},

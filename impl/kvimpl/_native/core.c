@@ -525,6 +525,8 @@ int group_cache(Core *c, Py_ssize_t slot, int g, ReqView *rv, Py_ssize_t num_tok
         }
     }
     Py_ssize_t k = gr->bs / c->hbs;
+    IVec *stored = &c->ev_stored_idx;
+    stored->n = 0;
     for (Py_ssize_t i = num_cached; i < num_full; i++) {
         if (i >= t->len) {
             PyErr_SetString(PyExc_IndexError, "cache_blocks: list index out of range (table shorter than the blocks)");
@@ -544,7 +546,11 @@ int group_cache(Core *c, Py_ssize_t slot, int g, ReqView *rv, Py_ssize_t num_tok
             return -1;
         if (pool_cache_block(c, b, d, g) < 0)
             return -1;
+        if (c->events && ivec_push(stored, (int32_t)i) < 0)
+            return -1;
     }
+    if (c->events && ev_stored(c, rv, g, stored, num_cached, num_full, gr->bs, k) < 0)
+        return -1;
     Py_ssize_t before = num_cached;
     t->ncached = (int32_t)num_full;
     if (gr->kind == K_MAMBA) {

@@ -175,6 +175,10 @@ typedef struct {
     /* scratch */
     IVec pool_tmp;  /* pool.c only */
     IVec scratch, scratch2;
+    /* KV-cache events (events.c): a list of raw records, NULL when events are off */
+    PyObject *events;
+    int events_lost;
+    IVec ev_stored_idx; /* events.c scratch: the stored indices of one group_cache */
     PyObject *weakreflist;
 } Core;
 
@@ -252,6 +256,14 @@ static inline void tbl_touch(Table *t, Py_ssize_t i) {
 }
 int host_row_sync(Core *c, Py_ssize_t slot);
 void host_row_drop(Core *c, Py_ssize_t slot);
+
+/* events.c */
+int ev_stored(Core *c, ReqView *rv, int g, const IVec *stored, Py_ssize_t num_cached, Py_ssize_t num_full,
+              Py_ssize_t bs, Py_ssize_t k);
+void ev_removed(Core *c, int32_t b);
+int ev_cleared(Core *c);
+PyObject *ev_take(Core *c, PyObject *unused);
+PyObject *ev_pending(Core *c, PyObject *unused);
 
 /* hit.c */
 int coord_find_hit(Core *c, ReqView *rv, Py_ssize_t max_len, IVec *per_group, Py_ssize_t *hit_tokens);

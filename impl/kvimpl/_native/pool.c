@@ -218,6 +218,8 @@ int pool_cache_block(Core *c, int32_t b, const uint8_t *digest, int gid) {
 /* Drop block b's hash (it must have one): kvimpl.block_pool.BlockPool._evict. */
 void pool_evict(Core *c, int32_t b) {
     MapEntry *e = map_find(c, c->keys + (size_t)b * c->KL);
+    if (c->events)
+        ev_removed(c, b);
     c->haskey[b] = 0;
     if (!e)
         return; /* unreachable: a hashed block is always in the map */

@@ -6,6 +6,7 @@ only in some releases are optional methods, looked up by name when an
 operation needs them (a missing one answers
 :class:`kvspec.errors.UnsupportedOperationError`):
 ``record_prefix_cache_stats(request, num_hits)`` (vLLM 0.27.0 on) and
+``get_prefix_hint(request)`` (the scheduler's prefix hint) and
 ``take_kv_cache_block_copies() -> (copies, retained)`` (vLLM 0.26.0 on:
 ``(source, copy)`` block-id pairs and the retained ids, released by the
 caller with ``free_blocks``). The conformance kit
@@ -213,7 +214,8 @@ AdapterFactory = Callable[[KVCacheConfig], KVCacheAdapter]
 
 
 def load_factory(target: str) -> AdapterFactory:
-    """Resolve ``spec``, ``impl`` (``impl-native``, ``impl-python``: one build), ``vllm`` or
+    """Resolve ``spec``, ``impl`` (``impl-native``, ``impl-python``: one build; ``impl-batch``:
+    through the batch API and device tables), ``vllm`` or
     ``module:factory`` to a factory.
 
     A module is looked up on ``sys.path`` and then in the working folder (as
@@ -230,6 +232,7 @@ def load_factory(target: str) -> AdapterFactory:
         "impl": "kvref.adapters.impl:make_impl_adapter",
         "impl-native": "kvref.adapters.impl:make_impl_native_adapter",
         "impl-python": "kvref.adapters.impl:make_impl_python_adapter",
+        "impl-batch": "kvref.adapters.impl_batch:make_impl_batch_adapter",
     }
     path = builtin.get(target, target)
     if ":" not in path:

@@ -147,6 +147,7 @@ class ImplPoolAdapter:
         self.pool = BlockPool(
             config.num_blocks, config.enable_caching, config.groups[0].block_size,
             config.enable_kv_cache_events, config.int_block_hashes, requeue_unhashed_first(config),
+            config.profile.event_annotations,
         )  # fmt: skip
 
     def get_new_blocks(self, num_blocks: int) -> list[int]:

@@ -6,6 +6,7 @@ import argparse
 import importlib.util
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from kvref.lockstep import DivergenceClass, RunStats
 from kvref.settings import load_profile
 from kvref.shapes import SHAPES, Shape, shape_named
 from kvref.stateful import MachineSetup, default_failure_dir
+from kvref.traces import load as load_trace
 from kvspec.config import FullAttention, KVCacheConfig
 from kvspec.profiles import NEWEST, PROFILES, SemanticsProfile, profile_named
 
@@ -43,7 +45,9 @@ def add_parser(sub: Any) -> None:
 def add_lockstep_arguments(check: argparse.ArgumentParser) -> None:
     """The options ``check`` and ``drift`` share."""
     check.add_argument(
-        "--target", default=None, help="impl (impl-native, impl-python: one build), spec, vllm or module:factory"
+        "--target",
+        default=None,
+        help="impl (impl-native, impl-python: one build; impl-batch: its batch API), spec, vllm or module:factory",
     )
     check.add_argument(
         "--against",
@@ -184,9 +188,10 @@ def _report_branches(report: BranchReport, shown: int = 25) -> None:
         console.print(f"  stale unreachable entry: {line}", highlight=False, markup=False, soft_wrap=True)
 
 
-def run_check(args: argparse.Namespace, keep_going: bool, allow_mismatch: bool) -> int:
+def run_check(args: argparse.Namespace, keep_going: bool, allow_mismatch: bool, attribute: bool = False) -> int:
     """``kvref check`` (and ``kvref drift``, which allows a profile other than
-    the one real vLLM declares and always keeps going)."""
+    the one real vLLM declares, always keeps going and, with ``attribute``,
+    names the profile switches that explain each class, :mod:`kvref.drift`)."""
     console = Console(stderr=True)
     if args.against == "none":
         target, against, why = args.target or "spec", None, "self-check chosen on the command line"
@@ -204,6 +209,7 @@ def run_check(args: argparse.Namespace, keep_going: bool, allow_mismatch: bool) 
     except (KeyError, ValueError) as exc:
         console.print(f"[red]{exc}[/]")
         return 2
+    reference: SemanticsProfile | None = None
     for name, factory in zip(names, factories, strict=True):
         try:
             declared = semantics_of(factory(_probe_config(profile)))
@@ -212,6 +218,8 @@ def run_check(args: argparse.Namespace, keep_going: bool, allow_mismatch: bool) 
         except Exception as exc:
             console.print(f"[red]cannot construct adapter {name!r} under {profile.name}[/]: {exc}")
             return 2
+        if declared.upstream and declared.profile != profile.name and declared.profile in PROFILES:
+            reference = PROFILES[declared.profile]
         if declared.upstream and declared.profile != profile.name and not allow_mismatch:
             console.print(
                 f"[red]adapter {name!r} behaves like {declared.profile}[/], not {profile.name}: "
@@ -251,16 +259,22 @@ def run_check(args: argparse.Namespace, keep_going: bool, allow_mismatch: bool) 
                 progress.update(task, description="shrinking a divergence")
 
             setup.stats.on_first_failure = shrinking
+            accept = None
+            if attribute and reference is not None and target == "spec":
+                accept = _acceptor(setup, factories[names.index(target)], reference, console)
             if keep_going:
-                classes = run_keep_going(setup, args.seed, goal, args.out, args.budget, args.max_classes, advance)
+                classes = run_keep_going(
+                    setup, args.seed, goal, args.out, args.budget, args.max_classes, advance, accept=accept
+                )
             else:
                 failure = run_lockstep(setup, args.seed, goal, args.budget, advance)
     except (KeyboardInterrupt, AdapterHang) as exc:
         hung = isinstance(exc, AdapterHang)
         console.print(f"[red]{'adapter hang' if hung else 'interrupted'}[/]: {exc or 'Ctrl-C'}; the summary so far:")
         _report(setup.stats, target, against, console, setup.stats.unexplained > 0, profile)
-        if keep_going and setup.stats.classes:
-            _report_classes(list(setup.stats.classes.values()), console)
+        if keep_going and (setup.stats.classes or setup.stats.accepted):
+            found = [*setup.stats.accepted, *setup.stats.classes.values()]
+            _report_classes(sorted(found, key=lambda c: c.steps_to_find), console)
         return HANG if hung else INTERRUPTED
     if keep_going:
         _report(setup.stats, target, against, console, bool(classes), profile)
@@ -275,6 +289,25 @@ def run_check(args: argparse.Namespace, keep_going: bool, allow_mismatch: bool) 
         console.print("[red]no lockstep step ran[/]: every drawn configuration was refused (see the table)")
         return 3
     return 0
+
+
+def _acceptor(
+    setup: MachineSetup, spec: AdapterFactory, reference: SemanticsProfile, console: Console
+) -> Callable[[Path], str | None]:
+    """``kvref drift``'s attribution step: replay a class's trace under the
+    working profile with switches of ``reference`` set; when some explain
+    it, go on under them (:mod:`kvref.drift`)."""
+    from kvref.drift import attribute, with_switches  # noqa: PLC0415 - only drift needs it
+
+    def accept(path: Path) -> str | None:
+        found = attribute(load_trace(path), spec, setup.profile, reference)
+        if found is None:
+            return None
+        setup.profile = with_switches(setup.profile, found.switches, reference)
+        console.print(f"explained by {found.describe()}: going on with it set as in {reference.name}")
+        return found.describe()
+
+    return accept
 
 
 def _known(args: argparse.Namespace) -> tuple[Divergence, ...]:
@@ -346,13 +379,16 @@ def choose_profile(name: str | None, factories: list[AdapterFactory]) -> Semanti
 def _report_classes(classes: list[DivergenceClass], console: Console) -> None:
     """The table of distinct divergence classes of a keep-going run."""
     table = Table(title=f"{len(classes)} distinct divergence class(es)")
-    for col in ("class (operation/aspect)", "first seen", "shortest trace", "ops", "after steps", "seen"):
+    columns = ["class (operation/aspect)", "first seen", "shortest trace", "ops", "after steps", "seen"]
+    attributed = any(c.explained_by for c in classes)
+    for col in columns + (["explained by (switch, release)"] if attributed else []):
         table.add_column(col)
     for c in classes:
         shapes = ", ".join(sorted(c.shapes))
         first = c.message if len(c.message) <= 90 else c.message[:87] + "..."
-        table.add_row(c.key, f"{first} [{shapes}]", str(c.trace or "-"), str(c.trace_ops), str(c.steps_to_find),
-                      f"{c.occurrences}x")  # fmt: skip
+        row = [c.key, f"{first} [{shapes}]", str(c.trace or "-"), str(c.trace_ops), str(c.steps_to_find),
+               f"{c.occurrences}x"]  # fmt: skip
+        table.add_row(*row, *([c.explained_by or "not modelled"] if attributed else []))
     Console(width=max(Console().width, 160)).print(table)
 
 
@@ -374,6 +410,7 @@ def _report(
     table.add_row("configurations covered", f"{len(covered)}{total}: {', '.join(covered)}")
     table.add_row("invariant checks", str(stats.invariant_checks))
     table.add_row("event-log checks", str(stats.event_log_checks))
+    table.add_row("prefix hints read (not 0)", f"{stats.prefix_hint_reads} ({stats.prefix_hints})")
     kinds = ", ".join(sorted(stats.invalid_calls)) or "0"
     table.add_row(
         "invalid calls rejected", f"{sum(stats.invalid_calls.values())} ({len(stats.invalid_calls)} kinds: {kinds})"
@@ -387,7 +424,13 @@ def _report(
     table.add_row("operations left out (excluded features)", left_out)
     known = ", ".join(f"{k} x{v}" for k, v in sorted(stats.known.items())) or "0"
     table.add_row("divergences known", known)
-    table.add_row("divergences unexplained", "1" if failed else "0")
+    if stats.keep_going:  # a keep-going run counts classes, not stops
+        table.add_row("divergence classes not modelled", str(len(stats.classes)))
+        if stats.accepted:
+            switches = "; ".join(c.explained_by for c in stats.accepted)
+            table.add_row("divergence classes explained by switches", f"{len(stats.accepted)} ({switches})")
+    else:
+        table.add_row("divergences unexplained", "1" if failed else "0")
     table.add_row("steps per second", f"{stats.steps / elapsed:.0f}")
     Console().print(table)
     for reason, count in sorted(stats.refused_reasons.items(), key=lambda kv: -kv[1])[:5]:

@@ -9,6 +9,12 @@ the command ends with a table of the distinct behaviour classes, each with
 its shortest trace and the operation where it shows. A class is a lead, not
 a verdict: read its trace, then model the change as a profile switch or
 register it as a divergence.
+
+When kvspec has a profile for the installed release, each class is also
+replayed under the working profile with that release's switches set, one or
+two at a time (:mod:`kvref.drift`): the switches that reproduce the trace
+are named in the table, and the hunt goes on with them set, so that a second
+change showing on the same operation is still found.
 """
 
 from __future__ import annotations
@@ -23,9 +29,15 @@ def add_parser(sub: Any) -> None:
     """Register ``drift`` on the subcommand parser ``sub``."""
     drift = sub.add_parser("drift", help="list how the installed vLLM differs from a semantics profile")
     add_lockstep_arguments(drift)
+    drift.add_argument(
+        "--no-attribute",
+        action="store_true",
+        help="do not replay each class under the installed release's profile switches "
+        "(every class is then registered by its operation and aspect only)",
+    )
     drift.set_defaults(run=run, against="vllm", target="spec")
 
 
 def run(args: argparse.Namespace) -> int:
     """Keep-going lockstep of ``--semantics`` against ``--against`` (default: vllm)."""
-    return run_check(args, keep_going=True, allow_mismatch=True)
+    return run_check(args, keep_going=True, allow_mismatch=True, attribute=not args.no_attribute)

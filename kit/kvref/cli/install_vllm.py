@@ -23,13 +23,11 @@ from kvref.exits import InputError
 from kvspec.profiles import NEWEST, PROFILES
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "install-vllm.sh"
-EXTRA_RELEASES = ("0.16.0",)
-"""Releases the installer and the vLLM adapter handle beyond the semantics profiles."""
 
 
 def add_parser(sub: Any) -> None:
     """Register ``install-vllm`` on the subcommand parser ``sub``."""
-    releases = [*EXTRA_RELEASES, *(p.release for p in PROFILES.values())]
+    releases = [p.release for p in PROFILES.values()]  # each has an installer recipe and an adapter era
     cmd = sub.add_parser(
         "install-vllm",
         help="install a vLLM release's KV-cache core (CPU only) into a virtual environment",

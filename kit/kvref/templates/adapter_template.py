@@ -31,7 +31,7 @@ def supports(config: KVCacheConfig) -> str | None:
     return None
 
 
-@declare(supports=supports, unsupported={"op:record_prefix_cache_stats"})
+@declare(supports=supports, unsupported={"op:record_prefix_cache_stats", "op:get_prefix_hint"})
 def make(config: KVCacheConfig) -> MyAdapter:
     """The factory kvref calls once per drawn configuration."""
     return MyAdapter(config)

@@ -45,7 +45,8 @@ def supports(config: KVCacheConfig) -> str | None:
 
 
 @declare(supports=supports, unsupported={"external", "delay_cache_blocks", "op:pop_blocks_for_free",
-                                         "op:free_blocks", "op:cache_blocks", "op:record_prefix_cache_stats"})
+                                         "op:free_blocks", "op:cache_blocks", "op:record_prefix_cache_stats",
+                                         "op:get_prefix_hint"})
 def make(config: KVCacheConfig) -> NanoAdapter:
     """Factory: ``kvref check --target nanokv_adapter:make --against spec``."""
     return NanoAdapter(config)

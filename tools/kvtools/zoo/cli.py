@@ -4,7 +4,8 @@ Options: ``--budget`` seconds per entry (hunt plus shrink), ``--seed``,
 ``--profile``, ``--json`` and ``--markdown`` (the report files), ``--update``
 (rerun only the named entries, keep the other rows), ``--vllm`` (the faults
 of :mod:`kvtools.zoo.vllm`), ``--rewrite`` (only re-render from the JSON),
-``--list``, ``--note`` and ``--no-shrink-cap``.
+``--fresh`` (the fresh fault set of :mod:`kvtools.zoo.fresh`, never used to
+tune the generator), ``--list``, ``--note`` and ``--no-shrink-cap``.
 """
 
 from __future__ import annotations
@@ -20,25 +21,30 @@ from kvref.adapters.impl import ImplAdapter
 from kvspec.config import KVCacheConfig
 from kvtools.zoo import ZOO
 from kvtools.zoo.base import ZooEntry
+from kvtools.zoo.fresh import FRESH
 from kvtools.zoo.report import refresh, write_markdown
 from kvtools.zoo.runner import progress, run_entry
 from kvtools.zoo.vllm import VLLM_ZOO, VllmZooEntry
+
+DEFAULT_JSON, DEFAULT_MD = Path("docs/reports/zoo.json"), Path("docs/reports/bug-zoo.md")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the zoo; 0 when the reports were written, 2 for an unknown entry."""
     args = build_parser().parse_args(argv)
+    if args.fresh and args.json == DEFAULT_JSON:
+        args.json, args.markdown = DEFAULT_JSON.with_name("zoo-fresh.json"), DEFAULT_MD.with_name("bug-zoo-fresh.md")
     if args.list:
         for e in ZOO.values():
             print(f"{e.name:32} {e.upstream:40} {e.description}")
         return 0
-    unknown = [n for n in args.names if n not in ZOO]
+    unknown = [n for n in args.names if n not in (FRESH if args.fresh else ZOO)]
     if unknown:
         print(f"unknown zoo entries: {', '.join(unknown)}", file=sys.stderr)
         return 2
     rows = [refresh(r) for r in json.loads(args.json.read_text())] if args.rewrite else _hunt(args)
     args.json.write_text(json.dumps(rows, indent=2) + "\n")
-    write_markdown(rows, args.markdown, args.budget, args.seed, args.profile, args.note)
+    write_markdown(rows, args.markdown, args.budget, args.seed, args.profile, args.note, fresh=args.fresh)
     return 0
 
 
@@ -49,11 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--budget", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", default="ci")
-    parser.add_argument("--json", type=Path, default=Path("docs/reports/zoo.json"))
-    parser.add_argument("--markdown", type=Path, default=Path("docs/reports/bug-zoo.md"))
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="(with --fresh: zoo-fresh.json)")
+    parser.add_argument("--markdown", type=Path, default=DEFAULT_MD, help="(with --fresh: bug-zoo-fresh.md)")
     parser.add_argument("--list", action="store_true", help="print the registry and exit")
     parser.add_argument("--update", action="store_true", help="rerun only the named entries, keep the other rows")
     parser.add_argument("--vllm", action="store_true", help="run the kvtools.zoo.vllm faults (needs vLLM 0.25.1)")
+    parser.add_argument("--fresh", action="store_true", help="hunt the fresh fault set (kvtools.zoo.fresh)")
     parser.add_argument("--rewrite", action="store_true", help="only re-render the Markdown from the JSON")
     parser.add_argument("--note", action="append", default=[], help="a paragraph for the report's preamble")
     parser.add_argument(
@@ -65,6 +72,15 @@ def build_parser() -> argparse.ArgumentParser:
 def _hunt(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Run the chosen entries; with ``--update``, merge them into the stored rows (registry order)."""
     rows = []
+    if args.fresh:
+        for name in args.names or list(FRESH):
+            row = run_entry(
+                FRESH[name], args.budget, args.seed, args.profile, module="kvtools.zoo.fresh",
+                shrink_cap=not args.no_shrink_cap,
+            )  # fmt: skip
+            print(progress(row), file=sys.stderr)
+            rows.append(row)
+        return rows
     for name in args.names or ([] if args.vllm else list(ZOO)):
         row = run_entry(ZOO[name], args.budget, args.seed, args.profile, shrink_cap=not args.no_shrink_cap)
         print(progress(row), file=sys.stderr)

@@ -32,10 +32,26 @@ leave. Steps are the machine-independent measure: the same seed finds a fault at
 any machine, while seconds depend on the CPU and its load."""
 
 
+FRESH_PREAMBLE = """\
+Faults planted into kvimpl one at a time (`tools/kvtools/zoo/fresh.py`) after the generator work was
+done, and never used to tune it: mutation operators at kvimpl's decision points and at the arguments
+vLLM's scheduler passes. Each was hunted like a zoo entry, with
+`kvref check --target kvtools.zoo.fresh:<name> --against spec --profile {profile} --seed {seed} --budget {budget:g}
+--min-steps {hunt}` (in-process). Regenerate with `python -m kvtools zoo --fresh`. Columns as in bug-zoo.md;
+steps are the machine-independent measure."""
+
+
 def write_markdown(
-    rows: Sequence[dict[str, Any]], path: Path, budget: float, seed: int, profile: str, notes: Sequence[str] = ()
+    rows: Sequence[dict[str, Any]],
+    path: Path,
+    budget: float,
+    seed: int,
+    profile: str,
+    notes: Sequence[str] = (),
+    fresh: bool = False,
 ) -> None:
-    """The kill table as Markdown; ``notes`` are extra paragraphs for the preamble.
+    """The kill table as Markdown; ``notes`` are extra paragraphs for the preamble
+    (``fresh``: the fresh fault set's title and preamble).
 
     The rows of :data:`kvtools.zoo.vllm.VLLM_ZOO` (faults planted into real
     vLLM) get a table of their own.
@@ -45,7 +61,8 @@ def write_markdown(
     killed = [r for r in rows if r["killed"]]
     fast = [r for r in killed if r.get("within_budget", r["seconds"] <= budget)]
     unreachable = [r for r in rows if ZOO.get(r["name"]) is not None and ZOO[r["name"]].unreachable]
-    lines = ["# The upstream bug zoo", "", PREAMBLE.format(profile=profile, seed=seed, budget=budget, hunt=HUNT_STEPS)]
+    title, text = ("# The fresh fault set", FRESH_PREAMBLE) if fresh else ("# The upstream bug zoo", PREAMBLE)
+    lines = [title, "", text.format(profile=profile, seed=seed, budget=budget, hunt=HUNT_STEPS)]
     lines += ["", *notes] if notes else []
     lines += [
         "",

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from kvref.adapters import DeclaredSemantics
-from kvspec.config import FULL_TYPE_KINDS, KVCacheConfig
+from kvspec.config import FULL_TYPE_KINDS, KVCacheConfig, prefix_cacheable
 from kvspec.errors import (
     CacheBeyondAllocationError,
     DoubleFreeError,
@@ -263,6 +263,15 @@ class VllmAdapter:
         ids = group_ids(self.api, blocks)
         self._last_hits[request.request_id] = (ids, blocks)
         return ids, num_tokens
+
+    def get_prefix_hint(self, request: Request) -> int:
+        """The scheduler's prefix hint after ``request``'s lookup (:meth:`VllmApi.prefix_hint`).
+
+        Raises:
+            Unsupported: On releases without the hint.
+        """
+        vreq = self._sync(request)
+        return self.api.prefix_hint(self.manager, vreq)
 
     def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
         """Record a lookup in the prefix-cache statistics, as vLLM's scheduler does at admission.
@@ -494,8 +503,8 @@ class VllmAdapter:
                 f"request {request.request_id!r}: cannot cache {n} tokens, it has {num_tokens}"
             )
         for g in range(self._num_groups):
-            if self._is_cross[g]:
-                continue
+            if self._is_cross[g] or not prefix_cacheable(self.config.groups[g]):
+                continue  # ring groups cache nothing: vLLM's cache_blocks is a no-op there
             have = self._table_len(g, request.request_id)
             if n // self._block_sizes[g] > have:
                 raise CacheBeyondAllocationError(

@@ -24,6 +24,7 @@ from typing import Any, Final
 from kvspec.config import (
     AttentionKind,
     ChunkedLocal,
+    KpoolTail,
     KVCacheConfig,
     Mamba,
     SinkFullAttention,
@@ -94,7 +95,7 @@ def make_attention_spec(api: VllmApi, kind: AttentionKind) -> Any:
         }
         return api.attention_spec(kind, fields)
     fields = {"block_size": kind.block_size, "num_kv_heads": _NUM_KV_HEADS, "head_size": _HEAD_SIZE, "dtype": fp16}
-    if isinstance(kind, SlidingWindow):
+    if isinstance(kind, SlidingWindow | KpoolTail):
         fields["window"] = kind.window
     elif isinstance(kind, ChunkedLocal):
         fields["chunk"] = kind.chunk

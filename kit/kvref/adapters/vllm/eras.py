@@ -284,6 +284,10 @@ class VllmApi:
 
     has_block_copies: ClassVar[bool] = False
     """``take_kv_cache_block_copies()`` exists (copy-on-write of fine-grained hits)."""
+    has_prefix_hint: ClassVar[bool] = True
+    """The hybrid coordinator sets ``num_uncached_common_prefix_tokens`` at a
+    lookup (the scheduler's prefix hint; from the 0.26 era the lookup returns
+    it as ``shared_prefix_boundary``)."""
 
     caller_records_stats: ClassVar[bool] = False
     """The lookup no longer records prefix-cache statistics; the scheduler calls
@@ -609,6 +613,22 @@ class VllmApi:
         blocks, num_tokens = out
         return blocks, int(num_tokens)
 
+    def prefix_hint(self, manager: Any, vreq: Any) -> int:
+        """The prefix hint the scheduler reads after ``vreq``'s lookup: the
+        coordinator's ``num_uncached_common_prefix_tokens`` (read as vLLM
+        0.25.1's scheduler does, ``getattr(coordinator, ..., 0)``), or from
+        the 0.26 era the ``shared_prefix_boundary`` the lookup stored on the
+        request.
+
+        Raises:
+            Unsupported: A release without the hint.
+        """
+        if not self.has_prefix_hint:
+            raise self.unsupported("KVCacheCoordinator.num_uncached_common_prefix_tokens")
+        if self.lookup_returns_boundary:
+            return int(getattr(vreq, "shared_prefix_boundary", 0))
+        return int(getattr(manager.coordinator, "num_uncached_common_prefix_tokens", 0))
+
     def record_prefix_cache_stats(self, manager: Any, vreq: Any, num_hits: int) -> None:
         """``record_prefix_cache_stats(request, num_hits)`` (the scheduler's call at admission).
 
@@ -749,7 +769,8 @@ class VllmApi016(VllmApi):
     ``pop_blocks_for_free``, ``take_new_block_ids`` or ``new_step_starts``;
     ``KVCacheGroupSpec`` has no ``is_eagle_group``; ``Request`` requires
     ``eos_token_id``; events carry no ``extra_keys``, ``group_idx`` or spec kind;
-    no retention-interval variable; ``SinkFullAttentionManager`` constructs unaided.
+    no retention-interval variable; ``SinkFullAttentionManager`` constructs unaided;
+    the coordinator keeps no ``num_uncached_common_prefix_tokens`` (no prefix hint).
     """
 
     era = "0.16"
@@ -777,6 +798,7 @@ class VllmApi016(VllmApi):
     block_stored_fields: ClassVar[tuple[str, ...]] = VllmApi.block_stored_fields[:7]
     block_removed_fields: ClassVar[tuple[str, ...]] = ("block_hashes", "medium")
     sinkfull_ctor_defect = None
+    has_prefix_hint = False
 
     def remove_skipped_blocks(
         self, manager: Any, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None
@@ -822,11 +844,13 @@ class VllmApi027(VllmApi026):
 
 class VllmApi029(VllmApi027):
     """vLLM 0.29 era: the retention interval is a ``KVCacheConfig`` field; no
-    environment variable is read for it any more."""
+    environment variable is read for it any more; the ring kind
+    ``CircularBufferSpec``."""
 
     era = "0.29"
     since = (0, 29, 0)
     verified: ClassVar[tuple[str, ...]] = ("0.29.0",)
+    spec_classes = _frozen({**VllmApi.spec_classes, "CircularBuffer": "CircularBufferSpec"})
     env = EnvNames(
         int_block_hashes="VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES",
         hash_seed="PYTHONHASHSEED",
@@ -837,21 +861,25 @@ class VllmApi029(VllmApi027):
 
 class VllmApi030(VllmApi029):
     """vLLM 0.30 era (0.30.0 to 0.32.x): ``SinkFullAttentionManager.__init__``
-    no longer reserves sink blocks (its signature defect remains)."""
+    no longer reserves sink blocks (its signature defect remains); the ring
+    kind ``KpoolTailSpec``."""
 
     era = "0.30"
     since = (0, 30, 0)
     verified: ClassVar[tuple[str, ...]] = ("0.30.0", "0.31.0", "0.32.0")
+    spec_classes = _frozen({**VllmApi029.spec_classes, "KpoolTail": "KpoolTailSpec"})
     sinkfull_reserves_sink_blocks = False
 
 
 class VllmApi033(VllmApi030):
     """vLLM 0.33 era: constructing a cached Mamba group in a mode other than
-    ``align`` fails an assertion, reported here as :class:`kvspec.errors.ConfigError`."""
+    ``align`` fails an assertion, reported here as :class:`kvspec.errors.ConfigError`;
+    ``KpoolTailSpec`` is gone (since 0.32.0, where kvspec's profile refuses it)."""
 
     era = "0.33"
     since = (0, 33, 0)
     verified: ClassVar[tuple[str, ...]] = ("0.33.0",)
+    spec_classes = _frozen({k: v for k, v in VllmApi030.spec_classes.items() if k != "KpoolTail"})
 
     def check_config(self, config: KVCacheConfig) -> None:
         """Reject a cached Mamba group whose mode is not ``align`` (vLLM asserts)."""

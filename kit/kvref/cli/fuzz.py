@@ -1,0 +1,153 @@
+"""``kvref fuzz``: coverage-guided long runs of the lockstep machine (HypoFuzz).
+
+``kvref check`` runs the machine for a step goal from a seed; ``kvref fuzz``
+hands the same machine (:func:`kvref.stateful.make_lockstep_machine`, the
+target against the reference) to HypoFuzz, which keeps a corpus of the
+histories that reached new branches of the code and mutates them, for as long
+as it is left running (``--budget`` seconds, or until Ctrl-C). Every new
+failure is saved as a trace in ``--out`` (``fuzz-<operation>-<aspect>.jsonl``,
+one per divergence class, the lockstep's history up to the divergence; the
+shortest one seen, as shrinking goes on, as ``kvref check`` saves its shrunk
+traces), so ``kvref replay`` reruns it; the corpus lives in
+``<out>/hypothesis-db`` and a later run continues from it.
+
+HypoFuzz is an optional extra (``pip install 'kvref[fuzz]'``); without it the
+command says so and exits 2. It collects tests through pytest, so the command
+writes a one-line test module into ``<out>`` that builds the machine from
+environment variables (``KVREF_FUZZ_*``) and runs ``hypothesis fuzz`` on it.
+
+NOTE: HypoFuzz runs each example as one machine run and shrinks what fails;
+the lockstep writes the history of each divergence, and the machine's
+teardown keeps it when it is the first or the shortest of its class, so a
+failure found again, or shrunk, is still one file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from kvref.exits import USAGE
+
+ENV_TARGET, ENV_AGAINST, ENV_SEMANTICS, ENV_OUT = (
+    "KVREF_FUZZ_TARGET", "KVREF_FUZZ_AGAINST", "KVREF_FUZZ_SEMANTICS", "KVREF_FUZZ_OUT",
+)  # fmt: skip
+TEST_MODULE = """\
+# Written by kvref fuzz: the lockstep machine HypoFuzz runs (kvref.cli.fuzz).
+from kvref.cli.fuzz import machine_from_environment
+
+TestFuzz = machine_from_environment().TestCase
+"""
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``fuzz`` on the subcommand parser ``sub``."""
+    fuzz = sub.add_parser("fuzz", help="coverage-guided long runs of the lockstep machine (HypoFuzz)")
+    fuzz.add_argument("--target", default="impl", help="impl, impl-batch, spec, vllm or module:factory")
+    fuzz.add_argument("--against", default="spec", help="the reference (default spec)")
+    fuzz.add_argument("--semantics", default=None, metavar="PROFILE", help="semantics profile (default: the newest)")
+    fuzz.add_argument("--out", type=Path, default=Path("kvref-fuzz"), help="traces, the corpus and the test module")
+    fuzz.add_argument("--budget", type=float, default=None, help="stop after this many seconds (default: Ctrl-C)")
+    fuzz.add_argument("--workers", type=int, default=1, help="fuzzing processes (default 1)")
+    fuzz.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Fuzz until the budget ends; 1 when a failure was saved, 0 when none, 2 without HypoFuzz."""
+    if shutil.which("hypothesis") is None or not _has_hypofuzz():
+        print("kvref fuzz: HypoFuzz is not installed; pip install 'kvref[fuzz]'", file=sys.stderr)
+        return USAGE
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "test_kvref_fuzz.py").write_text(TEST_MODULE)
+    before = {p: p.read_text() for p in out.glob("fuzz-*.jsonl")}
+    env = dict(os.environ)
+    env.update({ENV_TARGET: args.target, ENV_AGAINST: args.against, ENV_OUT: str(out)})
+    if args.semantics:
+        env[ENV_SEMANTICS] = args.semantics
+    cmd = ["hypothesis", "fuzz", "--no-dashboard", "-n", str(args.workers), "--",
+           str(out / "test_kvref_fuzz.py"), "-p", "no:cacheprovider", "-q"]  # fmt: skip
+    start = time.monotonic()
+    with subprocess.Popen(cmd, env=env, cwd=out, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+        try:
+            proc.wait(timeout=args.budget)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    new = sorted(p for p in out.glob("fuzz-*.jsonl") if before.get(p) != p.read_text())
+    seconds = time.monotonic() - start
+    print(f"kvref fuzz: {args.target} vs {args.against}, {seconds:.0f} s: {len(new)} new or shorter failure trace(s)")
+    for path in new:
+        print(f"  {path.name}: kvref replay {path} --target {args.target}")
+    return 1 if new else 0
+
+
+def machine_from_environment() -> Any:
+    """The lockstep machine class the written test module runs (see the module docstring).
+
+    Its settings: the ``ci`` profile's, with the corpus database in
+    ``<out>/hypothesis-db`` loaded as the default (HypoFuzz requires the test's
+    database to be the default one) and the nested-given health check on.
+    """
+    from hypothesis import HealthCheck, settings  # noqa: PLC0415 - imported by the fuzzing process only
+    from hypothesis.database import DirectoryBasedExampleDatabase  # noqa: PLC0415
+
+    from kvref.adapters import load_factory  # noqa: PLC0415
+    from kvref.settings import profile_settings  # noqa: PLC0415
+    from kvref.stateful import MachineSetup, make_lockstep_machine  # noqa: PLC0415
+    from kvspec.profiles import NEWEST, profile_named  # noqa: PLC0415
+
+    out = Path(os.environ.get(ENV_OUT, "kvref-fuzz"))
+    db = DirectoryBasedExampleDatabase(str(out / "hypothesis-db"))
+    # HypoFuzz skips a test that suppresses the nested-given check (it cannot observe nested tests).
+    quiet = [h for h in HealthCheck if h is not HealthCheck.nested_given]
+    settings.register_profile("kvref-fuzz", profile_settings("ci"), database=db, suppress_health_check=quiet)
+    settings.load_profile("kvref-fuzz")
+    semantics = os.environ.get(ENV_SEMANTICS)
+    profile = profile_named(semantics) if semantics else NEWEST
+    factories = [load_factory(os.environ.get(ENV_AGAINST, "spec")), load_factory(os.environ.get(ENV_TARGET, "impl"))]
+    failures = out / "failures"
+    failures.mkdir(parents=True, exist_ok=True)
+    setup = MachineSetup(factories, failure_dir=failures, profile=profile)
+    base = make_lockstep_machine(setup)
+
+    class FuzzMachine(base):  # type: ignore[misc, valid-type]  # a class built at run time
+        def teardown(self) -> None:
+            try:
+                super().teardown()
+            finally:
+                _keep_failure(setup, out)
+
+    FuzzMachine.TestCase.settings = settings.get_profile("kvref-fuzz")
+    return FuzzMachine
+
+
+def _keep_failure(setup: Any, out: Path) -> None:
+    """Keep the run's failure trace (if any) in ``out``: one file per
+    divergence class (operation and aspect), the shortest history seen."""
+    path, key = setup.stats.last_failure, setup.stats.last_failure_key
+    setup.stats.last_failure = None
+    if path is None or not Path(path).exists():
+        return
+    text = Path(path).read_text()
+    name = "".join(c if c.isalnum() or c in "-_" else "-" for c in str(key or "unknown"))
+    target = out / f"fuzz-{name}.jsonl"
+    if not target.exists() or len(text.splitlines()) < len(target.read_text().splitlines()):
+        target.write_text(text)
+
+
+def _has_hypofuzz() -> bool:
+    try:
+        import hypofuzz  # noqa: F401, PLC0415 - only probing
+    except ImportError:
+        return False
+    return True
