@@ -109,4 +109,5 @@ def cache_mamba_tail_block(manager: MambaManager, request: Request, num_tokens: 
     key = cache_partial_block(pool, request, b, num_tokens, manager.group_id)
     if key is not None and num_tokens % bs:
         record_partial_hit(manager, rid, idx, b)
+        manager.tail_owners.add(rid)
     return key

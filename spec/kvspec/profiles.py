@@ -468,7 +468,7 @@ change nothing for a configuration that does not use the feature, so an
 implementation that refuses the feature need not read them."""
 
 
-PARTIAL_HASH_HITS_CHECKED: frozenset[str] = frozenset()
+PARTIAL_HASH_HITS_CHECKED: frozenset[str] = frozenset({"vllm-0.26.0", "vllm-0.27.1", "vllm-0.28.0", "vllm-0.29.0"})
 """The profiles whose fine-grained hits with copy-on-write
 (``"partial-hash-hits"``, :mod:`kvspec.partial_hits`) have been checked in
 lockstep against that vLLM release; for the others a configuration that uses

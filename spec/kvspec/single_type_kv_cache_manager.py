@@ -88,6 +88,9 @@ class SingleTypeKVCacheManager:
         self.partial_hit: dict[str, tuple[int, BlockId]] = {}
         """Requests whose table entry (index, block) is shared and is privatised at
         their next allocation (upstream ``_partial_hit_reqs``)."""
+        self.tail_owners: set[str] = set()
+        """The requests of :attr:`partial_hit` whose record is their own Mamba
+        tail entry (made when their blocks were cached), not a hit."""
         self.pending_copies: list[tuple[BlockId, BlockId]] = []
         """Copy-on-write pairs (source, copy) not taken yet, each end holding one
         extra reference (upstream ``_pending_cow_copies``)."""
@@ -222,12 +225,14 @@ class SingleTypeKVCacheManager:
         """Raise InvariantViolation if a table invariant is broken."""
         require(inv_uncached_tail(self), f"group {self.group_id}: hashed block past num_cached_block")
         require(inv_null_shape(self), f"group {self.group_id}: table has an impossible null pattern")
+        require(self.tail_owners <= self.partial_hit.keys(), f"group {self.group_id}: tail owner without a record")
 
     def _forget(self, request_id: str) -> list[BlockId]:
         """Drop the request's bookkeeping; return its whole table (pending
         copies and their references stay)."""
         self.num_cached_block.pop(request_id, None)
         self.partial_hit.pop(request_id, None)
+        self.tail_owners.discard(request_id)
         return self.req_to_blocks.pop(request_id, [])
 
     def _extend(self, table: list[BlockId], n: int) -> list[BlockId]:
@@ -455,6 +460,8 @@ class MambaManager(SingleTypeKVCacheManager):
         required = cdiv(num_tokens, self.block_size) + spec
         prev = len(table)
         partial = self.partial_hit.pop(request_id, None)
+        owner = request_id in self.tail_owners
+        self.tail_owners.discard(request_id)
         if required <= prev and partial is None:
             if self.profile.mamba_early_return_allocated:
                 self.allocated_block_reqs.add(request_id)
@@ -474,19 +481,24 @@ class MambaManager(SingleTypeKVCacheManager):
         new = self.pool.get_new_blocks(fresh)
         returned = table[prev:]
         if partial is not None:
-            returned = self._privatise(request_id, partial, new.pop(0), allocated) + returned
+            # NOTE: the owner of a tail entry always keeps its block and moves the entry, even when
+            # it is not marked as allocated yet: its table was handed out by an earlier call, and a
+            # table handed out is append-only. vLLM 0.26.0 and 0.27.x copy into the table instead
+            # when the owner's first allocation needed no block (the divergence mamba-cow-owner)
+            returned = self._privatise(request_id, partial, new.pop(0), allocated or owner) + returned
         table += new
         self.allocated_block_reqs.add(request_id)
         return returned + new
 
-    def _privatise(self, request_id: str, partial: tuple[int, BlockId], cow: BlockId, allocated: bool) -> list[BlockId]:
+    def _privatise(self, request_id: str, partial: tuple[int, BlockId], cow: BlockId, keeps: bool) -> list[BlockId]:
         """Serve a partial-hit record with the fresh block ``cow``: a new request
         takes ``cow`` into its table (returned); the owner of a tail entry keeps
         its block and moves the entry to ``cow`` instead, which no table holds
         and which counts as cached in this step (returns nothing). Either way
-        the copy is queued; see :mod:`kvspec.partial_hits`."""
+        the copy is queued; see :mod:`kvspec.partial_hits`. ``keeps``: the
+        request keeps its block (it is the owner, or already allocated)."""
         idx, src = partial
-        if not allocated:
+        if not keeps:
             apply_cow(self, request_id, idx, src, cow)
             return [cow]
         assert self.req_to_blocks[request_id][idx] == src, f"request {request_id}: entry {idx} is not {src}"
