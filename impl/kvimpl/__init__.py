@@ -53,6 +53,7 @@ PROFILE_SWITCHES = frozenset(
         # (kvimpl.config_rules.unmodelled_features), so kvimpl never runs with them on.
         "partial_tail_entries", "partial_hash_hits", "mamba_tail_entries",
         "fa_tail_below_last_token", "mamba_tail_skip_keyed",  # read only by those features
+        "partial_hits_gated", "cache_mask_hit_alignment", "mamba_early_return_allocated", "mamba_tail_eagle",
         "circular_buffer_kind", "kpool_tail_kind",  # the ring kinds (feature "ring-kinds")
         "cp_block_scaling", "cp_swa_mask_unscaled",  # context parallelism (feature "context-parallelism")
     }

@@ -231,10 +231,30 @@ def _mamba_external(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json
     return vllm_out == {"crash": "ValueError"} or isinstance(vllm_out, list)
 
 
+def _mamba_cow_owner(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> bool:
+    if op["op"] != "allocate_slots" or not isinstance(vllm_out, list) or not isinstance(spec_out, list):
+        return False
+    hbs = cfg.resolved_hash_block_size()
+    coarse = {g for g, k in enumerate(cfg.groups) if isinstance(k, Mamba) and k.mode == "align" and k.block_size > hbs}
+    if not coarse or len(vllm_out) != len(spec_out):
+        return False
+    # The owner of a Mamba tail entry copied its block into a fresh one that vLLM puts into the
+    # table (and returns first); kvspec moves the entry to the fresh block and returns nothing
+    # more. Every other group agrees.
+    rewritten = [
+        g
+        for g, (v, s) in enumerate(zip(vllm_out, spec_out, strict=True))
+        if v != s and g in coarse and len(v) == len(s) + 1 and v[1:] == s and v[0] not in s
+    ]
+    differing = [g for g, (v, s) in enumerate(zip(vllm_out, spec_out, strict=True)) if v != s]
+    return bool(rewritten) and rewritten == differing
+
+
 MATCHERS: dict[str, Callable[[KVCacheConfig, Json, Json, Json, bool], bool]] = {
     "eagle-mamba-hit": _eagle_mamba,
     "second-full-group": _second_full,
     "swa-eagle-fallback": _swa_eagle,
     "common-prefix-pending": _common_prefix,
     "mamba-align-external-estimate": _mamba_external,
+    "mamba-cow-owner": _mamba_cow_owner,
 }

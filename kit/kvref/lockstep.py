@@ -80,6 +80,8 @@ class RunStats:
     """Lookups whose prefix hint (``get_prefix_hint``) was not 0."""
     prefix_hint_reads: int = 0
     """Prefix hints read (and compared) after a lookup."""
+    block_copies: int = 0
+    """Copy-on-write copies (source, copy) taken and compared (``take_kv_cache_block_copies``)."""
     first_failure_at: float | None = None
     """``time.monotonic()`` of the first unexplained divergence (shrinking starts there)."""
     first_failure_steps: int | None = None
@@ -350,6 +352,8 @@ class Lockstep:
                 self._fail(message.strip(), op, "crash" if crashes else "output")
         if self.halted:
             return outs[0]
+        if op["op"] == "take_kv_cache_block_copies" and isinstance(outs[0], dict):
+            self.stats.block_copies += len(outs[0].get("copies", ()))
         after = [ref_view, *(a.to_view() for a in self.adapters[1:])]
         for a, view in zip(self.adapters[1:], after[1:], strict=True):
             if view != ref_view:

@@ -163,6 +163,12 @@ def _execute(a: KVCacheAdapter, book: RequestBook, op: Json) -> Json:
             raise UnsupportedOperationError(f"{a.name} has no record_prefix_cache_stats")
         record(req, op["num_hits"])
         return None
+    if name == "take_kv_cache_block_copies":
+        take = getattr(a, "take_kv_cache_block_copies", None)
+        if take is None:
+            raise UnsupportedOperationError(f"{a.name} has no take_kv_cache_block_copies")
+        copies, retained = take()
+        return {"copies": [[src, dst] for src, dst in copies], "retained": list(retained)}
     if name in ("free", "pop_blocks_for_free"):
         # Protocol 2 passes the request as vLLM does; an id the book does not
         # know (a caller error) becomes a request with no tokens.
@@ -288,6 +294,9 @@ def output_problem(op: str, out: Json) -> str | None:
         return None if _int(out) and out >= 0 else f"get_prefix_hint must return an int >= 0, got {out!r}"
     if op == "reset_prefix_cache":
         return None if isinstance(out, bool) else f"reset_prefix_cache must return a bool, got {out!r}"
+    if op == "take_kv_cache_block_copies":
+        ok = isinstance(out, dict) and _block_lists_problem([*out.get("copies", [0]), out.get("retained")]) is None
+        return None if ok else f"take_kv_cache_block_copies must return int copies and retained ids, got {out!r}"
     if op == "usage":
         return None if isinstance(out, float | int) and not isinstance(out, bool) else f"usage is {out!r}"
     return None

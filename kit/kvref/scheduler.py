@@ -15,7 +15,9 @@ Rules (as vLLM's scheduler applies them):
 
 * A chunk never goes past the request's tokens; with a Mamba group in
   ``align`` mode a partial chunk ends on a scheduler-block boundary
-  (:func:`schedule_chunk`).
+  (:func:`schedule_chunk`), and with fine-grained hits it also stops at the
+  prompt's Mamba tail boundary when that lies in the prompt's last block
+  (:meth:`Scheduler.tail_stop`), where the tail entry can be registered.
 * With a Mamba group in ``align`` mode the chunk also stops at the shared
   prefix a sparse group has not cached yet, floored to a scheduler block
   (vLLM's Marconi-style admission, :func:`cap_at_junction`), from the prefix
@@ -24,6 +26,9 @@ Rules (as vLLM's scheduler applies them):
   the request runs with ``hit + external + new`` computed tokens, or, with
   delayed caching, waits for its connector load.
 * A running step adds its new tokens to the computed count.
+* With fine-grained hits (vLLM 0.26.0 on), a step that allocated ends with
+  the copy hand-off: ``take_kv_cache_block_copies``, then ``free_blocks`` of
+  the retained blocks in the order given (:meth:`Scheduler.hand_off_copies`).
 * Preemption frees (or pops) the request's blocks; it goes back to the head
   of the waiting queue with nothing computed and one more preemption.
 * A finished request is forgotten after its blocks were freed or popped.
@@ -38,16 +43,19 @@ from typing import Any
 
 from kvref.ops import RequestBook
 from kvspec.config import KVCacheConfig, Mamba
+from kvspec.mamba_tail import mamba_tail_boundary
+from kvspec.profiles import features_used
 
 Json = Any
 
 
-def schedule_chunk(config: KVCacheConfig, num_tokens: int, start: int, n: int) -> int:
+def schedule_chunk(config: KVCacheConfig, num_tokens: int, start: int, n: int, stop: int = 0) -> int:
     """Tokens actually scheduled when ``n`` are wanted from ``start``.
 
     At least one and at most the remaining tokens; with a Mamba group in
     ``align`` mode a chunk that does not finish the request ends on a
-    scheduler-block boundary (the next one when ``n`` does not reach one).
+    scheduler-block boundary (the next one when ``n`` does not reach one),
+    and a chunk that would run past ``stop`` (0: none) ends there.
 
     pre: 0 <= start < num_tokens and n >= 1
     post: 1 <= __return__ <= num_tokens - start
@@ -59,6 +67,8 @@ def schedule_chunk(config: KVCacheConfig, num_tokens: int, start: int, n: int) -
         if end <= start:
             end = min(start + remaining, (start // bs + 1) * bs)
         n = end - start
+    if start < stop < start + n:
+        n = stop - start
     return max(1, min(n, remaining))
 
 
@@ -141,6 +151,8 @@ class Scheduler:
         self.remote: list[str] = []
         self.pending: list[list[int]] = []
         """Popped block lists awaiting their deferred free, oldest first."""
+        self.copies = "partial-hash-hits" in features_used(config)
+        """Whether allocations may queue copy-on-write copies (:meth:`hand_off_copies`)."""
 
     # -- requests ----------------------------------------------------------
 
@@ -188,9 +200,24 @@ class Scheduler:
         """The chunk scheduled when ``n`` tokens are wanted (:func:`schedule_chunk`),
         cut at the junction of the request's prefix hint (:func:`cap_at_junction`;
         ``admission``: the chunk of the admission that did the lookup)."""
-        n = schedule_chunk(self.config, self.num_tokens(rid), start, n)
+        n = schedule_chunk(self.config, self.num_tokens(rid), start, n, self.tail_stop(rid))
         st = self.reqs.get(rid)
         return n if st is None else cap_at_junction(self.config, start, n, st.hint, admission)
+
+    def tail_stop(self, rid: str) -> int:
+        """Where a prefill chunk must stop so that a Mamba tail entry can be
+        registered (vLLM's ``_mamba_block_aligned_split``): the prompt's Mamba
+        tail boundary when it lies after the request's last scheduler-block
+        boundary (one block lower under EAGLE) and before the prompt's end;
+        0 (no stop) unless the configuration has fine-grained hits."""
+        if not self.copies:
+            return 0
+        cfg, req = self.config, self.book.requests[rid]
+        sched, hbs = cfg.scheduler_block_size, cfg.resolved_hash_block_size()
+        eagle = cfg.use_eagle and cfg.profile.mamba_tail_eagle != "none"
+        tail = mamba_tail_boundary(req.num_prompt_tokens, hbs, eagle, cfg.profile.mamba_tail_entries)
+        last = req.num_tokens - req.num_tokens % sched - (sched if cfg.use_eagle else 0)
+        return tail if max(last, 0) < tail < req.num_prompt_tokens else 0
 
     # -- scheduling moves ---------------------------------------------------
 
@@ -219,6 +246,7 @@ class Scheduler:
         scheduler does."""
         if self.call(op) is None:
             return False
+        self.hand_off_copies()
         rid = op["rid"]
         if looked_up and not self.config.profile.stats_at_lookup:
             self.call({"op": "record_prefix_cache_stats", "rid": rid, "num_hits": hit})
@@ -239,10 +267,22 @@ class Scheduler:
         op = {"op": "allocate_slots", "rid": rid, "num_new_tokens": new, "num_lookahead_tokens": lookahead}
         if self.call(op) is None:
             return False
+        self.hand_off_copies()
         st = self.reqs[rid]
         st.computed += new
         self.sync(st)
         return True
+
+    def hand_off_copies(self) -> None:
+        """The end of a step that allocated: take the copy-on-write copies and
+        release their retained blocks at once, in the order given (as vLLM's
+        scheduler does when block frees are not deferred). Only for
+        configurations with fine-grained hits (vLLM 0.26.0 on)."""
+        if not self.copies:
+            return
+        out = self.call({"op": "take_kv_cache_block_copies"})
+        if isinstance(out, dict) and out.get("retained"):
+            self.call({"op": "free_blocks", "block_ids": out["retained"]})
 
     def remote_loaded(self, rid: str) -> None:
         """The connector finished loading: cache what it loaded; the request

@@ -44,14 +44,19 @@ def inv_hash_lifetime(before: KVView, after: KVView, operation: str) -> bool:
     it is reused): only
     ``evict_blocks`` and ``reset_prefix_cache`` drop arbitrary entries, and
     ``allocate_slots`` only those of blocks it took from the free queue (so
-    they sit in a table afterwards; they may have been freed by the same call,
-    which first releases blocks outside the attention window); every other
-    operation drops none."""
+    they sit in a table afterwards, or, with fine-grained hits, are retained
+    for a pending copy; they may have been freed by the same call, which
+    first releases blocks outside the attention window) and those it moved
+    to another block (a Mamba tail entry moved to its owner's private copy);
+    every other operation drops none."""
     now = {(k, b) for k, ids in after.cached for b in ids}
-    lost = {(k, b) for k, ids in before.cached for b in ids} - now
+    was = {(k, b) for k, ids in before.cached for b in ids}
+    lost = was - now
     if operation in ("evict_blocks", "reset_prefix_cache"):
         return True
     if operation == "allocate_slots":
         held = {b for _, groups in after.tables for g in groups for b in g}
-        return all(b in held for _, b in lost)
+        taken = set(before.free_queue) - set(after.free_queue)
+        moved = {k for k, _ in now - was}
+        return all(b in held or b in taken or k in moved for k, b in lost)
     return not lost

@@ -26,6 +26,13 @@ from kvspec.config import (
     prefix_cacheable,
 )
 from kvspec.hashing import BlockHash, coarse_block_hashes
+from kvspec.partial_hits import (
+    eagle_margin,
+    fine_full_attention_hit,
+    fine_grained,
+    fine_mamba_hit,
+    partial_hash_hits_enabled,
+)
 from kvspec.request import Request
 from kvspec.single_type_kv_cache_manager import MambaManager, find_longest_cache_hit, make_manager
 
@@ -65,11 +72,22 @@ class KVCacheCoordinator:
                          admission_cap(engine_kind, mnbt, mml), config.profile, config.has_mamba())
             for gid, (kind, engine_kind) in enumerate(zip(config.manager_groups(), config.groups, strict=True))
         )  # fmt: skip
+        self.partial_hash_hits = partial_hash_hits_enabled(config)
+        """Hits may end on any hash boundary (:mod:`kvspec.partial_hits`)."""
+        self.hit_alignment = self.hash_block_size if self.partial_hash_hits else self.scheduler_block_size
+        """Every hit length is a multiple of this (upstream ``_cache_hit_alignment_tokens``)."""
         for m, engine_kind in zip(self.managers, config.groups, strict=True):
+            m.cache_mask_alignment = self.cache_mask_alignment()
             if isinstance(m, MambaManager):
                 m.drop_eagle_checkpoint = config.use_eagle
             if config.profile.cp_swa_mask_unscaled:
                 m.mask_kind = engine_kind
+
+    def cache_mask_alignment(self) -> int:
+        """The alignment sliding-window caching masks assume: the scheduler
+        block, from vLLM 0.29.0 on the hit alignment (profile switch
+        ``cache_mask_hit_alignment``)."""
+        return self.hit_alignment if self.config.profile.cache_mask_hit_alignment else self.scheduler_block_size
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
@@ -87,8 +105,10 @@ class KVCacheCoordinator:
         num_tokens_main_model: int,
         apply_admission_cap: bool = False,
         num_external: int = 0,
+        num_local: int = 0,
     ) -> int:
-        """Sum over groups; cross attention is sized by the encoder tokens."""
+        """Sum over groups; cross attention is sized by the encoder tokens.
+        ``num_local`` (computed plus hit tokens) tells a partial hit."""
         total = 0
         for m, hits in zip(self.managers, new_computed_blocks, strict=True):
             if isinstance(m.kind, CrossAttention):
@@ -98,7 +118,7 @@ class KVCacheCoordinator:
             else:
                 total += m.get_num_blocks_to_allocate(
                     request_id, num_tokens, hits, total_computed_tokens, num_tokens_main_model, apply_admission_cap,
-                    num_external,
+                    num_external, num_local,
                 )  # fmt: skip
         return total
 
@@ -236,7 +256,9 @@ class HybridCoordinator(KVCacheCoordinator):
 
         Full-attention groups are looked up once and only trimmed afterwards
         (their hits are downward closed). An EAGLE spec group looks one block
-        further and drops it, once per candidate length.
+        further and drops it, once per candidate length. With fine-grained
+        hits (:mod:`kvspec.partial_hits`) lengths are multiples of the hash
+        block, and a full-attention list keeps ``cdiv(hit, bs)`` blocks.
 
         NOTE: two deliberate departures from vLLM 0.25.1 (docs/divergences.md):
         Mamba groups never take the EAGLE look-ahead ("eagle-mamba-hit"; from
@@ -250,14 +272,15 @@ class HybridCoordinator(KVCacheCoordinator):
         for sg in self.spec_groups:
             if isinstance(sg.kind, FULL_TYPE_KINDS):
                 for gid in sg.group_ids:
-                    del hits[gid][hit // sg.kind.block_size :]
+                    del hits[gid][-(-hit // sg.kind.block_size) :]
         return tuple(hits), hit
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """Cache only up to a scheduler-block boundary (hits always end on one);
-        EAGLE groups one block further, the block their look-ahead needs."""
+        """Cache only up to a scheduler-block boundary (hits always end on one;
+        with fine-grained hits every token counts); EAGLE groups one block
+        further, the block their look-ahead needs."""
         sched = self.scheduler_block_size
-        aligned = num_tokens // sched * sched
+        aligned = num_tokens if self.partial_hash_hits else num_tokens // sched * sched
         for m in self.managers:
             n = aligned
             if m.use_eagle and aligned > 0:
@@ -281,7 +304,7 @@ def hybrid_hit_search_longest(
     spec-group lookup reached (vLLM's ``longest_hit_length``), at least the hit."""
     longest = 0
     hits: list[list[BlockId]] = [[] for _ in coord.managers]
-    looked_up: set[int] = set()
+    lengths: dict[int, int] = {}
     verified: set[int] = set()
     simple = len(coord.spec_groups) == 2 and isinstance(coord.spec_groups[0].kind, FULL_TYPE_KINDS)
     profile = coord.config.profile
@@ -290,27 +313,22 @@ def hybrid_hit_search_longest(
     while True:
         cur = hit
         for idx, sg in enumerate(coord.spec_groups):
-            bs = sg.kind.block_size
-            if isinstance(sg.kind, FULL_TYPE_KINDS) and idx in looked_up:
-                cur = cur // bs * bs
+            if isinstance(sg.kind, FULL_TYPE_KINDS) and idx in lengths:
+                cur = min(cur, lengths[idx])
                 continue
             mamba = isinstance(sg.kind, Mamba)
             drop = sg.use_eagle and idx not in verified and (profile.mamba_eagle_counts_verified or not mamba)
-            limit = eagle_search_limit(cur, bs, max_len, hashed, profile.eagle_margin_hashed_cap) if drop else cur
+            margin = eagle_margin(sg.kind, coord.hash_block_size, coord.partial_hash_hits)
+            limit = eagle_search_limit(cur, margin, max_len, hashed, profile.eagle_margin_hashed_cap) if drop else cur
             if mamba:
                 limit = cur
-            found = find_longest_cache_hit(
-                sg.kind, coord._hashes_for(sg.kind, block_hashes), limit, sg.group_ids,
-                coord.pool, drop, coord.scheduler_block_size,
-            )  # fmt: skip
-            new = len(found[0]) * bs
+            found, new = spec_group_hit(coord, sg, block_hashes, limit, drop)
             if drop:
                 verified.add(idx)
             elif new < cur:
                 verified.clear()
-            cur = new
+            cur = lengths[idx] = new
             longest = max(longest, cur)
-            looked_up.add(idx)
             for gid, blocks in zip(sg.group_ids, found, strict=True):
                 hits[gid] = blocks
         if cur >= hit:
@@ -320,17 +338,34 @@ def hybrid_hit_search_longest(
             return hit, hits, longest
 
 
-def eagle_search_limit(cur: int, block_size: int, max_len: int, hashed: int, hashed_cap: bool) -> int:
-    """How far an EAGLE group searches when its drop is not yet verified at
-    candidate length ``cur``: one block further, at most ``max_len``
-    (``num_tokens - 1``), or, from vLLM 0.32.0 on, at most the request's
-    hashed tokens (profile switch ``eagle_margin_hashed_cap``), which lets the
-    hit reach a block that ends exactly at the request's last token.
+def spec_group_hit(
+    coord: HybridCoordinator, sg: SpecGroup, block_hashes: Sequence[BlockHash], limit: int, drop: bool
+) -> tuple[list[list[BlockId]], int]:
+    """One spec group's hit of at most ``limit`` tokens: its lists per group
+    and its length, found at hash granularity where the group does
+    fine-grained lookups (:mod:`kvspec.partial_hits`)."""
+    kind, align = sg.kind, coord.hit_alignment
+    if fine_grained(kind, align):
+        if isinstance(kind, Mamba):
+            return fine_mamba_hit(kind, block_hashes, limit, sg.group_ids, coord.pool, align)
+        return fine_full_attention_hit(kind, block_hashes, limit, sg.group_ids, coord.pool, drop, align)
+    hashes = coord._hashes_for(kind, block_hashes)
+    found = find_longest_cache_hit(kind, hashes, limit, sg.group_ids, coord.pool, drop, align)
+    return found, len(found[0]) * kind.block_size
 
-    pre: cur >= 0 and block_size >= 1
+
+def eagle_search_limit(cur: int, margin: int, max_len: int, hashed: int, hashed_cap: bool) -> int:
+    """How far an EAGLE group searches when its drop is not yet verified at
+    candidate length ``cur``: ``margin`` further (one block, or one hash unit
+    with fine-grained hits), at most ``max_len`` (``num_tokens - 1``), or,
+    from vLLM 0.32.0 on, at most the request's hashed tokens (profile switch
+    ``eagle_margin_hashed_cap``), which lets the hit reach a block that ends
+    exactly at the request's last token.
+
+    pre: cur >= 0 and margin >= 1
     post: __return__ >= 0
     """
-    return min(cur + block_size, hashed if hashed_cap else max_len)
+    return min(cur + margin, hashed if hashed_cap else max_len)
 
 
 def make_coordinator(config: KVCacheConfig) -> KVCacheCoordinator:

@@ -40,7 +40,14 @@ from kvspec.errors import (
     UnsupportedOperationError,
 )
 from kvspec.events import BlockRemoved, BlockStored, KVCacheEvent
-from kvspec.hashing import coarse_block_hashes, external_block_hash, make_key, split_key
+from kvspec.hashing import (
+    BlockHash,
+    BlockHashWithGroupId,
+    coarse_block_hashes,
+    external_block_hash,
+    make_key,
+    split_key,
+)
 from kvspec.invariants import require
 from kvspec.kv_cache_coordinator import GroupBlocks, make_coordinator
 from kvspec.profiles import SemanticsProfile
@@ -53,7 +60,8 @@ class KVCacheManager:
     """Allocates, caches and frees the KV-cache blocks of requests.
 
     inv: every invariant of the pool and of each manager
-    inv: ref_cnt[b] == occurrences of b in all tables + in pending (popped) lists
+    inv: ref_cnt[b] == occurrences of b in all tables + in pending (popped or
+         retained) lists + in the managers' pending copies
     inv: a non-null block is in the tables of at most one group
     """
 
@@ -102,7 +110,8 @@ class KVCacheManager:
         uncached = self.coordinator.num_uncached_common_prefix_tokens
         if uncached:
             self.shared_prefix_boundary[request.request_id] = n + uncached
-        require(hit_covers_length(self.config, blocks, n, request.num_tokens - 1), f"malformed hit {blocks}, {n}")
+        covered = hit_covers_length(self.config, blocks, n, request.num_tokens - 1, self.coordinator.hit_alignment)
+        require(covered, f"malformed hit {blocks}, {n}")
         if self.prefix_cache_stats is not None and self.config.profile.stats_at_lookup:
             self.prefix_cache_stats.record(request.num_tokens, n, request.num_preemptions > 0)
         return self._ids(blocks), n
@@ -192,7 +201,9 @@ class KVCacheManager:
         coord, rid = self.coordinator, request.request_id
         if full_sequence_must_fit:
             full = min(request.num_tokens, self.config.max_model_len)
-            need = coord.get_num_blocks_to_allocate(rid, full, hits, num_encoder_tokens, total, full, True)
+            need = coord.get_num_blocks_to_allocate(
+                rid, full, hits, num_encoder_tokens, total, full, True, num_local=local
+            )
             if need + wm > self.block_pool.get_num_free_blocks():
                 return None
         main = total + num_new_tokens
@@ -200,7 +211,7 @@ class KVCacheManager:
         coord.remove_skipped_blocks(rid, total)
         need = coord.get_num_blocks_to_allocate(
             rid, slots, hits, num_encoder_tokens, local + num_external_computed_tokens, main,
-            num_external=num_external_computed_tokens,
+            num_external=num_external_computed_tokens, num_local=local,
         )  # fmt: skip
         if need + wm > self.block_pool.get_num_free_blocks() - reserved_blocks:
             return None
@@ -232,8 +243,8 @@ class KVCacheManager:
         return blocks
 
     def free_blocks(self, ordered_block_ids: Sequence[int]) -> None:
-        """The deferred free of popped blocks (upstream: the scheduler calling
-        ``block_pool.free_blocks``). Null ids are ignored.
+        """The deferred free of popped or retained blocks (upstream: the
+        scheduler calling ``block_pool.free_blocks``). Null ids are ignored.
 
         Raises:
             InvalidBlockIdError: An id outside the pool.
@@ -344,6 +355,23 @@ class KVCacheManager:
         require_operation(self.config.profile, "take_new_block_ids")
         return [b for m in self.coordinator.managers for b in m.take_new_block_ids()]
 
+    def take_kv_cache_block_copies(self) -> tuple[list[tuple[BlockId, BlockId]], list[BlockId]]:
+        """Drain the copy-on-write copies of fine-grained hits (vLLM 0.26.0 on;
+        :mod:`kvspec.partial_hits`): ``(source, copy)`` pairs in group order,
+        oldest first, and the retained blocks ``[source0, copy0, source1, ...]``.
+        Each retained block holds one reference until the caller releases it
+        with :meth:`free_blocks` (it is pending, like a popped block).
+
+        Raises:
+            UnsupportedOperationError: Before vLLM 0.26.0.
+        """
+        if not self.config.profile.partial_hash_hits:
+            raise UnsupportedOperationError(f"take_kv_cache_block_copies: not in {self.config.profile.name}")
+        copies = [pair for m in self.coordinator.managers for pair in m.take_pending_copies()]
+        retained = [b for pair in copies for b in pair]
+        self.pending.update(retained)
+        return copies, retained
+
     def new_step_starts(self) -> None:
         """A scheduler step begins (Mamba may now use states cached earlier;
         UnsupportedOperationError before vLLM 0.25.1)."""
@@ -443,12 +471,14 @@ class KVCacheManager:
                 raise StaleHitError(
                     f"allocate_slots: the null block in group {g}'s hit: a full-attention hit never contains it"
                 )
-        hbs = self.coordinator.hash_block_size
+        hbs, fine = self.coordinator.hash_block_size, self.coordinator.partial_hash_hits
         for g, (kind, ids) in enumerate(zip(self.kinds, hits, strict=True)):
-            divisible = kind.block_size % hbs == 0
-            hashes = coarse_block_hashes(request.block_hashes, hbs, kind.block_size) if divisible else ()
             for i, b in enumerate(ids):
-                if b != NULL_BLOCK and (i >= len(hashes) or self.block_pool.block_hash[b] != make_key(hashes[i], g)):
+                if kind.block_size % hbs:
+                    expected = []
+                else:
+                    expected = hit_keys(request.block_hashes, hbs, kind.block_size, g, i, fine and i == len(ids) - 1)
+                if b != NULL_BLOCK and not set(expected) & set(self.block_pool.keys_of(BlockId(b))):
                     raise StaleHitError(
                         f"allocate_slots: hit block {b} (group {g}, index {i}) is no longer cached for "
                         f"request {rid!r}; it was evicted after get_computed_blocks"
@@ -531,11 +561,13 @@ def allocation_without_tokens(profile: SemanticsProfile, n_new: int, n_hit: int,
 
 def inv_ref_cnt_counts_holders(mgr: KVCacheManager) -> bool:
     """Every non-null block's ref_cnt equals its occurrences in all tables plus
-    its pending (popped, not yet freed) references."""
+    its pending (popped or retained, not yet freed) references plus one per
+    end of a copy not taken yet."""
     held: Counter[int] = Counter(mgr.pending)
     for m in mgr.coordinator.managers:
         for table in m.req_to_blocks.values():
             held.update(b for b in table if b != NULL_BLOCK)
+        held.update(b for pair in m.pending_copies for b in pair)
     pool = mgr.block_pool
     return all(pool.ref_cnt[b] == held[b] for b in range(1, pool.num_gpu_blocks))
 
@@ -555,17 +587,35 @@ def inv_group_exclusive(mgr: KVCacheManager) -> bool:
     return True
 
 
-def hit_covers_length(config: KVCacheConfig, blocks: GroupBlocks, n: int, max_len: int) -> bool:
-    """A hit never exceeds ``num_tokens - 1`` tokens, is a multiple of the
-    scheduler block size, and every group's list covers exactly ``n`` tokens
-    (vLLM 0.25.1 breaks this in two places, registered as the divergences
-    ``eagle-mamba-hit`` and ``second-full-group``); a ring group's list is
-    always empty."""
+def hit_keys(
+    fine: Sequence[BlockHash], hash_block_size: int, block_size: int, group_id: int, i: int, partial: bool
+) -> list[BlockHashWithGroupId]:
+    """The keys under which the hit block at table index ``i`` may be cached
+    for a request with hashes ``fine``: its full-block key; with ``partial``
+    (the last block of a fine-grained hit) also the key of any hash boundary
+    inside the block (:mod:`kvspec.partial_hits`).
+
+    pre: hash_block_size >= 1 and block_size % hash_block_size == 0 and i >= 0
+    """
+    k = block_size // hash_block_size
+    keys = [make_key(fine[(i + 1) * k - 1], group_id)] if (i + 1) * k <= len(fine) else []
+    if partial:
+        keys += [make_key(fine[j], group_id) for j in range(i * k, min((i + 1) * k - 1, len(fine)))]
+    return keys
+
+
+def hit_covers_length(config: KVCacheConfig, blocks: GroupBlocks, n: int, max_len: int, alignment: int) -> bool:
+    """A hit never exceeds ``num_tokens - 1`` tokens, is a multiple of the hit
+    alignment (the scheduler block size; the hash block size with
+    fine-grained hits), and every group's list has the ``cdiv(n, bs)`` blocks
+    that cover exactly ``n`` tokens (vLLM 0.25.1 breaks this in two places,
+    registered as the divergences ``eagle-mamba-hit`` and ``second-full-group``);
+    a ring group's list is always empty."""
     exact = all(
-        len(b) * k.block_size == n if prefix_cacheable(k) else not b
+        len(b) == -(-n // k.block_size) if prefix_cacheable(k) else not b
         for b, k in zip(blocks, config.manager_groups(), strict=True)
     )
-    return n <= max(max_len, 0) and n % config.scheduler_block_size == 0 and exact
+    return n <= max(max_len, 0) and n % alignment == 0 and exact
 
 
 def tables_cover_slots(mgr: KVCacheManager, request_id: str, slots: int) -> bool:

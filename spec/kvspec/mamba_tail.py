@@ -1,8 +1,9 @@
-"""Mamba align tail entries (vLLM 0.32.0 on).
+"""Mamba align tail entries (vLLM 0.26.0 on for groups coarser than the
+hash block, 0.32.0 on for every align group).
 
 A Mamba group in ``align`` mode caches the state block of every step end
-that lands on a block boundary. From vLLM 0.32.0 on it also keys the state
-block at the prompt's *tail boundary*: the prefill checkpoint position a
+that lands on a block boundary. It also keys the state block at the
+prompt's *tail boundary*: the prefill checkpoint position a
 resend of the prompt can resume at (:func:`mamba_tail_boundary`). Whenever a
 ``cache_blocks`` call of the group covers exactly that many tokens, the block
 holding the boundary's state is cached under the request's hash at the
@@ -20,10 +21,14 @@ Two consequences a port must reproduce:
   request that hits it in the same step is refused; 0.33.0 skips such a
   block (profile switch ``mamba_tail_skip_keyed``).
 
+Before vLLM 0.32.0 only a group coarser than the hash block has tail entries,
+and only for a boundary inside a block; such an entry is a partial one, and
+the request that registered it privatises it at its next allocation
+(:mod:`kvspec.partial_hits`).
+
 Upstream: ``MambaManager._cache_partial_tail_block``
 (``vllm/v1/core/single_type_kv_cache_manager.py``) and
-``get_mamba_prefill_checkpoint_position`` (``vllm/v1/kv_cache_interface.py``),
-0.32.0 and 0.33.0.
+``get_mamba_prefill_checkpoint_position`` (``vllm/v1/kv_cache_interface.py``).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import TYPE_CHECKING
 from kvspec.block_pool import NULL_BLOCK
 from kvspec.config import Mamba
 from kvspec.hashing import BlockHashWithGroupId
+from kvspec.partial_hits import record_partial_hit
 from kvspec.partial_tail import cache_partial_block
 from kvspec.profiles import SemanticsProfile
 from kvspec.request import Request
@@ -41,42 +47,67 @@ if TYPE_CHECKING:
     from kvspec.single_type_kv_cache_manager import MambaManager
 
 
-def registers_mamba_tail(kind: Mamba, profile: SemanticsProfile) -> bool:
+def registers_mamba_tail(kind: Mamba, profile: SemanticsProfile, hash_block_size: int) -> bool:
     """Whether a Mamba group keys its state at the prompt's tail boundary:
-    ``align`` mode, from vLLM 0.32.0 on (profile switch ``mamba_tail_entries``)."""
-    return profile.mamba_tail_entries and kind.mode == "align"
+    ``align`` mode, from vLLM 0.32.0 on (profile switch
+    ``mamba_tail_entries``); from 0.26.0 on already a group coarser than the
+    hash block (with fine-grained hits, :mod:`kvspec.partial_hits`; switch
+    ``partial_hash_hits``)."""
+    if kind.mode != "align":
+        return False
+    return profile.mamba_tail_entries or (profile.partial_hash_hits and kind.block_size > hash_block_size)
 
 
-def mamba_tail_boundary(num_prompt_tokens: int, hash_block_size: int, drop_eagle: bool) -> int:
-    """The prompt's tail boundary for Mamba: the last hash boundary at or
-    below ``num_prompt_tokens - 1`` (a resend recomputes the last token);
-    under EAGLE (``drop_eagle``: the model's ``use_eagle``) the last one at or
-    below the prompt's end, one hash unit lower (EAGLE recomputes that
-    unit). Never negative.
+def mamba_tail_boundary(num_prompt_tokens: int, hash_block_size: int, drop_eagle: bool, below_last: bool) -> int:
+    """The prompt's tail boundary for Mamba: its last hash boundary, one
+    hash unit lower under EAGLE (EAGLE recomputes that unit); from vLLM
+    0.32.0 on (``below_last``, profile switch ``mamba_tail_entries``) without
+    EAGLE the last one at or below ``num_prompt_tokens - 1`` (a resend
+    recomputes the last token). Never negative.
 
     pre: num_prompt_tokens >= 0 and hash_block_size >= 1
     post: 0 <= __return__ <= num_prompt_tokens
     post: __return__ % hash_block_size == 0
     """
-    limit = num_prompt_tokens if drop_eagle else num_prompt_tokens - 1
+    limit = num_prompt_tokens - 1 if below_last and not drop_eagle else num_prompt_tokens
     boundary = max(limit, 0) // hash_block_size * hash_block_size
     return max(boundary - hash_block_size, 0) if drop_eagle else boundary
+
+
+def tail_eagle_shift(manager: MambaManager) -> bool:
+    """Whether EAGLE lowers the tail boundary: never before vLLM 0.30.0, in
+    0.30.x when the group itself is an EAGLE group, from 0.31.0 on when the
+    model uses EAGLE (profile switch ``mamba_tail_eagle``)."""
+    rule = manager.profile.mamba_tail_eagle
+    if rule == "group":
+        return manager.use_eagle
+    return rule == "model" and manager.drop_eagle_checkpoint
 
 
 def cache_mamba_tail_block(manager: MambaManager, request: Request, num_tokens: int) -> BlockHashWithGroupId | None:
     """After an align-mode group cached up to ``num_tokens``: if that is the
     tail boundary, key the state block holding it there; return the key
-    (None if nothing was keyed)."""
-    pool = manager.pool
+    (None if nothing was keyed). Before vLLM 0.32.0 only a boundary inside a
+    block counts. A boundary inside a block leaves a partial-hit record: the
+    owner's next allocation moves the entry to a private copy
+    (:mod:`kvspec.partial_hits`)."""
+    pool, bs, p = manager.pool, manager.block_size, manager.profile
     hbs = pool.hash_block_size
-    boundary = mamba_tail_boundary(request.num_prompt_tokens, hbs, manager.drop_eagle_checkpoint)
+    boundary = mamba_tail_boundary(request.num_prompt_tokens, hbs, tail_eagle_shift(manager), p.mamba_tail_entries)
     if num_tokens <= 0 or num_tokens % hbs or num_tokens != boundary:
         return None
-    table = manager.req_to_blocks.get(request.request_id, [])
-    idx = -(-num_tokens // manager.block_size) - 1
+    if not p.mamba_tail_entries and num_tokens % bs == 0:
+        return None
+    rid = request.request_id
+    table = manager.req_to_blocks.get(rid, [])
+    idx = -(-num_tokens // bs) - 1
     if idx >= len(table) or table[idx] == NULL_BLOCK:
         return None
     b = table[idx]
-    if manager.profile.mamba_tail_skip_keyed and pool.hash_num_tokens[b] == num_tokens:
+    if p.mamba_tail_skip_keyed and pool.hash_num_tokens[b] == num_tokens:
         return None
-    return cache_partial_block(pool, request, b, num_tokens, manager.group_id)
+    key = cache_partial_block(pool, request, b, num_tokens, manager.group_id)
+    if key is not None and num_tokens % bs:
+        record_partial_hit(manager, rid, idx, b)
+        manager.tail_owners.add(rid)
+    return key

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 NewBlockIds = Literal["full-mla", "full-mla-with-mamba", "attention-with-mamba"]
 CommonPrefix = Literal["tables", "zero"]
 CpBlockScaling = Literal["dcp-pcp", "dcp", "dcp-full-attention", "dcp-sharded"]
+TailEagle = Literal["none", "group", "model"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +92,11 @@ class SemanticsProfile:
     mamba_skip_spec_slack: bool = True
     """Mamba's ``remove_skipped_blocks`` first subtracts the speculative block
     count from the computed tokens: :meth:`MambaManager.remove_skipped_blocks`."""
+    mamba_early_return_allocated: bool = False
+    """An align-mode allocation that needs no block still marks the request as
+    allocated (which decides, for a partial hit, between copying into the
+    table and moving the tail entry): :meth:`MambaManager._allocate_aligned`."""
+
     mamba_step_guard: bool = True
     """A Mamba hit on a state cached in the current scheduler step is not
     usable until ``new_step_starts`` (which exists only with this switch):
@@ -202,7 +208,20 @@ class SemanticsProfile:
     :func:`kvspec.partial_tail.fa_tail_boundary`."""
     partial_hash_hits: bool = False
     """A Mamba align group coarser than the hash block enables hits inside a
-    block, served by copy-on-write."""
+    block, served by copy-on-write:
+    :func:`kvspec.partial_hits.partial_hash_hits_enabled`."""
+    partial_hits_gated: bool = False
+    """Fine-grained hits stay off when another group that cannot do them is
+    coarser than the hash block (before, vLLM fails an assertion):
+    :func:`kvspec.partial_hits.partial_hash_hits_enabled`."""
+    cache_mask_hit_alignment: bool = False
+    """The sliding-window caching mask uses the hit alignment (the hash block
+    under fine-grained hits) instead of the scheduler block:
+    :meth:`kvspec.kv_cache_coordinator.KVCacheCoordinator.cache_mask_alignment`."""
+    mamba_tail_eagle: TailEagle = "none"
+    """Which EAGLE flag lowers the Mamba tail boundary by one hash unit: none,
+    the group's own, or the model's ``use_eagle``:
+    :func:`kvspec.mamba_tail.tail_eagle_shift`."""
     mamba_tail_entries: bool = False
     """Mamba align groups key their state block at the prompt's tail boundary
     (which also re-caches a state block evicted while held):
@@ -302,34 +321,41 @@ VLLM_0_28_0 = replace(
     release="0.28.0",
     free_unhashed_needs_caching=False,
     new_block_ids="attention-with-mamba",
+    partial_hits_gated=True,
+    mamba_early_return_allocated=True,
 )
 """0.28.0: the free order of 0.26.0 is back; with a Mamba group every
-attention kind records its fresh blocks."""
+attention kind records its fresh blocks; fine-grained hits are switched off
+when a group cannot do them; an align-mode allocation that needs no block
+marks the request as allocated."""
 
 VLLM_0_29_0 = replace(
     VLLM_0_28_0,
     name="vllm-0.29.0",
     release="0.29.0",
     single_spec_group_hybrid=True,
+    cache_mask_hit_alignment=True,
     circular_buffer_kind=True,
     cp_block_scaling="dcp-full-attention",
 )
 """0.29.0: every full-attention group is trimmed to the hit (kvspec always
 did; the ``second-full-group`` divergence ends); cached models whose groups
-share one kind are allowed; the ring kind ``CircularBuffer``; DCP scales
-only full-attention-type groups."""
+share one kind are allowed; the sliding-window caching mask follows the hit
+alignment; the ring kind ``CircularBuffer``; DCP scales only
+full-attention-type groups."""
 
 VLLM_0_30_0 = replace(
     VLLM_0_29_0,
     name="vllm-0.30.0",
     release="0.30.0",
     sink_blocks_reserved=False,
+    mamba_tail_eagle="group",
     kpool_tail_kind=True,
     cp_swa_mask_unscaled=False,
 )
-"""0.30.0: SinkFull groups reserve no sink blocks (plain full attention); the
-ring kind ``KpoolTail``; the window cache mask counts in the DCP-scaled
-block size."""
+"""0.30.0: SinkFull groups reserve no sink blocks (plain full attention); an
+EAGLE Mamba group's tail boundary is one hash unit lower; the ring kind
+``KpoolTail``; the window cache mask counts in the DCP-scaled block size."""
 
 VLLM_0_31_0 = replace(
     VLLM_0_30_0,
@@ -340,11 +366,13 @@ VLLM_0_31_0 = replace(
     adopt_hit_without_new_tokens=True,
     mamba_align_estimate_capped=True,
     cp_block_scaling="dcp-sharded",
+    mamba_tail_eagle="model",
 )
 """0.31.0: tagged extra hash keys (the LoRA key includes the adapter path);
 resumed hashing sees every multimodal feature; an allocation may adopt hit
 tokens without new ones; Mamba align's estimate is capped by the real need;
-DCP scales every ``dcp_sharded`` group (every attention kind, not Mamba)."""
+the Mamba tail's EAGLE shift follows the model's ``use_eagle``; DCP scales
+every ``dcp_sharded`` group (every attention kind, not Mamba)."""
 
 VLLM_0_32_0 = replace(
     VLLM_0_31_0,
@@ -449,12 +477,22 @@ def features_used(config: KVCacheConfig) -> frozenset[str]:
 
 
 MODELLED_FEATURES = frozenset({"partial-tail-entries", "mamba-tail-entries", "ring-kinds", "context-parallelism"})
-"""The features of :func:`features_used` that kvspec models."""
+"""The features of :func:`features_used` that kvspec models under every
+profile; fine-grained hits (``"partial-hash-hits"``) only under those of
+:data:`PARTIAL_HASH_HITS_CHECKED`."""
 
 FEATURE_SWITCHES: dict[str, frozenset[str]] = {
     "partial-tail-entries": frozenset({"partial_tail_entries", "fa_tail_below_last_token"}),
-    "partial-hash-hits": frozenset({"partial_hash_hits"}),
-    "mamba-tail-entries": frozenset({"mamba_tail_entries", "mamba_tail_skip_keyed"}),
+    "partial-hash-hits": frozenset(
+        {
+            "partial_hash_hits",
+            "partial_hits_gated",
+            "cache_mask_hit_alignment",
+            "mamba_early_return_allocated",
+            "mamba_tail_eagle",
+        }
+    ),
+    "mamba-tail-entries": frozenset({"mamba_tail_entries", "mamba_tail_skip_keyed", "mamba_tail_eagle"}),
     "ring-kinds": frozenset({"circular_buffer_kind", "kpool_tail_kind"}),
     "context-parallelism": frozenset({"cp_block_scaling", "cp_swa_mask_unscaled"}),
 }
@@ -463,28 +501,52 @@ change nothing for a configuration that does not use the feature, so an
 implementation that refuses the feature need not read them."""
 
 
+PARTIAL_HASH_HITS_CHECKED: frozenset[str] = frozenset({"vllm-0.26.0", "vllm-0.27.1", "vllm-0.28.0", "vllm-0.29.0"})
+"""The profiles whose fine-grained hits with copy-on-write
+(``"partial-hash-hits"``, :mod:`kvspec.partial_hits`) have been checked in
+lockstep against that vLLM release; for the others a configuration that uses
+them is refused."""
+
+
 def unsupported_reason(config: KVCacheConfig) -> str | None:
     """Why kvspec cannot model ``config`` under its profile, or None.
 
-    One feature of newer releases adds state kvspec does not model yet
-    (:func:`features_used`); a cached configuration that would use it is
-    refused: fine-grained hits with copy-on-write (0.26.0 on), a hybrid with
-    a Mamba align group whose block size is above the hash block size. Some
-    rules of vLLM 0.16.0 are not modelled either (:func:`unmodelled_v016_rules`),
-    nor context parallelism beyond one plain group (:func:`unmodelled_cp_rules`).
+    Every state-adding feature of :func:`features_used` is modelled, but
+    fine-grained hits with copy-on-write only for the profiles of
+    :data:`PARTIAL_HASH_HITS_CHECKED`. Also refused is a configuration on
+    which the release itself fails: in vLLM 0.26.x and 0.27.x, fine-grained
+    hits together with a group that cannot do them (a sliding-window or
+    chunked-local group coarser than the hash block) fail an assertion at
+    the first lookup.
+    Some rules of vLLM 0.16.0 are not modelled either
+    (:func:`unmodelled_v016_rules`), nor context parallelism beyond one plain
+    group (:func:`unmodelled_cp_rules`).
     """
+    from kvspec.partial_hits import blocks_fine_hits  # noqa: PLC0415 - partial_hits imports config
+
     old_rules = unmodelled_v016_rules(config) or unmodelled_cp_rules(config)
     if old_rules is not None:
         return f"{config.profile.name}: {old_rules}"
-    missing = sorted(features_used(config) - MODELLED_FEATURES)
-    if not missing:
-        return None
-    why = {
-        "partial-hash-hits": "a Mamba align group coarser than the hash block needs fine-grained hits with "
-        "copy-on-write, which are not modelled",
-        "mamba-tail-entries": "Mamba align tail cache entries are not modelled",
-    }
-    return f"{config.profile.name}: " + "; ".join(why[f] for f in missing)
+    p = config.profile
+    used = features_used(config)
+    missing = sorted(used - MODELLED_FEATURES - {"partial-hash-hits"})
+    if missing:
+        return f"{p.name}: {', '.join(missing)} not modelled"
+    if "partial-hash-hits" in used and not p.partial_hits_gated:
+        hbs = config.resolved_hash_block_size()
+        for gid, kind in enumerate(config.groups):
+            if blocks_fine_hits(kind, hbs):
+                return (
+                    f"{p.name}: group {gid} ({type(kind).__name__}, block size {kind.block_size}) is coarser than "
+                    f"the hash block ({hbs}) in a model with fine-grained hits; vLLM {p.release} fails an "
+                    "assertion at the first lookup"
+                )
+    if "partial-hash-hits" in used and p.name not in PARTIAL_HASH_HITS_CHECKED:
+        return (
+            f"{p.name}: a Mamba align group coarser than the hash block needs fine-grained hits with "
+            "copy-on-write, which are not modelled for this release"
+        )
+    return None
 
 
 def unmodelled_v016_rules(config: KVCacheConfig) -> str | None:

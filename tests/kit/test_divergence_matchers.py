@@ -43,6 +43,7 @@ def _trace_step(div_id: str) -> tuple[KVCacheConfig, dict[str, Any], Any]:
         ("second-full-group", {"blocks": [[1, 2, 3], [6, 7, 8, 9], [0, 0, 13]], "num_tokens": 12}),
         ("common-prefix-pending", [2]),
         ("mamba-align-external-estimate", {"crash": "ValueError"}),
+        ("mamba-cow-owner", [[], [5], [6]]),
     ],
 )
 def test_matcher_explains_vllms_output_on_its_trace(div_id: str, vllm_out: Any) -> None:
@@ -82,3 +83,16 @@ def test_the_vllm_sides_release_picks_the_entries_not_the_profile_kvspec_runs() 
     assert explain(replace(cfg, profile=VLLM_0_26_0), op, vllm_out, spec_out, False, release="0.25.1") == (
         "eagle-mamba-hit"
     )
+
+
+def test_mamba_cow_owner_only_where_it_was_not_fixed_and_only_the_copy() -> None:
+    """The owner's copy returned first in the Mamba group is explained under
+    0.26.0, not under 0.28.0 (which fixed it), and not when another group
+    differs too or the extra block is not first."""
+    cfg, op, spec_out = _trace_step("mamba-cow-owner")
+    assert spec_out == [[], [], [6]]
+    assert explain(cfg, op, [[], [5], [6]], spec_out, False) == "mamba-cow-owner"
+    assert explain(cfg, op, [[], [5], [6]], spec_out, False, release="0.28.0") is None
+    assert explain(cfg, op, [[7], [5], [6]], spec_out, False) is None
+    assert explain(cfg, op, [[], [6, 5], [6]], spec_out, False) is None
+    assert explain(cfg, op, [[], [], [5]], spec_out, False) is None

@@ -13,8 +13,11 @@ from kvspec.errors import UnsupportedByProfileError
 from kvspec.kv_cache_manager import KVCacheManager
 from kvspec.profiles import (
     FEATURE_SWITCHES,
+    PARTIAL_HASH_HITS_CHECKED,
+    PROFILES,
     VLLM_0_25_1,
     VLLM_0_26_0,
+    VLLM_0_28_0,
     VLLM_0_29_0,
     VLLM_0_31_0,
     VLLM_0_32_0,
@@ -56,10 +59,31 @@ def test_features_used(
     assert features_used(config(groups, profile, caching)) == used
 
 
-def test_unmodelled_features_are_refused() -> None:
-    """Fine-grained hits (a coarse Mamba align group) are still refused."""
+def test_configurations_vllm_fails_on_are_refused() -> None:
+    """Fine-grained hits with a coarse sliding-window group: vLLM 0.26.x and
+    0.27.x fail an assertion at the first lookup, so kvspec refuses them;
+    0.28.0 switches fine-grained hits off instead."""
+    groups = (FullAttention(4), SlidingWindow(8, 4), Mamba(8, "align"))
+    with pytest.raises(UnsupportedByProfileError, match="assertion"):
+        config(groups, VLLM_0_26_0)
+    if VLLM_0_28_0.name in PARTIAL_HASH_HITS_CHECKED:
+        assert features_used(config(groups, VLLM_0_28_0)) == {"partial-hash-hits"}
+
+
+@pytest.mark.parametrize("profile", list(PROFILES.values()), ids=lambda p: p.name)
+def test_fine_grained_hits_are_refused_where_unchecked(profile: SemanticsProfile) -> None:
+    """Fine-grained hits (a coarse Mamba align group) are modelled for the
+    releases they were checked against, refused for the others."""
+    groups = (FullAttention(4), Mamba(8, "align"))
+    if not profile.hybrid_rules_v025:  # vLLM 0.16.0: cached hybrids are refused as a whole
+        with pytest.raises(UnsupportedByProfileError, match="hybrids with prefix caching"):
+            config(groups, profile)
+        return
+    if not profile.partial_hash_hits or profile.name in PARTIAL_HASH_HITS_CHECKED:
+        config(groups, profile)
+        return
     with pytest.raises(UnsupportedByProfileError, match="fine-grained hits"):
-        config((FullAttention(4), Mamba(8, "align")), VLLM_0_26_0)
+        config(groups, profile)
 
 
 def test_feature_switches_change_nothing_without_the_feature() -> None:

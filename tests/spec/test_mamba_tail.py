@@ -46,7 +46,7 @@ def step(kv: KVCacheManager, req: Request, n: int) -> Request:
 def test_tail_boundary(prompt: int, eagle: bool, boundary: int) -> None:
     """The last hash boundary below the prompt's last token; under EAGLE the
     last one at or below the prompt's end, one hash unit lower."""
-    assert mamba_tail_boundary(prompt, 4, eagle) == boundary
+    assert mamba_tail_boundary(prompt, 4, eagle, below_last=True) == boundary
 
 
 @pytest.mark.parametrize(("profile", "recached"), [(VLLM_0_31_0, False), (VLLM_0_32_0, True), (VLLM_0_33_0, True)])

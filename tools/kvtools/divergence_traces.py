@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from kvref.adapters import AdapterFactory, KVCacheAdapter, load_factory
-from kvref.divergences import load_registry
+from kvref.divergences import Divergence, load_registry
 from kvref.traces import StepCrashed, Trace, load, replay, run_steps
 from kvspec.config import MLA, FullAttention, KVCacheConfig, Mamba, SinkFullAttention, SlidingWindow
 from kvspec.errors import ConfigError, UnsupportedByProfileError
-from kvspec.profiles import NEWEST, VLLM_0_25_1, SemanticsProfile
+from kvspec.profiles import NEWEST, PROFILES, VLLM_0_25_1, SemanticsProfile
 from kvtools.directed.script import Scenario, playing
 
 Json = Any
@@ -42,7 +42,21 @@ CONSTRUCTION = -1
 
 
 RELEASES = (VLLM_0_25_1, NEWEST)
-"""The profiles that get a divergence corpus: the baseline and the newest release."""
+"""The profiles that get a divergence corpus: the baseline and the newest release
+(an entry that applies to neither is recorded under the release that introduced
+it, see :func:`profiles_for`)."""
+
+
+def profiles_for(entry: Divergence) -> list[SemanticsProfile]:
+    """The profiles a registry entry's trace is recorded under: those of
+    :data:`RELEASES` it applies to, else the release that introduced it."""
+    hits = [p for p in RELEASES if entry.applies_to(p.release)]
+    return hits or [profile_for_release(entry.introduced)]
+
+
+def profile_for_release(release: str) -> SemanticsProfile:
+    """The semantics profile of vLLM ``release``."""
+    return next(p for p in PROFILES.values() if p.release == release)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,12 +69,15 @@ def main(argv: list[str] | None = None) -> int:
     installed = installed_vllm_version() if vllm_available() else None
     registry = load_registry()
     failed = 0
-    for profile in RELEASES:
+    extra = [p for e in registry.values() for p in profiles_for(e) if p not in RELEASES]
+    for profile in (*RELEASES, *dict.fromkeys(extra)):
         table = scenarios(profile)
         if set(table) != set(registry):
             print(f"scenarios {sorted(table)} do not match the registry {sorted(registry)}", file=sys.stderr)
             return 1
         for div_id, entry in registry.items():
+            if profile not in RELEASES and profile not in profiles_for(entry):
+                continue
             rel_path = entry.trace_for(profile.release)
             path = ROOT / rel_path
             sc = table[div_id]
@@ -236,6 +253,30 @@ def scenarios(profile: SemanticsProfile = VLLM_0_25_1) -> dict[str, Scenario | s
                 ),
                 [_add("a", list(range(8))), _alloc("a", 7, num_external_computed_tokens=1)],
                 1,
+            ),
+            _divergence(
+                "mamba-cow-owner",
+                "FA(8) + Mamba(8, align) + SWA(4, window 1), hash block 4: a 20-token prompt, 17 tokens loaded by "
+                "the connector, 3 computed. Its Mamba state block (index 2) gets a tail entry at 20 tokens, inside "
+                "the block. At the next step vLLM 0.26.0 and 0.27.x, which did not mark the request as allocated "
+                "(its first allocation needed no Mamba block), copy the block into a fresh one and put the copy "
+                "into the running table (returned first); kvspec keeps the table and moves the entry to the copy",
+                lambda: KVCacheConfig(
+                    profile=p,
+                    num_blocks=16,
+                    groups=(FullAttention(8), Mamba(8, "align"), SlidingWindow(4, 1)),
+                    max_model_len=32,
+                ),
+                [
+                    _add("r", [0] * 20),
+                    {"op": "get_computed_blocks", "rid": "r"},
+                    _alloc("r", 3, num_external_computed_tokens=17),
+                    {"op": "take_kv_cache_block_copies"},
+                    {"op": "set_request", "rid": "r", "num_computed_tokens": 20, "status": "RUNNING"},
+                    {"op": "append_tokens", "rid": "r", "tokens": [0]},
+                    _alloc("r", 1),
+                ],
+                6,
             ),
         ]
     )

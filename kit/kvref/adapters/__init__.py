@@ -6,7 +6,10 @@ only in some releases are optional methods, looked up by name when an
 operation needs them (a missing one answers
 :class:`kvspec.errors.UnsupportedOperationError`):
 ``record_prefix_cache_stats(request, num_hits)`` (vLLM 0.27.0 on) and
-``get_prefix_hint(request)`` (the scheduler's prefix hint). The conformance kit
+``get_prefix_hint(request)`` (the scheduler's prefix hint) and
+``take_kv_cache_block_copies() -> (copies, retained)`` (vLLM 0.26.0 on:
+``(source, copy)`` block-id pairs and the retained ids, released by the
+caller with ``free_blocks``). The conformance kit
 drives several adapters with the same operations and compares every output
 and view.
 

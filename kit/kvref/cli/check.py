@@ -411,6 +411,8 @@ def _report(
     table.add_row("invariant checks", str(stats.invariant_checks))
     table.add_row("event-log checks", str(stats.event_log_checks))
     table.add_row("prefix hints read (not 0)", f"{stats.prefix_hint_reads} ({stats.prefix_hints})")
+    if stats.block_copies:
+        table.add_row("copy-on-write copies compared", str(stats.block_copies))
     kinds = ", ".join(sorted(stats.invalid_calls)) or "0"
     table.add_row(
         "invalid calls rejected", f"{sum(stats.invalid_calls.values())} ({len(stats.invalid_calls)} kinds: {kinds})"

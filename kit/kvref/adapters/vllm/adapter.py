@@ -116,6 +116,8 @@ class VllmAdapter:
         self._block_sizes: tuple[int, ...] = tuple(api.manager_block_size(m) for m in self._managers)
         self._is_cross: tuple[bool, ...] = tuple(api.is_cross_attention(m) for m in self._managers)
 
+        self._fine_hits = self.api.partial_hash_hits(self.manager)
+        """Hits may end inside a block (fine-grained hits)."""
         self._mirrors: dict[str, _Mirror] = {}
         self._last_hits: dict[str, tuple[BlockIds, Any]] = {}
         self._pending: Counter[int] = Counter()
@@ -410,14 +412,21 @@ class VllmAdapter:
             if isinstance(kind, FULL_TYPE_KINDS) and 0 in hits[g]:
                 raise StaleHitError(f"request {rid!r}: the null block in group {g}'s full-attention hit")
         blocks = self.api.pool_blocks(self._pool)
+        fine = list(self.api.block_hashes(vreq, self._hbs, self._hbs))
         for g, group in enumerate(hits):
             if not any(group):
                 continue
             hashes = self._group_hashes(vreq, g)
+            per = self._block_sizes[g] // self._hbs
             for i, bid in enumerate(group):
                 if bid == 0:
                     continue
-                if i >= len(hashes) or self.api.block_hash(blocks[bid]) != self.api.block_key(hashes[i], g):
+                expected = [hashes[i]] if i < len(hashes) else []
+                if self._fine_hits and i == len(group) - 1:
+                    # The last block of a fine-grained hit may be cached at a hash boundary inside it.
+                    expected += fine[i * per : min((i + 1) * per - 1, len(fine))]
+                keys = self.api.block_keys(self._pool, blocks[bid])
+                if not any(self.api.block_key(h, g) in keys for h in expected):
                     raise StaleHitError(
                         f"request {rid!r}: block {bid} (group {g}, index {i}) is no longer "
                         "cached under the hash the request expects"
@@ -518,6 +527,17 @@ class VllmAdapter:
     def take_new_block_ids(self) -> list[int]:
         """Drain the ids of fresh full-attention blocks."""
         return self.api.take_new_block_ids(self.manager)
+
+    def take_kv_cache_block_copies(self) -> tuple[list[tuple[int, int]], list[int]]:
+        """Drain the copy-on-write copies; the retained ids are pending until
+        passed to :meth:`free_blocks` (as the scheduler releases them).
+
+        Raises:
+            Unsupported: Before vLLM 0.26.0.
+        """
+        copies, retained = self.api.take_kv_cache_block_copies(self.manager)
+        self._pending.update(b for b in retained if b != 0)
+        return copies, retained
 
     def new_step_starts(self) -> None:
         """A scheduler step begins."""

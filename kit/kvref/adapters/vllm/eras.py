@@ -284,6 +284,8 @@ class VllmApi:
     """``get_computed_blocks`` returns ``(blocks, num_tokens, shared_prefix_boundary)``;
     the scheduler stores the boundary on the request, and so does the adapter."""
 
+    has_block_copies: ClassVar[bool] = False
+    """``take_kv_cache_block_copies()`` exists (copy-on-write of fine-grained hits)."""
     has_prefix_hint: ClassVar[bool] = True
     """The hybrid coordinator sets ``num_uncached_common_prefix_tokens`` at a
     lookup (the scheduler's prefix hint; from the 0.26 era the lookup returns
@@ -419,6 +421,10 @@ class VllmApi:
     def block_pool(self, manager: Any) -> Any:
         """``KVCacheManager.block_pool``."""
         return manager.block_pool
+
+    def partial_hash_hits(self, manager: Any) -> bool:
+        """``KVCacheManager.coordinator.enable_partial_hash_hits`` (0.26 era on; False before)."""
+        return bool(getattr(manager.coordinator, "enable_partial_hash_hits", False))
 
     def single_type_managers(self, manager: Any) -> tuple[Any, ...]:
         """``KVCacheManager.coordinator.single_type_managers``, one per group."""
@@ -706,6 +712,26 @@ class VllmApi:
         """``cache_blocks(request, num_computed_tokens)``."""
         manager.cache_blocks(vreq, num_computed_tokens)
 
+    def take_kv_cache_block_copies(self, manager: Any) -> tuple[list[tuple[int, int]], list[int]]:
+        """``take_kv_cache_block_copies()``: (source, copy) ids and the retained ids.
+
+        Raises:
+            Unsupported: Before the 0.26 era.
+        """
+        if not self.has_block_copies:
+            raise self.unsupported("KVCacheManager.take_kv_cache_block_copies")
+        copies, retained = manager.take_kv_cache_block_copies()
+        pairs = [(int(c.src_block_id), int(c.dst_block_id)) for c in copies]
+        return pairs, [int(b.block_id) for b in retained]
+
+    def block_keys(self, pool: Any, block: Any) -> list[Any]:
+        """Every prefix-cache key of a block: ``block_hash``, then (0.26 era on)
+        its ``BlockPool.cached_block_hashes_by_block`` entries."""
+        primary = block.block_hash
+        if primary is None:
+            return []
+        return [primary, *getattr(pool, "cached_block_hashes_by_block", {}).get(int(block.block_id), ())]
+
     def take_new_block_ids(self, manager: Any) -> list[int]:
         """``take_new_block_ids()``."""
         self._check_method("take_new_block_ids")
@@ -797,13 +823,16 @@ class VllmApi016(VllmApi):
 class VllmApi026(VllmApi):
     """vLLM 0.26 era: ``max_num_batched_tokens`` is renamed ``max_in_flight_tokens``;
     ``get_computed_blocks`` also returns the shared-prefix boundary; the SinkFull
-    constructor defect now names ``needs_kv_cache_zeroing``."""
+    constructor defect now names ``needs_kv_cache_zeroing``; fine-grained hits
+    queue copies (``take_kv_cache_block_copies``) and a block may hold several
+    keys (``cached_block_hashes_by_block``)."""
 
     era = "0.26"
     since = (0, 26, 0)
     verified: ClassVar[tuple[str, ...]] = ("0.26.0",)
     manager_args = _frozen({**VllmApi.manager_args, "max_num_batched_tokens": "max_in_flight_tokens"})
     lookup_returns_boundary = True
+    has_block_copies = True
     sinkfull_ctor_defect = "needs_kv_cache_zeroing"
 
 
