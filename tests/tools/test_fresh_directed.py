@@ -67,8 +67,11 @@ def test_hits_recorded_in_blocks_is_equivalent_before_0_27(profile: Any, tmp_pat
     so a fault inside it cannot show."""
     assert profile.stats_at_lookup
     cfg = KVCacheConfig(profile=profile, num_blocks=8, groups=(FullAttention(2),), max_model_len=16, log_stats=True)
-    adapter = load_factory("kvtools.zoo.fresh:hits_recorded_in_blocks")(cfg)
-    assert adapter.config.profile.stats_at_lookup
+    lock = _lockstep(cfg, "hits_recorded_in_blocks", tmp_path)
+    before = lock.stats.skipped.total()
+    _admit(lock, "a", [1, 2, 3])
+    lock.call({"op": "record_prefix_cache_stats", "rid": "a", "num_hits": 2})
+    assert lock.stats.skipped.total() == before + 1, "record_prefix_cache_stats should not exist here"
 
 
 def test_hits_recorded_in_blocks_is_killed_from_0_27(tmp_path: Path) -> None:
