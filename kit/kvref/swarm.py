@@ -18,7 +18,7 @@ swarm too (towards everything on).
 NOTE: off by default. With the swarm drawn, every seeded run draws different
 choices from the same seed, so the seeded step counts of the bug zoo and the
 coverage report move; ``KVREF_SWARM=1`` turns it on for a ``kvref check``
-(docs/reports/coverage.md compares the two at the same seeds and steps).
+(docs/reports/bug-zoo-fresh.md compares the two at the same seed and budget).
 """
 
 from __future__ import annotations
