@@ -200,11 +200,15 @@ def shape_weight(shape: Shape) -> int:
     stops after one pass). Shapes with two distinct kinds outside full
     attention count six times: only there does the search come back to a
     non-full group after another one shortened the hit, the path where an
-    EAGLE group must not drop its look-ahead block a second time. Ring
-    tokens do not count (their groups stay out of the hit search).
+    EAGLE group must not drop its look-ahead block a second time. A lone
+    sliding-window group counts six times too: only there does the unitary
+    coordinator run the window lookup with EAGLE's extra block itself (a
+    hybrid runs it inside its fixed-point search); at weight 1 a seeded ci
+    run drew it cached with EAGLE in about one run in 500. Ring tokens do
+    not count (their groups stay out of the hit search).
     """
     kinds = set(shape.kinds) - set(_SINCE)
-    if len(kinds - FULL_TYPE_TOKENS) >= 2:
+    if len(kinds - FULL_TYPE_TOKENS) >= 2 or shape.kinds == ("swa",):
         return 6
     return 3 if len(kinds) >= 3 else 1
 

@@ -33,6 +33,7 @@ from kvref.hypothesis_compat import draw
 from kvref.lockstep import Lockstep, Refused, RunStats
 from kvref.scheduler import ReqState, Scheduler
 from kvref.shapes import SHAPES, Shape, build_kinds, drawable
+from kvref.swarm import ALL_ON, Swarm, swarm_default, swarms
 from kvref.traces import Trace
 from kvspec.config import CrossAttention, FullAttention, KVCacheConfig, SinkFullAttention, SlidingWindow
 from kvspec.errors import ConfigError, UnsupportedByProfileError
@@ -153,6 +154,8 @@ class MachineSetup:
     """Features left out (:mod:`kvref.capabilities`): declared, chosen, or learned."""
     learn_skips: bool = True
     """Leave out, from the next batch on, every feature an adapter raised a skip for."""
+    swarm: bool = field(default_factory=swarm_default)
+    """Draw a :class:`kvref.swarm.Swarm` per run (``KVREF_SWARM=1``; off by default)."""
 
 
 def make_lockstep_machine(setup: MachineSetup) -> type[RuleBasedStateMachine]:
@@ -177,6 +180,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.prefixes: list[list[int]] = []
         self.past: list[tuple[list[int], Json]] = []
         self.counter = 0
+        self.swarm: Swarm = ALL_ON
 
     # -- configuration -------------------------------------------------------
 
@@ -213,6 +217,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         for _ in range(3):
             n = draw(data, st.integers(1, 3)) * sched + draw(data, st.integers(0, sched - 1))
             self.prefixes.append(draw(data, st.lists(st.integers(0, VOCAB - 1), min_size=n, max_size=n)))
+        if setup.swarm:
+            self.swarm = draw(data, swarms(), label="swarm")
 
     # -- helpers -------------------------------------------------------------
 
@@ -224,9 +230,19 @@ class SchedulerMachine(RuleBasedStateMachine):
         """Whether the machine may use ``feature`` (:attr:`MachineSetup.excluded`)."""
         return feature not in self.SETUP.excluded
 
+    def _on(self, feature: str) -> bool:
+        """Whether this run's swarm keeps ``feature`` (:data:`kvref.swarm.SWARM_FEATURES`)."""
+        return self.swarm.on(feature)
+
+    def _swarmed(self, feature: str, value: int) -> int:
+        """``value``, or 0 (its default) when this run's swarm turned ``feature`` off."""
+        return value if self._on(feature) else 0
+
     def _pop(self, pop: bool) -> bool:
-        """``pop`` (deferred free), unless the adapters lack one way of freeing."""
+        """``pop`` (deferred free), unless the adapters lack one way of freeing
+        (or this run's swarm turned deferred frees off)."""
         can_pop = self._allowed("op:pop_blocks_for_free") and self._allowed("op:free_blocks")
+        pop = pop and (self._on("deferred_free") or not self._allowed("op:free"))
         if pop and not can_pop:
             return False
         return pop or (not self._allowed("op:free") and can_pop)
@@ -318,6 +334,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.counter += 1
         rid = f"r{self.counter}"
         reuse = draw(data, st.sampled_from(REUSE)) if self.past else ""
+        if not self._on("reuse"):
+            reuse = ""
         if reuse:
             op, reusable = self._reused_prompt(data, rid, reuse), True
         else:
@@ -325,7 +343,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         # One request in ten skips the prefix cache; False is first, so that a
         # shrunk history reads the cache (``integers(0, 9) == 0`` came out
         # true for most requests: Hypothesis favours 0).
-        if draw(data, st.sampled_from((False,) * 9 + (True,))) and self._allowed("skip_reading_prefix_cache"):
+        skip = draw(data, st.sampled_from((False,) * 9 + (True,)))
+        if skip and self._allowed("skip_reading_prefix_cache") and self._on("skip_reading"):
             op["skip_reading_prefix_cache"] = True
         enc = draw(data, st.integers(1, 12)) if any(isinstance(k, CrossAttention) for k in self.cfg.groups) else 0
         self._sched.add(op, enc, reusable)
@@ -340,7 +359,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         prompt = (prefix + suffix)[: self._prompt_limit()] or [0]
         op: Json = {"op": "add_request", "rid": rid, "prompt": prompt}
         extra = draw(data, st.sampled_from(["", "", "", "salt", "lora", "mm", "embeds"]))
-        if extra and not self._allowed(_EXTRA_FEATURES[extra]):
+        if extra and not (self._allowed(_EXTRA_FEATURES[extra]) and self._on("extra_keys")):
             extra = ""
         if extra == "salt":
             op["extra"] = {"cache_salt": "s"}
@@ -419,16 +438,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         # (a hit and external tokens together exercise the touch-then-allocate order).
         if st_.computed == 0 and draw(data, st.integers(0, 1 if hit else 4)) == 0 and total - hit > 1:
             external = draw(data, st.integers(1, total - hit - 1))
-            if not self._allowed("external"):
+            if not (self._allowed("external") and self._on("connector")):
                 external = 0
-        delay = external > 0 and draw(data, st.booleans()) and self._allowed("delay_cache_blocks")
+        delay = external > 0 and draw(data, st.booleans()) and self._allowed("delay_cache_blocks") and self._on("delay")
         new = 0 if delay else self._chunk(data, st_, st_.computed + hit + external, looked_up)
         op.update(
             num_new_tokens=new, num_external_computed_tokens=external, delay_cache_blocks=delay,
-            num_lookahead_tokens=draw(data, st.integers(0, 2)) if self.cfg.use_eagle else 0,
+            num_lookahead_tokens=self._swarmed("lookahead", draw(data, st.integers(0, 2)) if self.cfg.use_eagle else 0),
             num_encoder_tokens=st_.encoder_tokens if st_.computed == 0 else 0,
-            full_sequence_must_fit=draw(data, st.booleans()),
-            reserved_blocks=draw(data, st.sampled_from([0, 0, 0, 1, 2])),
+            full_sequence_must_fit=bool(self._swarmed("full_sequence", draw(data, st.booleans()))),
+            reserved_blocks=self._swarmed("reserve", draw(data, st.sampled_from([0, 0, 0, 1, 2]))),
             has_scheduled_reqs=bool(self.running),
         )  # fmt: skip
         if self._sched.admit(op, hit, external, delay, looked_up) and not delay and st_.computed == total:
@@ -453,7 +472,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             self._finish(rid, data)
             return
         new = self._chunk(data, st_, st_.computed)
-        look = draw(data, st.integers(0, 2)) if self.cfg.use_eagle else 0
+        look = self._swarmed("lookahead", draw(data, st.integers(0, 2)) if self.cfg.use_eagle else 0)
         if not self._sched.advance(rid, new, look):
             self._preempt(self.running[-1], data)
             return
@@ -467,10 +486,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         running one is preempted for a more urgent request (priority
         scheduling): it waits again and is re-admitted through a prefix lookup."""
         rid = draw(data, st.sampled_from(tuple(sorted(self.reqs))))
-        if rid in self.running and draw(data, st.sampled_from(("finish", "finish", "preempt"))) == "preempt":
+        preempt = rid in self.running and draw(data, st.sampled_from(("finish", "finish", "preempt"))) == "preempt"
+        if preempt and self._on("priority_preempt"):
             self._preempt(rid, data)
             return
-        if rid in self.running and draw(data, st.booleans()):
+        if rid in self.running and draw(data, st.booleans()) and self._on("remove_skipped"):
             self._call({"op": "remove_skipped_blocks", "rid": rid, "total_computed_tokens": self.reqs[rid].computed})
         self._finish(rid, data)
 
@@ -512,6 +532,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         if not self.live:
             return
         self._call({"op": "new_step_starts"})
+        if which in ("evict_blocks", "reset_prefix_cache") and not self._on("cache_loss"):
+            return
         if which == "evict_blocks":
             ids = draw(data, st.lists(st.integers(0, self.cfg.num_blocks - 1), max_size=3))
             self._call({"op": "evict_blocks", "block_ids": ids})
@@ -668,6 +690,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         trace if asked to; adapters are garbage collected."""
         setup, lock = self.SETUP, self.lock
         self._drain()
+
         if setup.record_dir is not None and lock is not None and not lock.halted and lock.stats.steps:
             self._record(setup, setup.record_dir, lock)
         self.lock = None

@@ -5,7 +5,8 @@ Options: ``--budget`` seconds per entry (hunt plus shrink), ``--seed``,
 (rerun only the named entries, keep the other rows), ``--vllm`` (the faults
 of :mod:`kvtools.zoo.vllm`), ``--rewrite`` (only re-render from the JSON),
 ``--fresh`` (the fresh fault set of :mod:`kvtools.zoo.fresh`, never used to
-tune the generator), ``--list``, ``--note`` and ``--no-shrink-cap``.
+tune the generator), ``--semantics`` (the release the configurations follow,
+default vllm-0.25.1), ``--list``, ``--note`` and ``--no-shrink-cap``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from kvref.adapters.impl import ImplAdapter
 from kvspec.config import KVCacheConfig
+from kvspec.profiles import profile_named
 from kvtools.zoo import ZOO
 from kvtools.zoo.base import ZooEntry
 from kvtools.zoo.fresh import FRESH
@@ -62,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--vllm", action="store_true", help="run the kvtools.zoo.vllm faults (needs vLLM 0.25.1)")
     parser.add_argument("--fresh", action="store_true", help="hunt the fresh fault set (kvtools.zoo.fresh)")
     parser.add_argument("--rewrite", action="store_true", help="only re-render the Markdown from the JSON")
+    parser.add_argument("--semantics", default="vllm-0.25.1", help="semantics profile of the drawn configurations")
     parser.add_argument("--note", action="append", default=[], help="a paragraph for the report's preamble")
     parser.add_argument(
         "--no-shrink-cap", action="store_true", help="let Hypothesis shrink for as long as it likes (up to 300 s)"
@@ -72,17 +75,20 @@ def build_parser() -> argparse.ArgumentParser:
 def _hunt(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Run the chosen entries; with ``--update``, merge them into the stored rows (registry order)."""
     rows = []
+    semantics = profile_named(args.semantics)
     if args.fresh:
         for name in args.names or list(FRESH):
             row = run_entry(
                 FRESH[name], args.budget, args.seed, args.profile, module="kvtools.zoo.fresh",
-                shrink_cap=not args.no_shrink_cap,
+                shrink_cap=not args.no_shrink_cap, semantics=semantics,
             )  # fmt: skip
             print(progress(row), file=sys.stderr)
             rows.append(row)
         return rows
     for name in args.names or ([] if args.vllm else list(ZOO)):
-        row = run_entry(ZOO[name], args.budget, args.seed, args.profile, shrink_cap=not args.no_shrink_cap)
+        row = run_entry(
+            ZOO[name], args.budget, args.seed, args.profile, shrink_cap=not args.no_shrink_cap, semantics=semantics
+        )
         print(progress(row), file=sys.stderr)
         rows.append(row)
     if args.vllm:

@@ -23,7 +23,7 @@ from kvref.hypothesis_compat import set_shrink_time_limit, shrink_time_limit
 from kvref.lockstep import RunStats
 from kvref.settings import load_profile
 from kvref.stateful import MachineSetup
-from kvspec.profiles import VLLM_0_25_1
+from kvspec.profiles import VLLM_0_25_1, SemanticsProfile
 from kvtools.zoo.base import ZooEntry
 
 HUNT_STEPS = 1_000_000_000
@@ -32,7 +32,13 @@ only for the profile's step goal (20,000 steps, about 12 s, on ``ci``)."""
 
 
 def run_entry(
-    entry: ZooEntry, budget: float, seed: int, profile: str, module: str = "kvtools.zoo", shrink_cap: bool = True
+    entry: ZooEntry,
+    budget: float,
+    seed: int,
+    profile: str,
+    module: str = "kvtools.zoo",
+    shrink_cap: bool = True,
+    semantics: SemanticsProfile = VLLM_0_25_1,
 ) -> dict[str, Any]:
     """Hunt one mutant as ``kvref check --target <module>:<name> --against spec
     --profile <profile> --seed <seed> --budget <budget> --min-steps HUNT_STEPS``
@@ -47,11 +53,16 @@ def run_entry(
     budget when the fault is found (its ``MAX_SHRINKING_SECONDS``, 300 by
     default, is lowered for this run), so a late kill reports a longer trace
     instead of overrunning the budget; ``shrink_capped`` says so in the row.
+
+    ``semantics`` is the release the drawn configurations follow (default
+    vLLM 0.25.1, the zoo's; a fault in an operation that exists only in a
+    later release, such as ``record_prefix_cache_stats`` from 0.27.0, needs
+    that release's profile to be reachable at all).
     """
     with tempfile.TemporaryDirectory() as tmp:
         factories = [load_factory("spec"), load_factory(f"{module}:{entry.name}")]
         load_profile(profile)
-        setup = MachineSetup(factories, RunStats(), Path(tmp), profile=VLLM_0_25_1)
+        setup = MachineSetup(factories, RunStats(), Path(tmp), profile=semantics)
         start = time.monotonic()
         setup.stats.started = start
         saved, cap = shrink_time_limit(), [shrink_time_limit()]
@@ -91,6 +102,7 @@ def run_entry(
         "prefix_hits": stats.prefix_hits,
         "failure": failure,
         "catch": entry.catch,
+        "semantics": semantics.name,
     }
 
 
