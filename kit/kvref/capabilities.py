@@ -86,29 +86,54 @@ SKIP_ERRORS: tuple[type[BaseException], ...] = (UnsupportedOperationError, Unsup
 """Exceptions that mean "cannot run this", never "ran it wrongly"."""
 
 
+OPT_IN_FEATURES = ("context-parallelism",)
+"""Features added to the protocol after third-party adapters were first
+written, which an adapter that predates them would silently ignore (and then
+diverge) rather than refuse: a configuration that uses one goes only to an
+adapter whose factory names it in ``features`` (``declare(features=...)``);
+every other adapter refuses it, counted as a skip. ``context-parallelism``:
+``dcp_world_size`` or ``pcp_world_size`` above 1."""
+
+
 def declare(
-    supports: Callable[[KVCacheConfig], str | None] | None = None, unsupported: Iterable[str] = ()
+    supports: Callable[[KVCacheConfig], str | None] | None = None,
+    unsupported: Iterable[str] = (),
+    features: Iterable[str] = (),
 ) -> Callable[[F], F]:
-    """Attach ``supports`` and ``unsupported`` to a factory function.
+    """Attach ``supports``, ``unsupported`` and the opt-in ``features`` it runs
+    (:data:`OPT_IN_FEATURES`) to a factory function.
 
     Example::
 
         @declare(supports=lambda c: None if len(c.groups) == 1 else "one group only",
-                 unsupported={"events", "op:pop_blocks_for_free"})
+                 unsupported={"events", "op:pop_blocks_for_free"}, features={"context-parallelism"})
         def make(config): ...
     """
+    unknown = sorted(set(features) - set(OPT_IN_FEATURES))
+    if unknown:
+        raise ValueError(f"declare(features=...): {unknown} are not opt-in features (those are {OPT_IN_FEATURES})")
 
     def attach(factory: F) -> F:
         if supports is not None:
             factory.supports = supports  # type: ignore[attr-defined]  # a declared attribute of the factory
         factory.unsupported = frozenset(unsupported)  # type: ignore[attr-defined]  # same
+        factory.features = frozenset(features)  # type: ignore[attr-defined]  # same
         return factory
 
     return attach
 
 
+def opt_in_features(config: KVCacheConfig) -> frozenset[str]:
+    """The opt-in features (:data:`OPT_IN_FEATURES`) ``config`` uses."""
+    return frozenset({"context-parallelism"} if config.dcp_world_size * config.pcp_world_size > 1 else ())
+
+
 def refusal(factory: object, config: KVCacheConfig) -> str | None:
-    """Why ``factory`` does not run ``config`` (its ``supports``), or None."""
+    """Why ``factory`` does not run ``config`` (an opt-in feature it does not
+    declare, or its ``supports``), or None."""
+    missing = sorted(opt_in_features(config) - frozenset(getattr(factory, "features", ()) or ()))
+    if missing:
+        return f"{', '.join(missing)} is opt-in and the adapter's factory does not declare it (declare(features=...))"
     supports = getattr(factory, "supports", None)
     if supports is None:
         return None

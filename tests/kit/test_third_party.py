@@ -365,3 +365,30 @@ def test_unsupported_carries_its_feature() -> None:
     arg = VllmUnsupported("0.16.0", "KVCacheManager.allocate_slots(reserved_blocks=...)")
     assert arg.feature == "reserved_blocks"
     assert VllmUnsupported("0.16.0", "KVCacheGroupSpec.is_eagle_group").feature == "eagle"
+
+
+def test_context_parallelism_is_opt_in_for_adapters() -> None:
+    """An adapter that does not name ``context-parallelism`` in ``features``
+    refuses a configuration with a world size above 1 (a skip, never a
+    divergence); one that names it runs it; an unknown opt-in name is a
+    ValueError at declaration."""
+    from kvref.capabilities import declare, refusal  # noqa: PLC0415 - local to this test
+    from kvspec.config import FullAttention, KVCacheConfig  # noqa: PLC0415 - same
+
+    cp = KVCacheConfig(num_blocks=16, groups=(FullAttention(4),), max_model_len=64, dcp_world_size=2,
+                       hash_block_size=8)  # fmt: skip
+    plain = KVCacheConfig(num_blocks=16, groups=(FullAttention(4),), max_model_len=64)
+
+    def old(config: KVCacheConfig) -> object:
+        return config
+
+    @declare(features={"context-parallelism"})
+    def new(config: KVCacheConfig) -> object:
+        return config
+
+    reason = refusal(old, cp)
+    assert reason is not None and "context-parallelism is opt-in" in reason
+    assert refusal(old, plain) is None
+    assert refusal(new, cp) is None
+    with pytest.raises(ValueError, match="not opt-in features"):
+        declare(features={"events"})

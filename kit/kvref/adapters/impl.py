@@ -31,6 +31,7 @@ from kvimpl import PROFILE_SWITCHES
 from kvimpl.block_pool import BlockPool, requeue_unhashed_first
 from kvimpl.kv_cache_manager import KVCacheManager
 from kvimpl.native import NativeKVCacheManager, native_enabled, native_unsupported, notice_if_missing
+from kvref.capabilities import OPT_IN_FEATURES, declare
 from kvref.layers.pool import pool_view
 from kvspec.block_pool import BlockId
 from kvspec.config import KVCacheConfig
@@ -75,6 +76,7 @@ class NativeImplAdapter(NativeKVCacheManager):
     name = "impl-native"
 
 
+@declare(features=OPT_IN_FEATURES)
 def make_impl_adapter(config: KVCacheConfig) -> Any:
     """Factory for ``--target impl``: the native core where kvimpl would use
     it (see the module docstring), else the pure-Python manager.
@@ -90,6 +92,7 @@ def make_impl_adapter(config: KVCacheConfig) -> Any:
     return ImplAdapter(config)
 
 
+@declare(features=OPT_IN_FEATURES)
 def make_impl_native_adapter(config: KVCacheConfig) -> Any:
     """Factory for ``--target impl-native``.
 
@@ -104,6 +107,7 @@ def make_impl_native_adapter(config: KVCacheConfig) -> Any:
     return NativeImplAdapter(config)
 
 
+@declare(features=OPT_IN_FEATURES)
 def make_impl_python_adapter(config: KVCacheConfig) -> ImplAdapter:
     """Factory for ``--target impl-python`` (the pure-Python build).
 

@@ -53,6 +53,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from kvref.adapters.impl import ImplAdapter, make_impl_python_adapter
+from kvref.capabilities import OPT_IN_FEATURES, declare
 from kvspec.config import KVCacheConfig
 from kvspec.errors import (
     GroupCountError,
@@ -271,6 +272,7 @@ def _check_step_slots(mgr: ImplAdapter, holders: list[str], rows: dict[str, int]
         _expect(got == want, f"slot_mapping_for_step {got} != slot_mapping {want}")
 
 
+@declare(features=OPT_IN_FEATURES)
 def make_impl_batch_adapter(config: KVCacheConfig) -> BatchImplAdapter:
     """Factory for ``--target impl-batch`` (the pure-Python build, device tables on the CPU).
 

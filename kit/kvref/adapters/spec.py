@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvref.capabilities import OPT_IN_FEATURES, declare
 from kvspec.config import KVCacheConfig
 from kvspec.kv_cache_manager import KVCacheManager
 
@@ -12,6 +13,7 @@ class SpecAdapter(KVCacheManager):
     name = "spec"
 
 
+@declare(features=OPT_IN_FEATURES)
 def make_spec_adapter(config: KVCacheConfig) -> SpecAdapter:
     """Factory for ``--target spec``."""
     return SpecAdapter(config)

@@ -28,11 +28,11 @@ def supports(config: KVCacheConfig) -> str | None:
     """None when the engine runs ``config``, else why not (a skip, counted)."""
     if any(type(kind) is not FullAttention for kind in config.groups):
         return "only full attention so far"
-    if config.dcp_world_size * config.pcp_world_size > 1:
-        return "no context parallelism so far (dcp_world_size / pcp_world_size scale block sizes)"
     return None
 
 
+# Context parallelism is opt-in: add features={"context-parallelism"} once the engine scales its
+# block sizes by dcp_world_size / pcp_world_size (docs/writing-an-adapter.md, section 3).
 @declare(supports=supports, unsupported={"op:record_prefix_cache_stats", "op:get_prefix_hint"})
 def make(config: KVCacheConfig) -> MyAdapter:
     """The factory kvref calls once per drawn configuration."""

@@ -41,8 +41,6 @@ def supports(config: KVCacheConfig) -> str | None:
         return f"nanokv follows {' and '.join(PROFILES)} only"
     if config.use_eagle or config.enable_kv_cache_events or config.log_stats or config.watermark:
         return "nanokv has no EAGLE, events, statistics or watermark"
-    if config.dcp_world_size * config.pcp_world_size > 1:
-        return "nanokv has no context parallelism (its block size is never scaled)"
     return None
 
 

@@ -33,6 +33,7 @@ import importlib.metadata
 import os
 from typing import Final
 
+from kvref.capabilities import OPT_IN_FEATURES, declare
 from kvspec.config import KVCacheConfig
 
 from .adapter import VllmAdapter
@@ -123,6 +124,7 @@ def _logging_variable() -> str:
     return era.env.logging_level
 
 
+@declare(features=OPT_IN_FEATURES)
 def make_vllm_adapter(config: KVCacheConfig) -> VllmAdapter:
     """Factory: a :class:`VllmAdapter` around a fresh vLLM ``KVCacheManager``.
 
