@@ -9,6 +9,16 @@ call) and one ``advance`` (computed tokens, the sampled token, its block
 hash when a block fills), each timed as a whole. Every engine gets the same
 prompts and tokens; the allocated block ids are compared per step. Engines
 alternate, repeats take the best (lowest) run.
+
+The array engine (``impl-native-array``) is driven as a scheduler holding
+int32 buffers would drive it (:func:`run_array`): the running requests'
+handles and the per-request token counts (all ones) are built once, before
+the first step, and every step makes one ``allocate_slots_array`` call and
+one ``advance_array`` call on them. Its timed allocation region holds that
+call and the scheduler's check that every request got its slots (``min``
+over the returned counts, a C loop); its timed advance region holds the
+``advance_array`` call alone, on the step's sampled tokens, which the model
+runner hands over as an int32 buffer (built here outside the region).
 """
 
 from __future__ import annotations
@@ -17,10 +27,11 @@ import gc
 import os
 import random
 import time
+from array import array
 from typing import Any
 
 from kvref.bench import Workload, available_engines
-from kvref.bench_engines import Advance
+from kvref.bench_engines import Advance, split_array
 
 STEPS = 128
 """Decode steps per run."""
@@ -49,6 +60,8 @@ def run_once(name: str, mix: str, running: int, steps: int) -> tuple[float, floa
     first = [(rid, computed[rid], computed[rid], rng.randrange(32000)) for rid in rids]
     engine.prepare_advance(first)
     engine.advance(first)
+    if getattr(engine, "api", None) == "array":
+        return run_array(engine, rids, rng, steps)
     ones = [1] * running
     results: list[Any] = []
     alloc = adv = 0.0
@@ -76,6 +89,38 @@ def run_once(name: str, mix: str, running: int, steps: int) -> tuple[float, floa
     finally:
         gc.enable()
     n = running * steps
+    return alloc / n, adv / n, results
+
+
+def run_array(engine: Any, rids: list[str], rng: random.Random, steps: int) -> tuple[float, float, list[Any]]:
+    """:func:`run_once` for the array engine, on buffers held across steps (see the module docstring)."""
+    mgr, groups = engine.manager, engine.groups
+    handles = array("i", [engine.handle_of[rid] for rid in rids])
+    ones = array("i", [1] * len(rids))
+    allocate, advance = mgr.allocate_slots_array, mgr.advance_array
+    results: list[Any] = []
+    alloc = adv = 0.0
+    clock = time.perf_counter
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(steps):
+            engine.step()
+            t = clock()
+            counts, ids = allocate(handles, ones)
+            fitted = min(counts) >= 0
+            alloc += clock() - t
+            if not fitted:
+                raise SystemExit(f"{engine.name}: a decode step did not fit")
+            results.append(split_array(counts, ids, len(rids), groups))
+            tokens = array("i", [rng.randrange(32000) for _ in rids])
+            t = clock()
+            advance(handles, ones, tokens)
+            adv += clock() - t
+            engine.tables()
+    finally:
+        gc.enable()
+    n = len(rids) * steps
     return alloc / n, adv / n, results
 
 

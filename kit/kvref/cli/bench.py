@@ -53,15 +53,53 @@ def add_parser(sub: Any) -> None:
         metavar="RUNNING",
         help="instead: steady decode of RUNNING requests, one token each per step (--mix full or full+swa)",
     )
+    ben.add_argument(
+        "--paths",
+        action="store_true",
+        help="instead: µs per operation of each block-moving path (admission with and without hits, chunk, "
+        "fill, take, free; default engines vllm,impl-native,impl-python)",
+    )
     ben.set_defaults(run=_dispatch)
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    if args.paths:
+        return _paths(args)
     if args.steady_decode is not None:
         from kvref.bench_decode import report  # noqa: PLC0415 - imports kvimpl and vLLM
 
         return report(args.mix, args.steady_decode, 128, args.repeats or 3)
     return run(args)
+
+
+def _paths(args: argparse.Namespace) -> int:
+    """``kvref bench --paths``: a table of µs per operation per path and engine, per mix."""
+    from kvref.bench import MIXES  # noqa: PLC0415 - imports kvimpl and vLLM
+    from kvref.bench_paths import PATHS, REQUESTS, bench_paths  # noqa: PLC0415
+
+    only = None if args.engines is None else [e.strip() for e in args.engines.split(",") if e.strip()]
+    repeats = args.repeats or 5
+    console = Console()
+    if not console.is_terminal:
+        console.width = max(console.width, 160)
+    for mix in list(MIXES) if args.mix == "all" else [args.mix]:
+        before = load_average()
+        rows = bench_paths(mix, repeats, only)
+        table = Table(
+            title=f"kvref bench --paths: {mix}, {REQUESTS} requests per path, µs per operation (median of {repeats}; "
+            f"{before} before, {load_average()} after)"
+        )
+        table.add_column("engine")
+        for p in PATHS:
+            table.add_column(p, justify="right")
+            table.add_column("x vLLM", justify="right")
+        for r in rows:
+            cells = []
+            for p in PATHS:
+                cells += [f"{r.us[p]:.3f}", _ratio(r.x_vs_vllm[p])]
+            table.add_row(r.engine, *cells)
+        console.print(table)
+    return 0
 
 
 def _int_range(text: str) -> tuple[int, int]:
@@ -213,5 +251,3 @@ def _bench_sweep(
     else:
         print("matplotlib not installed: no plot")
     return 0
-
-
