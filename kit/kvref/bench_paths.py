@@ -26,7 +26,8 @@ admissions (how many tokens to schedule) runs inside their regions, the same
 for every engine. Every engine must return the same block ids
 (:class:`kvref.bench.BenchMismatch`). Reported: µs per operation, the median
 over the repeats (engines round-robin, a full collection before each run,
-the collector off during it), and the ratio to vLLM.
+the collector off during it), and the ratio to vLLM; by default on this
+thread's CPU time (:data:`kvref.bench.CLOCKS`).
 """
 
 from __future__ import annotations
@@ -35,11 +36,11 @@ import gc
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvref.bench import BenchMismatch, Workload, available_engines
+from kvref.bench import CLOCKS, BenchMismatch, Workload, available_engines, clock_overhead
 
 PATHS = ("admit-miss", "chunk", "admit-hits", "fill", "take", "free")
 """The timed paths, in the order they run."""
@@ -65,8 +66,12 @@ class PathRow:
     x_vs_vllm: dict[str, float | None]
 
 
-def run_once(engine: Any, requests: int = REQUESTS, seed: int = 0) -> tuple[dict[str, float], list[Any]]:
-    """Seconds per operation of one engine on each path, and every result (block ids)."""
+def run_once(
+    engine: Any, requests: int = REQUESTS, seed: int = 0, clock: Callable[[], float] = time.thread_time
+) -> tuple[dict[str, float], list[Any]]:
+    """Seconds per operation of one engine on each path, and every result
+    (block ids); each path's clock-pair overhead is subtracted."""
+    overhead = clock_overhead(clock)
     rng = random.Random(seed)
     prefix = [rng.randrange(32000) for _ in range(PREFIX)]
     longs = [f"c{i}" for i in range(requests)]
@@ -79,7 +84,6 @@ def run_once(engine: Any, requests: int = REQUESTS, seed: int = 0) -> tuple[dict
     results: list[Any] = []
     sec: dict[str, float] = {}
     computed: dict[str, int] = {}
-    clock = time.perf_counter
 
     def admit(path: str, rids: Sequence[str], first: int | None) -> None:
         def chunk(rid: str, hit: int) -> int:
@@ -131,12 +135,13 @@ def run_once(engine: Any, requests: int = REQUESTS, seed: int = 0) -> tuple[dict
     run("take", hits, [1] * requests)
     t = clock()
     engine.free([*hits, *longs])
-    sec["free"] = clock() - t
-    sec["free"] /= 2  # per request: 2 * requests were freed
-    return {p: sec[p] / requests for p in PATHS}, results
+    sec["free"] = (clock() - t - overhead) / 2 + overhead  # per request: 2 * requests were freed
+    return {p: max(0.0, sec[p] - overhead) / requests for p in PATHS}, results
 
 
-def bench_paths(mix: str, repeats: int, only: Sequence[str] | None = None, requests: int = REQUESTS) -> list[PathRow]:
+def bench_paths(
+    mix: str, repeats: int, only: Sequence[str] | None = None, requests: int = REQUESTS, clock: str = "cpu"
+) -> list[PathRow]:
     """Median µs per operation of each engine on each path (see the module docstring).
 
     Raises:
@@ -152,7 +157,7 @@ def bench_paths(mix: str, repeats: int, only: Sequence[str] | None = None, reque
             gc.collect()
             gc.disable()
             try:
-                sec, results = run_once(engine, requests)
+                sec, results = run_once(engine, requests, clock=CLOCKS[clock])
             finally:
                 gc.enable()
             if reference is None:
