@@ -41,6 +41,7 @@ class Core:
     usage: float
     _stats: Any
     _num_groups: int
+    _first_lookup_tokens: int
     def __init__(self, params: dict[str, Any]) -> None: ...
     def get_computed_blocks(self, request: Any) -> tuple[BlockIds, int]: ...
     def allocate_slots(

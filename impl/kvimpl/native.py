@@ -37,7 +37,6 @@ from kvimpl.config_rules import unmodelled_features
 from kvimpl.hash_functions import hash_function
 from kvimpl.native_checks import native_invariants, native_view
 from kvimpl.native_events import events_from_records, replay_events
-from kvimpl.native_hint import cached_map, native_hint_for
 from kvimpl.request import RequestHasher
 from kvspec import errors as kv_errors
 from kvspec.config import (
@@ -294,7 +293,8 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
         self.hasher = RequestHasher.for_config(config, native=True)
         self.event_keys: Counter[tuple[object, int | None]] = Counter()
         """Cache keys implied by the events taken so far (the events-replay invariant)."""
-        self._hint = native_hint_for(config)
+        self._hybrid_hint = config.enable_caching and len(config.groups) > 1
+        """Whether the prefix hint can be non-zero (a cached hybrid; :mod:`kvimpl.native_hint`)."""
         self.num_uncached_common_prefix_tokens = 0
         """The hybrid coordinator's value of the last lookup that searched (:mod:`kvimpl.native_hint`)."""
         self.shared_prefix_boundary: dict[str, int] = {}
@@ -316,13 +316,22 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
         return self.hasher.new_request(request_id, list(prompt_token_ids), extra, skip_reading_prefix_cache)
 
     def get_computed_blocks(self, request: Any) -> Any:
-        """The core's lookup; a cached hybrid also computes the prefix hint here."""
+        """The core's lookup; a cached hybrid also takes the prefix hint here.
+
+        NOTE: the hint's longest length is the core's first spec-group search
+        of this lookup (``_first_lookup_tokens``; :mod:`kvimpl.native_hint`
+        holds the same computation in Python, which the tests compare). It
+        used to be recomputed here in Python over a copy of the core's whole
+        cache map: 0.7 ms per lookup with 2,048 blocks, which made native
+        admission on the hybrid bench mixes 14-18 µs per request-step, slower
+        than vLLM's 3-8 (``kvref bench --mix full+swa``, load 3-4); with the
+        core's value it is 0.4-0.7 µs.
+        """
         out = super().get_computed_blocks(request)
         self.shared_prefix_boundary.pop(request.request_id, None)
-        if self._hint is not None and not request.skip_reading_prefix_cache:
+        if self._hybrid_hint and not request.skip_reading_prefix_cache:
             hit = out[1]
-            longest = self._hint.longest(request.block_hashes, request.num_tokens - 1, cached_map(self))
-            self.num_uncached_common_prefix_tokens = uncached = longest - hit
+            self.num_uncached_common_prefix_tokens = uncached = self._first_lookup_tokens - hit
             if uncached:
                 self.shared_prefix_boundary[request.request_id] = hit + uncached
         return out
@@ -399,6 +408,8 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
 
         def allocate_slots(self, request: Any, num_new_tokens: int, *args: Any, **kwargs: Any) -> Any: ...
         def get_blocks(self, request_id: str) -> Any: ...
+
+        _first_lookup_tokens: int
 
 
 def manager_class(config: KVCacheConfig) -> type[KVCacheManager] | type[NativeKVCacheManager]:

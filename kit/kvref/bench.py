@@ -56,6 +56,7 @@ MIXES = (*BENCH_MIXES, "full+swa+mamba-all", "mla+swa@2x")
 class BenchMismatch(RuntimeError):
     """Two engines allocated different blocks for the same workload."""
 
+
 SWA_WINDOW_CAP = 1024
 """The reference anchor's window (full attention + sliding window 1024)."""
 
@@ -151,6 +152,30 @@ def make_requests(w: Workload) -> list[_Req]:
     return out
 
 
+CLOCKS: dict[str, Callable[[], float]] = {"cpu": time.thread_time, "wall": time.perf_counter}
+"""The clocks a benchmark can time with: ``cpu``, this thread's CPU time (the
+default), or ``wall``, elapsed time.
+
+NOTE: on a shared, loaded machine the wall clock times the other processes
+too: at load 9 on 2 CPUs a phase's elapsed time was 3-8 times its CPU time,
+varying from run to run by as much (the pure-Python ``free`` path of
+``kvref bench --paths``: 20-21 µs CPU, 65-180 µs elapsed), and a short
+phase (the native ``free``, under 1 ms per run in all) takes 1-2 µs per
+request-step from one descheduling. CPU time leaves out the time the thread
+waits; it includes system time, page faults and cache misses. Its clock
+costs about 1.4 µs per read here (a system call), so every region's cost of
+one clock pair is measured (:func:`clock_overhead`) and subtracted."""
+
+
+def clock_overhead(clock: Callable[[], float], samples: int = 2001) -> float:
+    """Seconds an empty timed region measures with ``clock`` (the median of ``samples``)."""
+    out = []
+    for _ in range(samples):
+        t = clock()
+        out.append(clock() - t)
+    return statistics.median(out)
+
+
 PHASES = ("step", "running", "admit", "advance", "free", "tables")
 """The timed phases of a scheduler step, in order."""
 MANAGER_PHASES = ("step", "running", "admit", "free")
@@ -170,9 +195,11 @@ class RunResult:
     running_allocs: int = 0
     """Allocations made in the running phase."""
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    regions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PHASES, 0))
+    """Timed regions per phase (each holds one clock pair's overhead)."""
 
 
-def run(engine: Any, w: Workload) -> RunResult:
+def run(engine: Any, w: Workload, clock: Callable[[], float] = time.thread_time) -> RunResult:
     """Drive one engine (:mod:`kvref.bench_engines`) through the workload, timing each phase as a whole."""
     reqs = make_requests(w)
     by_id = {r.rid: r for r in reqs}
@@ -188,11 +215,12 @@ def run(engine: Any, w: Workload) -> RunResult:
     def chunk(rid: str, hit: int) -> int:
         return schedule_chunk(config, by_id[rid].num_tokens, hit, w.chunk)
 
-    clock = time.perf_counter
+    regions = res.regions
     while waiting or running:
         t = clock()
         engine.step()
         sec["step"] += clock() - t
+        regions["step"] += 1
         res.steps += 1
         scheduled: list[tuple[_Req, int, int]] = []
         """(request, tokens scheduled, growth of its computed tokens: hits count for an admission)"""
@@ -203,6 +231,7 @@ def run(engine: Any, w: Workload) -> RunResult:
             t = clock()
             raw, done, fitted = engine.run(rids, news)
             sec["running"] += clock() - t
+            regions["running"] += 1
             res.results.extend(engine.run_ids(raw))
             res.running_allocs += done
             scheduled.extend((r, n, n) for r, n in (todo[:done] if fitted else todo[: done - 1]))
@@ -212,6 +241,7 @@ def run(engine: Any, w: Workload) -> RunResult:
             t = clock()
             engine.preempt(victim.rid)
             sec["running"] += clock() - t
+            regions["running"] += 1
             victim.state.preempted()
             waiting.insert(0, victim)
             res.preemptions += 1
@@ -223,6 +253,7 @@ def run(engine: Any, w: Workload) -> RunResult:
             t = clock()
             admitted = engine.admit([r.rid for r in cands], chunk)
             sec["admit"] += clock() - t
+            regions["admit"] += 1
             for r, (hit, n_new, raw) in zip(cands, admitted, strict=False):
                 out = engine.ids(raw)
                 res.results.append(out)
@@ -250,15 +281,18 @@ def run(engine: Any, w: Workload) -> RunResult:
         t = clock()
         engine.advance(items)
         sec["advance"] += clock() - t
+        regions["advance"] += 1
         if finished:
             done_ids = set(finished)
             running = [r for r in running if r.rid not in done_ids]
             t = clock()
             engine.free(finished)
             sec["free"] += clock() - t
+            regions["free"] += 1
         t = clock()
         engine.tables()
         sec["tables"] += clock() - t
+        regions["tables"] += 1
     return res
 
 
@@ -353,11 +387,13 @@ def bench(
     skip: Sequence[str] = (),
     extra: Mapping[str, AdapterFactory] | None = None,
     progress: Callable[[str], None] | None = None,
+    clock: str = "cpu",
 ) -> list[BenchRow]:
     """Median µs per request-step of each engine in each phase over
     ``repeats`` runs (round-robin across engines, a full GC before each run,
     the collector off during it), after checking that all engines produced
-    the same block ids.
+    the same block ids. ``clock``: one of :data:`CLOCKS`; each region's clock
+    overhead is subtracted.
 
     Raises:
         InputError: For an engine that is not available, or a workload that
@@ -376,6 +412,7 @@ def bench(
     per_run: dict[str, list[float]] = {n: [] for n in names}
     counts: dict[str, tuple[int, int]] = {}
     reference: RunResult | None = None
+    timer = CLOCKS[clock]
     for _ in range(repeats):
         for name in names:  # round-robin, so machine noise hits every engine alike
             if progress is not None:
@@ -384,7 +421,8 @@ def bench(
             gc.collect()
             gc.disable()
             try:
-                result = run(engine, w)
+                overhead = clock_overhead(timer)
+                result = run(engine, w, timer)
             finally:
                 gc.enable()
             if reference is None:
@@ -392,14 +430,19 @@ def bench(
             elif result.results != reference.results or result.request_steps != reference.request_steps:
                 raise BenchMismatch(f"{name} allocated different blocks than {names[0]} on the same workload")
             steps = max(result.request_steps, 1)
+            net = {p: max(0.0, result.seconds[p] - result.regions[p] * overhead) for p in PHASES}
             for p in PHASES:
-                per_phase[name][p].append(result.seconds[p] / steps * 1e6)
-            per_run[name].append(result.seconds["running"] / max(result.running_allocs, 1) * 1e6)
+                per_phase[name][p].append(net[p] / steps * 1e6)
+            per_run[name].append(net["running"] / max(result.running_allocs, 1) * 1e6)
             counts[name] = (engine.calls, engine.allocs)
     steps = 0 if reference is None else reference.request_steps
     rows = [
         BenchRow(
-            n, counts[n][0], counts[n][1], steps, {p: statistics.median(per_phase[n][p]) for p in PHASES},
+            n,
+            counts[n][0],
+            counts[n][1],
+            steps,
+            {p: statistics.median(per_phase[n][p]) for p in PHASES},
             statistics.median(per_run[n]),
         )
         for n in names
@@ -475,6 +518,7 @@ def sweep(
     points: Sequence[int] | None = None,
     progress: Callable[[int, Workload], None] | None = None,
     extra: Mapping[str, AdapterFactory] | None = None,
+    clock: str = "cpu",
 ) -> list[SweepPoint]:
     """:func:`bench` at every point of a sweep."""
     out = []
@@ -482,7 +526,7 @@ def sweep(
         if progress is not None:
             progress(x, w)
         skip = ("spec",) if only is None and w.num_blocks > SPEC_MAX_SWEEP_POOL else ()
-        out.append(SweepPoint(x, w, bench(w, repeats=repeats, only=only, skip=skip, extra=extra)))
+        out.append(SweepPoint(x, w, bench(w, repeats=repeats, only=only, skip=skip, extra=extra, clock=clock)))
     return out
 
 

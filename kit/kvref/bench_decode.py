@@ -9,6 +9,16 @@ call) and one ``advance`` (computed tokens, the sampled token, its block
 hash when a block fills), each timed as a whole. Every engine gets the same
 prompts and tokens; the allocated block ids are compared per step. Engines
 alternate, repeats take the best (lowest) run.
+
+The array engine (``impl-native-array``) is driven as a scheduler holding
+int32 buffers would drive it (:func:`run_array`): the running requests'
+handles and the per-request token counts (all ones) are built once, before
+the first step, and every step makes one ``allocate_slots_array`` call and
+one ``advance_array`` call on them. Its timed allocation region holds that
+call and the scheduler's check that every request got its slots (``min``
+over the returned counts, a C loop); its timed advance region holds the
+``advance_array`` call alone, on the step's sampled tokens, which the model
+runner hands over as an int32 buffer (built here outside the region).
 """
 
 from __future__ import annotations
@@ -17,10 +27,12 @@ import gc
 import os
 import random
 import time
+from array import array
+from collections.abc import Callable
 from typing import Any
 
-from kvref.bench import Workload, available_engines
-from kvref.bench_engines import Advance
+from kvref.bench import CLOCKS, Workload, available_engines, clock_overhead
+from kvref.bench_engines import Advance, split_array
 
 STEPS = 128
 """Decode steps per run."""
@@ -31,9 +43,12 @@ def workload(mix: str, running: int) -> Workload:
     return Workload(num_blocks=max(8192, running * 64), mix=mix, prompt_len=(100, 300), max_running=running)
 
 
-def run_once(name: str, mix: str, running: int, steps: int) -> tuple[float, float, list[Any]]:
+def run_once(
+    name: str, mix: str, running: int, steps: int, clock: Callable[[], float] = time.thread_time
+) -> tuple[float, float, list[Any]]:
     """Seconds per request-step of one engine in the allocation and the
-    advancing phase, and its per-step results."""
+    advancing phase (each region's clock-pair overhead subtracted), and its
+    per-step results."""
     w = workload(mix, running)
     engine: Any = available_engines(w.config())[name]()
     rng = random.Random(0)
@@ -49,10 +64,12 @@ def run_once(name: str, mix: str, running: int, steps: int) -> tuple[float, floa
     first = [(rid, computed[rid], computed[rid], rng.randrange(32000)) for rid in rids]
     engine.prepare_advance(first)
     engine.advance(first)
+    overhead = clock_overhead(clock) * steps
+    if getattr(engine, "api", None) == "array":
+        return run_array(engine, rids, rng, steps, clock, overhead)
     ones = [1] * running
     results: list[Any] = []
-    alloc = adv = 0.0
-    clock = time.perf_counter
+    alloc = adv = -overhead
     gc.collect()
     gc.disable()
     try:
@@ -79,11 +96,44 @@ def run_once(name: str, mix: str, running: int, steps: int) -> tuple[float, floa
     return alloc / n, adv / n, results
 
 
+def run_array(
+    engine: Any, rids: list[str], rng: random.Random, steps: int, clock: Callable[[], float], overhead: float
+) -> tuple[float, float, list[Any]]:
+    """:func:`run_once` for the array engine, on buffers held across steps (see the module docstring)."""
+    mgr, groups = engine.manager, engine.groups
+    handles = array("i", [engine.handle_of[rid] for rid in rids])
+    ones = array("i", [1] * len(rids))
+    allocate, advance = mgr.allocate_slots_array, mgr.advance_array
+    results: list[Any] = []
+    alloc = adv = -overhead
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(steps):
+            engine.step()
+            t = clock()
+            counts, ids = allocate(handles, ones)
+            fitted = min(counts) >= 0
+            alloc += clock() - t
+            if not fitted:
+                raise SystemExit(f"{engine.name}: a decode step did not fit")
+            results.append(split_array(counts, ids, len(rids), groups))
+            tokens = array("i", [rng.randrange(32000) for _ in rids])
+            t = clock()
+            advance(handles, ones, tokens)
+            adv += clock() - t
+            engine.tables()
+    finally:
+        gc.enable()
+    n = len(rids) * steps
+    return alloc / n, adv / n, results
+
+
 ENGINES = ("vllm", "impl-python", "impl-python-batched", "impl-native", "impl-native-batched", "impl-native-array")
 """The engines timed (kvspec is left out: its immutable requests are copied per step, by design)."""
 
 
-def report(mix: str, running: int, steps: int, repeats: int) -> int:
+def report(mix: str, running: int, steps: int, repeats: int, clock: str = "cpu") -> int:
     """Print µs per request-step (allocation, advancing, both) and the ratio to vLLM for each engine."""
     there = available_engines(workload(mix, running).config())
     names = [n for n in ENGINES if n in there]
@@ -92,7 +142,7 @@ def report(mix: str, running: int, steps: int, repeats: int) -> int:
     load = os.getloadavg()
     for _ in range(repeats):
         for name in names:
-            a, v, results = run_once(name, mix, running, steps)
+            a, v, results = run_once(name, mix, running, steps, CLOCKS[clock])
             if reference is None:
                 reference = results
             elif results != reference:
@@ -100,7 +150,10 @@ def report(mix: str, running: int, steps: int, repeats: int) -> int:
             if name not in best or a + v < sum(best[name]):
                 best[name] = (a, v)
     base = best.get("vllm")
-    print(f"steady decode, {mix}, {running} running requests x {steps} steps, best of {repeats}; µs per request-step")
+    print(
+        f"steady decode, {mix}, {running} running requests x {steps} steps, best of {repeats}, {clock} clock; "
+        "µs per request-step"
+    )
     print(f"  {'engine':20s} {'allocate':>9s} {'x vLLM':>8s} {'advance':>9s} {'total':>9s} {'x vLLM':>8s}")
     for name in names:
         a, v = best[name]

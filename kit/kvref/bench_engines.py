@@ -54,6 +54,61 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def allocate_each(
+    alloc: Callable[..., Any], reqs: dict[str, Any], rids: Sequence[str], news: Sequence[int]
+) -> list[Any]:
+    """``alloc(request, n)`` per request in order, up to and including the
+    first that returns None: the running phase of every per-request engine."""
+    out = []
+    for rid, n in zip(rids, news, strict=True):
+        got = alloc(reqs[rid], n)
+        out.append(got)
+        if got is None:
+            break
+    return out
+
+
+def admit_each(
+    manager: Any,
+    reqs: dict[str, Any],
+    rids: Sequence[str],
+    chunk: Chunk,
+    has_hits: Callable[[Any], bool],
+    admitted: Callable[[str], None] | None = None,
+) -> list[Admitted]:
+    """Prefix lookup and ``allocate_slots`` per waiting request in order, up
+    to and including the first that does not fit; ``has_hits(blocks)``: whether
+    the lookup's blocks are passed on (else None); ``admitted(rid)`` after each
+    admission that fitted. Every engine's admission phase."""
+    out: list[Admitted] = []
+    for rid in rids:
+        req = reqs[rid]
+        found = manager.get_computed_blocks(req)
+        hits, n = found[0], found[1]  # later vLLM releases append the shared-prefix boundary
+        n_new = chunk(rid, n)
+        got = manager.allocate_slots(req, n_new, n, hits if has_hits(hits) else None)
+        out.append((n, n_new, got))
+        if got is None:
+            break
+        if admitted is not None:
+            admitted(rid)
+    return out
+
+
+def advance_each(reqs: dict[str, Any], items: Sequence[Advance], running: Any) -> None:
+    """Advance mutable requests (vLLM's, kvimpl's): computed tokens, status, the sampled token."""
+    for rid, computed, _, token in items:
+        req = reqs[rid]
+        req.num_computed_tokens = computed
+        req.status = running
+        if token is not None:
+            req.append_output_token_ids(token)
+
+
+def _vllm_has_hits(blocks: Any) -> bool:
+    return any(blocks.blocks)
+
+
 class VllmEngine:
     """Real vLLM through its own objects (no kvref adapter in the timed path).
 
@@ -85,12 +140,7 @@ class VllmEngine:
         self.manager.new_step_starts()
 
     def run(self, rids: Sequence[str], news: Sequence[int]) -> RunResult:
-        reqs, alloc, out = self.reqs, self.manager.allocate_slots, []
-        for rid, n in zip(rids, news, strict=True):
-            got = alloc(reqs[rid], n, 0, None)
-            out.append(got)
-            if got is None:
-                break
+        out = allocate_each(self.manager.allocate_slots, self.reqs, rids, news)
         self.calls += len(out)
         self.allocs += len(out)
         return out, len(out), out[-1] is not None
@@ -103,16 +153,7 @@ class VllmEngine:
         req.num_preemptions += 1
 
     def admit(self, rids: Sequence[str], chunk: Chunk) -> list[Admitted]:
-        reqs, m, out = self.reqs, self.manager, []
-        for rid in rids:
-            req = reqs[rid]
-            found = m.get_computed_blocks(req)
-            blocks, n = found[0], found[1]  # later releases append the shared-prefix boundary
-            n_new = chunk(rid, n)
-            got = m.allocate_slots(req, n_new, n, blocks if any(blocks.blocks) else None)
-            out.append((n, n_new, got))
-            if got is None:
-                break
+        out = admit_each(self.manager, self.reqs, rids, chunk, _vllm_has_hits)
         self.calls += len(out)
         self.allocs += len(out)
         return out
@@ -121,13 +162,7 @@ class VllmEngine:
         """Untimed preparation of the advance (nothing: it advances request objects)."""
 
     def advance(self, items: Sequence[Advance]) -> None:
-        reqs, running = self.reqs, self._running
-        for rid, computed, _, token in items:
-            req = reqs[rid]
-            req.num_computed_tokens = computed
-            req.status = running
-            if token is not None:
-                req.append_output_token_ids(token)
+        advance_each(self.reqs, items, self._running)
 
     def free(self, rids: Sequence[str]) -> None:
         reqs, free = self.reqs, self.manager.free
@@ -166,12 +201,7 @@ class SpecEngine:
         self.manager.new_step_starts()
 
     def run(self, rids: Sequence[str], news: Sequence[int]) -> RunResult:
-        reqs, alloc, out = self.reqs, self.manager.allocate_slots, []
-        for rid, n in zip(rids, news, strict=True):
-            got = alloc(reqs[rid], n)
-            out.append(got)
-            if got is None:
-                break
+        out = allocate_each(self.manager.allocate_slots, self.reqs, rids, news)
         self.calls += len(out)
         self.allocs += len(out)
         return out, len(out), out[-1] is not None
@@ -184,15 +214,7 @@ class SpecEngine:
         )
 
     def admit(self, rids: Sequence[str], chunk: Chunk) -> list[Admitted]:
-        reqs, m, out = self.reqs, self.manager, []
-        for rid in rids:
-            req = reqs[rid]
-            hits, n = m.get_computed_blocks(req)
-            n_new = chunk(rid, n)
-            got = m.allocate_slots(req, n_new, n, hits if any(hits) else None)
-            out.append((n, n_new, got))
-            if got is None:
-                break
+        out = admit_each(self.manager, self.reqs, rids, chunk, any)
         self.calls += len(out)
         self.allocs += len(out)
         return out
@@ -274,12 +296,7 @@ class ImplEngine:
 
     def run(self, rids: Sequence[str], news: Sequence[int]) -> RunResult:
         if self.api == "object":
-            reqs, alloc, out = self.reqs, self.manager.allocate_slots, []
-            for rid, n in zip(rids, news, strict=True):
-                got = alloc(reqs[rid], n)
-                out.append(got)
-                if got is None:
-                    break
+            out = allocate_each(self.manager.allocate_slots, self.reqs, rids, news)
             self.calls += len(out)
             self.allocs += len(out)
             return out, len(out), out[-1] is not None
@@ -349,36 +366,16 @@ class ImplEngine:
         req.num_preemptions += 1
 
     def admit(self, rids: Sequence[str], chunk: Chunk) -> list[Admitted]:
-        reqs, m, out = self.reqs, self.manager, []
-        for rid in rids:
-            req = reqs[rid]
-            hits, n = m.get_computed_blocks(req)
-            n_new = chunk(rid, n)
-            got = m.allocate_slots(req, n_new, n, hits if any(hits) else None)
-            out.append((n, n_new, got))
-            if got is None:
-                break
-            if self.api == "array":
-                h = m.handle(rid)
-                self.handle_of[rid] = h
-                self._admitted.append(rid)
-                self._live.append(rid)
-                self._live_hs.append(h)
+        out = admit_each(self.manager, self.reqs, rids, chunk, any, self._hold if self.api == "array" else None)
         self.calls += len(out)
         self.allocs += len(out)
         return out
 
     def advance(self, items: Sequence[Advance]) -> None:
-        reqs, running = self.reqs, RequestStatus.RUNNING
         if self.api == "array":
             self._advance_array(items)
             return
-        for rid, computed, _, token in items:
-            req = reqs[rid]
-            req.num_computed_tokens = computed
-            req.status = running
-            if token is not None:
-                req.append_output_token_ids(token)
+        advance_each(self.reqs, items, RequestStatus.RUNNING)
 
     def prepare_advance(self, items: Sequence[Advance]) -> None:
         """Untimed: the array API's advance buffers (scheduled handles, their
@@ -401,6 +398,14 @@ class ImplEngine:
             self.reqs[rid].status = running
         self._admitted.clear()
         self.manager.advance_array(*self._adv)
+
+    def _hold(self, rid: str) -> None:
+        """An admitted request joins the array API's held buffers (its handle at the end)."""
+        h = self.manager.handle(rid)
+        self.handle_of[rid] = h
+        self._admitted.append(rid)
+        self._live.append(rid)
+        self._live_hs.append(h)
 
     def _drop_live(self, rids: Sequence[str]) -> None:
         """Remove requests from the held handle buffer (finish, preemption)."""
@@ -441,13 +446,13 @@ class ImplEngine:
         for chunk in raw:
             if self.api == "array":
                 counts, ids, n = chunk
-                out.extend(_split_array(counts, ids, n, self.groups))
+                out.extend(split_array(counts, ids, n, self.groups))
             else:
                 out.extend(chunk)
         return out
 
 
-def _split_array(counts: Any, ids: Any, n: int, groups: int) -> list[Ids | None]:
+def split_array(counts: Any, ids: Any, n: int, groups: int) -> list[Ids | None]:
     """``allocate_slots_array``'s (counts, ids) buffers as per-request block ids."""
     out: list[Ids | None] = []
     pos = 0

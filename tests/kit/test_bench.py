@@ -133,3 +133,23 @@ def test_cli_steady_decode(capsys: pytest.CaptureFixture[str]) -> None:
     assert "impl-python" in out
     assert "identical block ids" in out
     assert "load average" in out
+
+
+@pytest.mark.parametrize("mix", ["full", "full+swa", "full+mamba-all", "mla+swa@2x"])
+def test_paths_engines_agree(mix: str) -> None:
+    """``kvref bench --paths``: every engine allocates the same blocks on every path (a small run)."""
+    from kvref.bench_paths import PATHS, bench_paths  # noqa: PLC0415
+
+    rows = bench_paths(mix, 1, ["spec", "impl-python", "impl-native"], requests=4)
+    assert [r.engine for r in rows][:2] == ["spec", "impl-python"]
+    assert all(set(r.us) == set(PATHS) for r in rows)
+
+
+def test_cli_paths(capsys: pytest.CaptureFixture[str]) -> None:
+    """The command prints one table per mix with the load average."""
+    from kvref.bench_paths import PATHS  # noqa: PLC0415
+
+    assert main(["bench", "--paths", "--repeats", "1", "--engines", "impl-python"]) == 0
+    out = capsys.readouterr().out
+    assert all(p in out for p in PATHS)
+    assert "load average" in out

@@ -1271,6 +1271,9 @@ static int Core_set_stats(Core *c, PyObject *v, void *closure) {
 }
 
 static PyObject *Core_num_groups(Core *c, void *closure) { return PyLong_FromLong(c->G); }
+static PyObject *Core_first_lookup_tokens(Core *c, void *closure) {
+    return PyLong_FromSsize_t(c->first_lookup_tokens);
+}
 
 /* ------------------------------------------------------------ type */
 
@@ -1535,6 +1538,8 @@ static PyGetSetDef Core_getset[] = {
     {"usage", (getter)Core_get_usage, NULL, "Fraction of non-null blocks in use.", NULL},
     {"_stats", (getter)Core_get_stats, (setter)Core_set_stats, NULL, NULL},
     {"_num_groups", (getter)Core_num_groups, NULL, NULL, NULL},
+    {"_first_lookup_tokens", (getter)Core_first_lookup_tokens, NULL,
+     "Tokens the first spec group's search hit in the last hybrid lookup (the prefix hint's longest).", NULL},
     {NULL},
 };
 

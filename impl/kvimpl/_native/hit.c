@@ -132,6 +132,7 @@ static int kind_hit(Core *c, ReqView *rv, int rep, Py_ssize_t k, Py_ssize_t max_
 /* hybrid_hit_search and the trimming of full-attention groups. */
 static int hybrid_hit(Core *c, ReqView *rv, Py_ssize_t max_len, IVec *per_group, Py_ssize_t *hit_out) {
     int nsg = c->nsg;
+    c->first_lookup_tokens = 0;
     uint8_t looked_up[64], verified[64];
     memset(looked_up, 0, sizeof looked_up);
     memset(verified, 0, sizeof verified);
@@ -141,7 +142,7 @@ static int hybrid_hit(Core *c, ReqView *rv, Py_ssize_t max_len, IVec *per_group,
     memset(tmp, 0, sizeof tmp);
     for (int g = 0; g < c->G; g++)
         per_group[g].n = 0;
-    int rc = -1;
+    int rc = -1, first = 1;
     for (;;) {
         Py_ssize_t cur = hit;
         for (int idx = 0; idx < nsg; idx++) {
@@ -163,6 +164,10 @@ static int hybrid_hit(Core *c, ReqView *rv, Py_ssize_t max_len, IVec *per_group,
             if (kind_hit(c, rv, sg->rep, k, limit, sg->gids, sg->nids, drop, c->sched, tmp) < 0)
                 goto done;
             Py_ssize_t nw = tmp[0].n * bs;
+            if (first) { /* every later search is bounded by this one's candidate (kvimpl.native_hint) */
+                c->first_lookup_tokens = nw;
+                first = 0;
+            }
             if (drop)
                 verified[idx] = 1;
             else if (nw < cur)

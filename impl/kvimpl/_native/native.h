@@ -178,6 +178,9 @@ typedef struct {
     /* KV-cache events (events.c): a list of raw records, NULL when events are off */
     PyObject *events;
     int events_lost;
+    /* hit.c: the first spec group's hit length (tokens) of the last hybrid search: the prefix hint's
+     * longest lookup (kvimpl.native_hint) */
+    Py_ssize_t first_lookup_tokens;
     IVec ev_stored_idx; /* events.c scratch: the stored indices of one group_cache */
     PyObject *weakreflist;
 } Core;

@@ -53,15 +53,60 @@ def add_parser(sub: Any) -> None:
         metavar="RUNNING",
         help="instead: steady decode of RUNNING requests, one token each per step (--mix full or full+swa)",
     )
+    ben.add_argument(
+        "--paths",
+        action="store_true",
+        help="instead: µs per operation of each block-moving path (admission with and without hits, chunk, "
+        "fill, take, free; default engines vllm,impl-native,impl-python)",
+    )
+    ben.add_argument(
+        "--clock",
+        choices=["cpu", "wall"],
+        default="cpu",
+        help="time with this thread's CPU time (default: on a shared machine elapsed time also counts the "
+        "other processes) or elapsed time",
+    )
     ben.set_defaults(run=_dispatch)
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    if args.paths:
+        return _paths(args)
     if args.steady_decode is not None:
         from kvref.bench_decode import report  # noqa: PLC0415 - imports kvimpl and vLLM
 
-        return report(args.mix, args.steady_decode, 128, args.repeats or 3)
+        return report(args.mix, args.steady_decode, 128, args.repeats or 3, args.clock)
     return run(args)
+
+
+def _paths(args: argparse.Namespace) -> int:
+    """``kvref bench --paths``: a table of µs per operation per path and engine, per mix."""
+    from kvref.bench import MIXES  # noqa: PLC0415 - imports kvimpl and vLLM
+    from kvref.bench_paths import PATHS, REQUESTS, bench_paths  # noqa: PLC0415
+
+    only = None if args.engines is None else [e.strip() for e in args.engines.split(",") if e.strip()]
+    repeats = args.repeats or 5
+    console = Console()
+    if not console.is_terminal:
+        console.width = max(console.width, 160)
+    for mix in list(MIXES) if args.mix == "all" else [args.mix]:
+        before = load_average()
+        rows = bench_paths(mix, repeats, only, clock=args.clock)
+        table = Table(
+            title=f"kvref bench --paths: {mix}, {REQUESTS} requests per path, µs per operation "
+            f"(median of {repeats}, {args.clock} clock; {before} before, {load_average()} after)"
+        )
+        table.add_column("engine")
+        for p in PATHS:
+            table.add_column(p, justify="right")
+            table.add_column("x vLLM", justify="right")
+        for r in rows:
+            cells = []
+            for p in PATHS:
+                cells += [f"{r.us[p]:.3f}", _ratio(r.x_vs_vllm[p])]
+            table.add_row(r.engine, *cells)
+        console.print(table)
+    return 0
 
 
 def _int_range(text: str) -> tuple[int, int]:
@@ -117,12 +162,17 @@ def run(args: argparse.Namespace) -> int:
         if args.sweep is not None:
             _bench_sweep(args, w, only, console, args.repeats or SWEEP_REPEATS, extra)
         else:
-            _bench_one(w, only, extra, console, args.repeats or 5)
+            _bench_one(w, only, extra, console, args.repeats or 5, args.clock)
     return 0
 
 
 def _bench_one(
-    w: Workload, only: list[str] | None, extra: dict[str, AdapterFactory], console: Console, repeats: int
+    w: Workload,
+    only: list[str] | None,
+    extra: dict[str, AdapterFactory],
+    console: Console,
+    repeats: int,
+    clock: str = "cpu",
 ) -> None:
     from kvref.bench import PHASES, bench  # noqa: PLC0415
 
@@ -132,8 +182,8 @@ def _bench_one(
         print(f"bench: run {next(runs)}: {name} ...", file=sys.stderr, flush=True)
 
     before = load_average()
-    rows = bench(w, repeats=repeats, only=only, extra=extra, progress=progress)
-    table = Table(title=f"kvref bench: {w.describe()}; µs per request-step, median of {repeats}")
+    rows = bench(w, repeats=repeats, only=only, extra=extra, progress=progress, clock=clock)
+    table = Table(title=f"kvref bench: {w.describe()}; µs per request-step, median of {repeats}, {clock} clock")
     for col in ("engine", "calls", "req-steps", *PHASES, "manager", "x vLLM", "total", "x vLLM", "µs/run-alloc",
                 "x vLLM"):  # fmt: skip
         table.add_column(col, justify="right")
@@ -175,7 +225,7 @@ def _bench_sweep(
     def progress(x: int, pw: Workload) -> None:
         console.print(f"[dim]{kind} = {x}: {pw.num_requests} requests, {pw.num_blocks} blocks ...[/dim]")
 
-    points = sweep(kind, w, repeats=repeats, only=only, progress=progress, extra=extra)
+    points = sweep(kind, w, repeats=repeats, only=only, progress=progress, extra=extra, clock=args.clock)
     if kind == "batch":
         how = "requests = max(256, 2 x batch), pool sized so nothing is preempted"
     else:
@@ -213,5 +263,3 @@ def _bench_sweep(
     else:
         print("matplotlib not installed: no plot")
     return 0
-
-
