@@ -15,8 +15,9 @@ int32 buffers would drive it (:func:`run_array`): the running requests'
 handles and the per-request token counts (all ones) are built once, before
 the first step, and every step makes one ``allocate_slots_array`` call and
 one ``advance_array`` call on them. Its timed allocation region holds that
-call and the scheduler's check that every request got its slots (``min``
-over the returned counts, a C loop); its timed advance region holds the
+call and the scheduler's check that every request got its slots (one
+comparison of the call's ``first_unfitted`` position with -1); its timed
+advance region holds the
 ``advance_array`` call alone, on the step's sampled tokens, which the model
 runner hands over as an int32 buffer (built here outside the region).
 """
@@ -112,8 +113,8 @@ def run_array(
         for _ in range(steps):
             engine.step()
             t = clock()
-            counts, ids = allocate(handles, ones)
-            fitted = min(counts) >= 0
+            counts, ids, first_unfitted = allocate(handles, ones)
+            fitted = first_unfitted < 0
             alloc += clock() - t
             if not fitted:
                 raise SystemExit(f"{engine.name}: a decode step did not fit")

@@ -339,9 +339,8 @@ class ImplEngine:
             self.calls += 1
             if array_api:
                 whole = i == 0 and j == n  # the common case: no slice copies
-                counts, ids = mgr.allocate_slots_array(hs if whole else hs[i:j], ns if whole else ns[i:j])
+                counts, ids, first_none = mgr.allocate_slots_array(hs if whole else hs[i:j], ns if whole else ns[i:j])
                 chunks.append((counts, ids, j - i))
-                first_none = counts.index(-1) // g if min(counts, default=0) < 0 else -1
             else:
                 got = mgr.allocate_slots_batch(reqs[i:j], news[i:j])
                 chunks.append(got)

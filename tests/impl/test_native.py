@@ -293,7 +293,8 @@ def test_array_api_matches_the_object_api() -> None:
             want.append(a.allocate_slots(ra[rid], 1))
             ra[rid].num_computed_tokens += 1
         b.advance_array(handles, array("i", [0] * len(rids)), array("i", tokens))
-        counts, ids = b.allocate_slots_array(handles, array("i", [1] * len(rids)))
+        counts, ids, first_unfitted = b.allocate_slots_array(handles, array("i", [1] * len(rids)))
+        assert first_unfitted == -1
         got, pos = [], 0
         for i in range(len(rids)):
             row = []

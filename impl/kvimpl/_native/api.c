@@ -965,7 +965,10 @@ static PyObject *int32_array(const int32_t *v, Py_ssize_t n) {
 }
 
 /* allocate_slots_array(handles, num_new_tokens, num_lookahead_tokens=0) ->
- * (counts, ids): the sequential allocate_slots calls of a running step. */
+ * (counts, ids, first_unfitted): the sequential allocate_slots calls of a
+ * running step; first_unfitted is the position of the first request that did
+ * not fit (its counts are -1), or -1 when every request got its slots, so
+ * that a scheduler's check of the step is one comparison. */
 static PyObject *Core_allocate_slots_array(Core *c, PyObject *args) {
     PyObject *ho, *no;
     Py_ssize_t look = 0;
@@ -993,13 +996,19 @@ static PyObject *Core_allocate_slots_array(Core *c, PyObject *args) {
     for (Py_ssize_t i = 0; i < n; i++) {
         if (handle_slot(c, hs[i], i) < 0)
             goto end;
-        ReqView rv;
-        if (rv_read(&rv, c->slot_req[hs[i]], 0) < 0) {
+        Py_ssize_t cpt;
+        PyObject *req = c->slot_req[hs[i]];
+        if (Req_Check(req)) {
+            cpt = ((ReqObject *)req)->num_computed_tokens;
+        } else {
+            ReqView rv;
+            if (rv_read(&rv, req, 0) < 0) {
+                rv_clear(&rv);
+                goto end;
+            }
+            cpt = rv.computed;
             rv_clear(&rv);
-            goto end;
         }
-        Py_ssize_t cpt = rv.computed;
-        rv_clear(&rv);
         if (ns[i] <= 0 || cpt < 0 || cpt + ns[i] > c->max_len) {
             PyErr_Format(G_.InvalidTokenCountError,
                          "allocate_slots_array: position %zd: %d new tokens after %zd computed (max_model_len %zd)", i,
@@ -1009,6 +1018,7 @@ static PyObject *Core_allocate_slots_array(Core *c, PyObject *args) {
     }
     if (ivec_reserve(&counts, n * c->G + 1) < 0)
         goto end;
+    Py_ssize_t first_unfitted = -1;
     for (Py_ssize_t i = 0; i < n; i++) {
         ReqView rv;
         if (rv_read(&rv, c->slot_req[hs[i]], 0) < 0) {
@@ -1020,6 +1030,8 @@ static PyObject *Core_allocate_slots_array(Core *c, PyObject *args) {
         rv_clear(&rv);
         if (r < 0)
             goto end;
+        if (r == 0 && first_unfitted < 0)
+            first_unfitted = i;
         for (int g = 0; g < c->G; g++) {
             if (r == 0) {
                 counts.v[counts.n++] = -1;
@@ -1037,10 +1049,12 @@ static PyObject *Core_allocate_slots_array(Core *c, PyObject *args) {
     {
         PyObject *a = int32_array(counts.v, counts.n);
         PyObject *b = a ? int32_array(ids.v, ids.n) : NULL;
-        if (a && b)
-            res = PyTuple_Pack(2, a, b);
+        PyObject *f = b ? PyLong_FromSsize_t(first_unfitted) : NULL;
+        if (a && b && f)
+            res = PyTuple_Pack(3, a, b, f);
         Py_XDECREF(a);
         Py_XDECREF(b);
+        Py_XDECREF(f);
     }
 end:
     PyMem_Free(counts.v);
@@ -1512,7 +1526,8 @@ static PyMethodDef Core_methods[] = {
     {"get_num_free_blocks", (PyCFunction)Core_get_num_free_blocks, METH_NOARGS, "Free blocks."},
     {"handle", (PyCFunction)Core_handle, METH_O, "The array-API handle of a request holding blocks."},
     {"allocate_slots_array", (PyCFunction)Core_allocate_slots_array, METH_VARARGS,
-     "allocate_slots_array(handles, num_new_tokens, num_lookahead_tokens=0) -> (counts, ids) as array('i')."},
+     "allocate_slots_array(handles, num_new_tokens, num_lookahead_tokens=0) -> (counts, ids, first_unfitted): "
+     "counts and ids as array('i'); first_unfitted the position of the first request that did not fit, or -1."},
     {"advance_array", (PyCFunction)Core_advance_array, METH_VARARGS,
      "advance_array(handles, num_new_tokens, tokens): advance native requests (token -1: none)."},
     {"_take_raw_events", (PyCFunction)ev_take, METH_NOARGS, "Drain the raw event records (kvimpl.native_events)."},

@@ -211,13 +211,14 @@ void keyset_free(KeySet *s);
 typedef struct {
     PyObject *obj;    /* borrowed */
     ReqObject *nat;   /* obj when it is a C Request */
-    PyObject *rid;    /* new reference */
+    PyObject *rid;    /* new reference, or borrowed from nat */
     Py_ssize_t computed, ntok, npreempt;
     PyObject *computed_obj; /* generic: the attribute value (new reference) */
-    PyObject *status; /* new reference */
+    PyObject *status; /* new reference, or borrowed from nat */
     int skip;
     PyObject *hseq;   /* generic: block_hashes as a fast sequence (new reference) */
     Py_ssize_t nhash;
+    int borrowed;     /* rid and status are borrowed from nat (alive for the call) */
 } ReqView;
 
 int rv_read(ReqView *rv, PyObject *obj, int need_hashes);
@@ -273,6 +274,11 @@ int coord_find_hit(Core *c, ReqView *rv, Py_ssize_t max_len, IVec *per_group, Py
 
 /* Python floor division and ceiling division (ints may be negative). */
 static inline Py_ssize_t floordiv(Py_ssize_t a, Py_ssize_t b) {
+    /* Block sizes are mostly powers of two: a shift then replaces the
+     * division (an arithmetic shift floors negative values too, as gcc and
+     * clang define it), which was the largest cost of a quiet decode step. */
+    if (b > 0 && (b & (b - 1)) == 0)
+        return a >> __builtin_ctzll((unsigned long long)b);
     Py_ssize_t q = a / b;
     if ((a % b != 0) && ((a < 0) != (b < 0)))
         q -= 1;
