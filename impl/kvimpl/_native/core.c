@@ -527,6 +527,19 @@ int group_cache(Core *c, Py_ssize_t slot, int g, ReqView *rv, Py_ssize_t num_tok
     Py_ssize_t k = gr->bs / c->hbs;
     IVec *stored = &c->ev_stored_idx;
     stored->n = 0;
+    /* Prefetch pass (pool_prefetch_cache): same blocks as the loop below,
+     * only for a C request whose hashes are at hand; it changes nothing and
+     * reports nothing (the loop below does the checks and raises). */
+    if (rv->nat && rv->nat->dlen == c->dlen) {
+        Py_ssize_t end = num_full < t->len ? num_full : t->len;
+        for (Py_ssize_t i = num_cached; i < end; i++) {
+            int32_t b = t->b[i];
+            Py_ssize_t hi = (i + 1) * k - 1;
+            if (b == NULL_BLOCK || hi >= rv->nat->nhash || (masked && !(i >= shift && (i - shift) % per >= per - need)))
+                continue;
+            pool_prefetch_cache(c, b, rv->nat->hashes + hi * c->dlen, g);
+        }
+    }
     for (Py_ssize_t i = num_cached; i < num_full; i++) {
         if (i >= t->len) {
             PyErr_SetString(PyExc_IndexError, "cache_blocks: list index out of range (table shorter than the blocks)");

@@ -199,6 +199,7 @@ int pool_free_blocks(Core *c, const int32_t *blocks, Py_ssize_t n);
 MapEntry *map_find(Core *c, const uint8_t *key);
 int32_t map_first(Core *c, const uint8_t *digest, int gid);
 int pool_cache_block(Core *c, int32_t b, const uint8_t *digest, int gid);
+void pool_prefetch_cache(const Core *c, int32_t b, const uint8_t *digest, int gid);
 void pool_evict(Core *c, int32_t b);
 void pool_reset_cache(Core *c);
 int keyset_add(KeySet *s, const uint8_t *key, int KL);
