@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import os
 from typing import Final
 
 from kvref.capabilities import OPT_IN_FEATURES, declare
@@ -38,7 +37,7 @@ from kvspec.config import KVCacheConfig
 
 from .adapter import VllmAdapter
 from .construct import SINKFULL_WORKAROUND
-from .eras import ERAS, VllmApi, era_for, load_api
+from .eras import ERAS, VllmApi, era_for, load_api, quiet_logs
 from .errors import Unsupported, VllmUnavailable
 
 __all__ = [
@@ -91,11 +90,12 @@ def loaded_api() -> VllmApi:
     global _LOADED  # noqa: PLW0603 - import once per process
     if _LOADED is not None:
         return _LOADED
-    os.environ.setdefault(_logging_variable(), "ERROR")
+    quiet = quiet_logs(_logging_variable())
     try:
         vllm = importlib.import_module("vllm")
     except Exception as exc:  # ImportError, or anything torch/vLLM raise on import
         raise VllmUnavailable(f"{_INSTALL_HINT} (import vllm failed: {exc!r})") from exc
+    quiet("vllm")
     version = str(getattr(vllm, "__version__", None))
     try:
         api = load_api(version)

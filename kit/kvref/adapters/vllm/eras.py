@@ -24,8 +24,10 @@ and stays inside this package.
 from __future__ import annotations
 
 import importlib
+import logging
+import os
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, ClassVar, Final
@@ -107,6 +109,28 @@ class EnvNames:
     hash_seed: str
     retention_interval: str | None
     logging_level: str
+
+
+def quiet_logs(variable: str) -> Callable[[str], None]:
+    """Set the engine's log-level ``variable`` to ERROR unless the user set it,
+    before the import; the returned function, called after it with the
+    engine's package name, also sets that package's logger to ERROR then.
+
+    NOTE: vLLM 0.33.0 configures its loggers only when an engine starts, so
+    a manager used alone logs through Python's last-resort handler, which
+    ignores ``VLLM_LOGGING_LEVEL``: each refused ``reset_prefix_cache``
+    printed a warning (32 lines in a 30-second ``kvref check``). The
+    package logger's own level stops them; a user who set the variable
+    keeps every message.
+    """
+    ours = variable not in os.environ
+    os.environ.setdefault(variable, "ERROR")
+
+    def after_import(package: str) -> None:
+        if ours:
+            logging.getLogger(package).setLevel(logging.ERROR)
+
+    return after_import
 
 
 def _frozen(mapping: Mapping[str, Any]) -> Mapping[str, Any]:

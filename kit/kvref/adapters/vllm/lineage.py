@@ -24,7 +24,6 @@ the fork's.
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +33,7 @@ from kvref.divergences import Divergence
 from kvspec.config import KVCacheConfig
 
 from .adapter import VllmAdapter
-from .eras import ERAS, EnvNames, VllmApi, era_for
+from .eras import ERAS, EnvNames, VllmApi, era_for, quiet_logs
 from .errors import VllmUnavailable
 from .pool import VllmPoolAdapter
 
@@ -124,13 +123,14 @@ class VllmLineage:
         if self.manager_class is not None:
             members["new_manager"] = _constructor(load_callable(self.manager_class, f"manager_class of {self}"))
         era: type[VllmApi] = type(f"{base.__name__}_{self.package}", (base,), members)
-        os.environ.setdefault(renamed.logging_level, "ERROR")
+        quiet = quiet_logs(renamed.logging_level)
         loaded = {}
         for key, path in modules.items():
             try:
                 loaded[key] = importlib.import_module(path)
             except Exception as exc:  # ImportError, or anything the engine raises on import
                 raise VllmUnavailable(f"{self.package}: importing {path} failed: {exc!r}") from exc
+        quiet(self.package)
         version = self.upstream or era.verified[-1]
         api: VllmApi = era(version, loaded)
         return api
