@@ -72,6 +72,21 @@ if python -c "from kvref.adapters.impl import IMPL_PROFILES as p; raise SystemEx
     timed "replay $NEWEST corpus (impl)" replay kvref "$NEW_CORPUS" impl
     KVREF_NATIVE=0 timed "replay $NEWEST corpus (impl pure Python)" replay kvref "$NEW_CORPUS" impl
 fi
+# The corpora of the other releases (vllm-0.16.0, the fine-grained-hit ones of
+# 0.26.0-0.29.0, ...): on the spec and on kvimpl, which reports a configuration
+# it refuses as skipped. CI installs no vLLM of those releases, so their vLLM
+# replay is run by hand (traces/README.md).
+OTHER_CORPORA=""
+for dir in traces/vllm-*/; do
+    release="$(basename "$dir")"
+    if [[ "$release" != "$BASELINE" && "$release" != "$NEWEST" ]]; then
+        OTHER_CORPORA+=" $dir*/*.jsonl"
+    fi
+done
+if [[ -n "$OTHER_CORPORA" ]]; then
+    timed "replay other releases' corpora (spec)" replay kvref "$OTHER_CORPORA" spec
+    timed "replay other releases' corpora (impl)" replay kvref "$OTHER_CORPORA" impl
+fi
 if vllm_in python; then
     timed "replay $BASELINE corpus (vllm)" replay kvref "$BASE_CORPUS" vllm
 fi

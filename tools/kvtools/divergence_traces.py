@@ -3,10 +3,11 @@
 For every registry entry, ``python -m kvtools divergence-traces`` records a
 short, hand-written scenario (:class:`kvtools.directed.script.Scenario`, the
 one scenario class of the hand-written corpora) on the executable
-specification and writes it to the entry's ``trace`` path
-(``traces/vllm-0.25.1/divergences/<id>.jsonl``). The header carries ``known_divergence:
+specification, once per profile of :data:`RELEASES` whose release shows it
+(:func:`profiles_for`), and writes it to ``traces/vllm-<release>/divergences/<id>.jsonl``.
+The header carries ``known_divergence:
 <id>`` and ``divergence_step``: the 0-based index into the steps list where
-real vLLM 0.25.1's output first differs, or ``-1`` for a divergence at
+real vLLM of that release first differs, or ``-1`` for a divergence at
 construction (sinkfull-ctor, which the vLLM adapter works around; that trace
 must then pass with ``construction_workaround == "sinkfull-ctor"``).
 
@@ -32,7 +33,7 @@ from kvref.divergences import Divergence, load_registry
 from kvref.traces import StepCrashed, Trace, load, replay, run_steps
 from kvspec.config import MLA, FullAttention, KVCacheConfig, Mamba, SinkFullAttention, SlidingWindow
 from kvspec.errors import ConfigError, UnsupportedByProfileError
-from kvspec.profiles import NEWEST, PROFILES, VLLM_0_25_1, SemanticsProfile
+from kvspec.profiles import NEWEST, PROFILES, VLLM_0_16_0, VLLM_0_25_1, SemanticsProfile
 from kvtools.directed.script import Scenario, playing
 
 Json = Any
@@ -41,10 +42,12 @@ CONSTRUCTION = -1
 """``divergence_step`` of a divergence that happens when the manager is built."""
 
 
-RELEASES = (VLLM_0_25_1, NEWEST)
-"""The profiles that get a divergence corpus: the baseline and the newest release
-(an entry that applies to neither is recorded under the release that introduced
-it, see :func:`profiles_for`)."""
+RELEASES = (VLLM_0_25_1, NEWEST, VLLM_0_16_0)
+"""The profiles that get a divergence corpus: the baseline, the newest and the
+oldest release (an entry that applies to none of them is recorded under the
+release that introduced it, see :func:`profiles_for`). An entry whose scenario
+the profile refuses (under 0.16.0, every cached hybrid) is listed as not
+recorded, with the reason."""
 
 
 def profiles_for(entry: Divergence) -> list[SemanticsProfile]:

@@ -189,7 +189,7 @@ def _remembering(factory: AdapterFactory, built: list[KVCacheAdapter]) -> Adapte
         built.append(adapter)
         return adapter
 
-    for name in ("supports", "unsupported"):  # the factory's declared capabilities
+    for name in ("supports", "unsupported", "features"):  # the factory's declared capabilities
         if hasattr(factory, name):
             setattr(build, name, getattr(factory, name))
     return build

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from hypothesis import settings
+from hypothesis.errors import Unsatisfiable
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvref.adapters import load_factory
@@ -92,7 +93,17 @@ def run(args: argparse.Namespace) -> int:
         # Hypothesis starts every run with its simplest example; a batch of a
         # few examples only would record that same trivial run again and again.
         examples = max(args.count - setup.recorded, RECORD_BATCH_EXAMPLES)
-        run_state_machine_as_test(machine, settings=settings(settings.default, max_examples=examples, database=None))
+        try:
+            run_state_machine_as_test(
+                machine, settings=settings(settings.default, max_examples=examples, database=None)
+            )
+        except Unsatisfiable:
+            # Every drawn configuration was refused (by the profile or an adapter).
+            reasons = "; ".join(r for r, _ in setup.stats.refused_reasons.most_common(2))
+            raise InputError(
+                f"only {setup.recorded} of {args.count} traces: every configuration of the shapes "
+                f"{[sh.name for sh in shapes]} is refused under {profile.name} ({reasons})"
+            ) from None
         batch += 1
     print(f"recorded {setup.recorded} traces in {args.out}")
     return 0
