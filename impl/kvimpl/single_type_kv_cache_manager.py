@@ -613,6 +613,9 @@ def find_longest_cache_hit(
     if len(group_ids) == 1:
         # One group (a spec group of one KV-cache group): the cache map read in
         # one loop, without get_cached_block's per-hash call and key building.
+        if isinstance(kind, Mamba):
+            i, state = last_cached_state(pool.cached, block_hashes[:max_blocks], group_ids[0], bs, alignment)
+            return [[] if state is None else [NULL_BLOCK] * i + [state]]
         one = cached_in_group(pool.cached, block_hashes[:max_blocks], group_ids[0], full)
         if full:  # no None: the list ends before the first miss
             return [cast(list[BlockId], one[: full_attention_hit([True] * len(one), drop_eagle, bs, alignment)])]
@@ -652,6 +655,29 @@ def hit_span(
     if isinstance(kind, CrossAttention):
         raise NotImplementedError("cross attention does not support prefix caching")
     raise AssertionError(f"unhandled attention kind {kind!r}")
+
+
+def last_cached_state(
+    cached: Mapping[Any, Sequence[BlockId]],
+    block_hashes: Sequence[BlockHash],
+    group_id: int,
+    block_size: int,
+    alignment: int,
+) -> tuple[int, BlockId | None]:
+    """:func:`mamba_hit` over :func:`cached_in_group`'s lookups, each made only
+    when the scan reads it: ``(i, block)`` for the rightmost hash ``i`` whose
+    end is aligned and that is cached in group ``group_id``, else ``(0, None)``.
+
+    NOTE: a Mamba hit needs only the last state, so the scan from the right
+    usually stops at its first lookup, where the eager list looked up every
+    hash (lookups change nothing, so reading fewer of them is the same rule)."""
+    get, suffix = cached.get, make_key(BlockHash(b""), group_id)
+    for i in range(len(block_hashes) - 1, -1, -1):
+        if block_size == alignment or (i + 1) * block_size % alignment == 0:
+            ids = get(block_hashes[i] + suffix)
+            if ids:
+                return i, ids[0]
+    return 0, None
 
 
 def cached_in_group(
