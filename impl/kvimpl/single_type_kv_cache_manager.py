@@ -182,7 +182,15 @@ class SingleTypeKVCacheManager:
 
     def free(self, request_id: str) -> None:
         """Release the request's blocks, last table entry first."""
-        self.pool.free_blocks(reversed(self._forget(request_id)))
+        table = self._forget(request_id)
+        # The pool skips null entries; leading ones (sliding window, chunked
+        # local and Mamba tables are mostly nulls) are dropped here by C loops
+        # instead of one pool iteration each. ``not any(...)``: all of the
+        # first ``n`` entries are the null block 0, so no null comes later.
+        n = table.count(NULL_BLOCK)
+        if n and not any(table[:n]):
+            table = table[n:]
+        self.pool.free_blocks(reversed(table))
 
     def get_num_common_prefix_blocks(self, request_id: str) -> int:
         """Leading blocks of the request's table held by every table of this
