@@ -463,7 +463,9 @@ class KVCacheManager(StepAPI):
         """Check ``allocate_slots`` arguments; return the hits (empty if None)."""
         check_request(request)
         counts = (n_new, n_hit, n_lookahead, n_external, n_encoder, reserved, request.num_computed_tokens)
-        if not all(is_int(v) and v >= 0 for v in counts):
+        # Exact ints (every call but a caller's mistake) pass in two C loops; anything else is checked per count.
+        exact = {*map(type, counts)} == _INT_ONLY and min(counts) >= 0
+        if not exact and not all(is_int(v) and v >= 0 for v in counts):
             _raise_bad_count(*counts)
         if not allocation_without_tokens(self.adopt_hit_without_new_tokens, n_new, n_hit, n_external):
             raise InvalidTokenCountError(
@@ -495,10 +497,11 @@ class KVCacheManager(StepAPI):
         return cast(tuple[tuple[BlockId, ...], ...], tuple(tuple(g) for g in hits))
 
     def _validate_hits(self, request: Request, hits: BlockIds) -> None:
-        rid = request.request_id
-        for b in (b for ids in hits for b in ids):
-            if not 0 <= b < self.config.num_blocks:
-                raise InvalidBlockIdError(f"allocate_slots: hit block id {b} is outside the pool")
+        rid, n_blocks = request.request_id, self.config.num_blocks
+        for ids in hits:
+            for b in ids:
+                if not 0 <= b < n_blocks:
+                    raise InvalidBlockIdError(f"allocate_slots: hit block id {b} is outside the pool")
         if not self.enable_caching:
             raise StaleHitError(f"allocate_slots: prefix caching is off, so request {rid!r} can have no hit")
         for g, kind in enumerate(self.config.groups):
@@ -526,6 +529,8 @@ class KVCacheManager(StepAPI):
 
 _ZERO = 0
 """The int 0, compared by identity on the fast path (see ``allocate_slots``)."""
+_INT_ONLY = {int}
+"""The set of types of counts that are all exact ints (see ``_validate_allocation``)."""
 
 
 def inv_ref_cnt_counts_holders(mgr: KVCacheManager) -> bool:

@@ -17,7 +17,8 @@ Upstream: ``vllm/v1/core/single_type_kv_cache_manager.py``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 from kvimpl.block_pool import NULL_BLOCK, BlockPool
 from kvimpl.config_rules import FULL_TYPE_KINDS, has_mamba
@@ -34,7 +35,7 @@ from kvspec.config import (
     SinkFullAttention,
     SlidingWindow,
 )
-from kvspec.hashing import BlockHash, BlockHashWithGroupId
+from kvspec.hashing import BlockHash, BlockHashWithGroupId, make_key
 from kvspec.request import Request
 
 
@@ -181,7 +182,15 @@ class SingleTypeKVCacheManager:
 
     def free(self, request_id: str) -> None:
         """Release the request's blocks, last table entry first."""
-        self.pool.free_blocks(reversed(self._forget(request_id)))
+        table = self._forget(request_id)
+        # The pool skips null entries; leading ones (sliding window, chunked
+        # local and Mamba tables are mostly nulls) are dropped here by C loops
+        # instead of one pool iteration each. ``not any(...)``: all of the
+        # first ``n`` entries are the null block 0, so no null comes later.
+        n = table.count(NULL_BLOCK)
+        if n and not any(table[:n]):
+            table = table[n:]
+        self.pool.free_blocks(reversed(table))
 
     def get_num_common_prefix_blocks(self, request_id: str) -> int:
         """Leading blocks of the request's table held by every table of this
@@ -608,7 +617,19 @@ def find_longest_cache_hit(
     ``group_ids`` (every group must hold each block); null where not needed."""
     max_blocks = max(max_length, 0) // kind.block_size
     bs = kind.block_size
-    if isinstance(kind, FULL_TYPE_KINDS):
+    full = isinstance(kind, FULL_TYPE_KINDS)
+    if len(group_ids) == 1:
+        # One group (a spec group of one KV-cache group): the cache map read in
+        # one loop, without get_cached_block's per-hash call and key building.
+        if isinstance(kind, Mamba):
+            i, state = last_cached_state(pool.cached, block_hashes[:max_blocks], group_ids[0], bs, alignment)
+            return [[] if state is None else [NULL_BLOCK] * i + [state]]
+        one = cached_in_group(pool.cached, block_hashes[:max_blocks], group_ids[0], full)
+        if full:  # no None: the list ends before the first miss
+            return [cast(list[BlockId], one[: full_attention_hit([True] * len(one), drop_eagle, bs, alignment)])]
+        first, length = hit_span(kind, [b is not None for b in one], max_length, drop_eagle, bs, alignment)
+        return [[NULL_BLOCK] * min(first, length) + cast(list[BlockId], one[first:length])]
+    if full:
         # Lookups change nothing and the hit is downward closed: stop at the first miss.
         found: list[list[BlockId]] = []
         for h in block_hashes[:max_blocks]:
@@ -621,19 +642,72 @@ def find_longest_cache_hit(
     looked_up = [pool.get_cached_block(h, group_ids) for h in block_hashes[:max_blocks]]
     present = [f is not None for f in looked_up]
     found = [f or [] for f in looked_up]
-    if isinstance(kind, SlidingWindow):
-        first, length = sliding_window_hit(
-            present, contiguous_blocks_for_hit(kind.window, bs, drop_eagle), drop_eagle, bs, alignment
-        )
-    elif isinstance(kind, ChunkedLocal):
-        first, length = chunked_local_hit(present, max_length, kind.chunk, bs)
-    elif isinstance(kind, Mamba):
-        first, length = mamba_hit(present, bs, alignment)
-    elif isinstance(kind, CrossAttention):
-        raise NotImplementedError("cross attention does not support prefix caching")
-    else:
-        raise AssertionError(f"unhandled attention kind {kind!r}")
+    first, length = hit_span(kind, present, max_length, drop_eagle, bs, alignment)
     return [[NULL_BLOCK if i < first else found[i][g] for i in range(length)] for g in range(len(group_ids))]
+
+
+def hit_span(
+    kind: AttentionKind, present: Sequence[bool], max_length: int, drop_eagle: bool, block_size: int, alignment: int
+) -> tuple[int, int]:
+    """``(first, length)`` of a sparse kind's hit over the looked-up hashes
+    (``present[i]``: hash ``i`` is cached in every group); positions before
+    ``first`` are null."""
+    if isinstance(kind, SlidingWindow):
+        return sliding_window_hit(
+            present, contiguous_blocks_for_hit(kind.window, block_size, drop_eagle), drop_eagle, block_size, alignment
+        )
+    if isinstance(kind, ChunkedLocal):
+        return chunked_local_hit(present, max_length, kind.chunk, block_size)
+    if isinstance(kind, Mamba):
+        return mamba_hit(present, block_size, alignment)
+    if isinstance(kind, CrossAttention):
+        raise NotImplementedError("cross attention does not support prefix caching")
+    raise AssertionError(f"unhandled attention kind {kind!r}")
+
+
+def last_cached_state(
+    cached: Mapping[Any, Sequence[BlockId]],
+    block_hashes: Sequence[BlockHash],
+    group_id: int,
+    block_size: int,
+    alignment: int,
+) -> tuple[int, BlockId | None]:
+    """:func:`mamba_hit` over :func:`cached_in_group`'s lookups, each made only
+    when the scan reads it: ``(i, block)`` for the rightmost hash ``i`` whose
+    end is aligned and that is cached in group ``group_id``, else ``(0, None)``.
+
+    NOTE: a Mamba hit needs only the last state, so the scan from the right
+    usually stops at its first lookup, where the eager list looked up every
+    hash (lookups change nothing, so reading fewer of them is the same rule)."""
+    get, suffix = cached.get, make_key(BlockHash(b""), group_id)
+    for i in range(len(block_hashes) - 1, -1, -1):
+        if block_size == alignment or (i + 1) * block_size % alignment == 0:
+            ids = get(block_hashes[i] + suffix)
+            if ids:
+                return i, ids[0]
+    return 0, None
+
+
+def cached_in_group(
+    cached: Mapping[Any, Sequence[BlockId]], block_hashes: Sequence[BlockHash], group_id: int, stop_at_miss: bool
+) -> list[BlockId | None]:
+    """Per hash, the oldest block cached under it in group ``group_id`` (what
+    ``BlockPool.get_cached_block(h, [group_id])`` returns, unwrapped), None on
+    a miss; with ``stop_at_miss`` the list ends before the first miss.
+
+    ``cached`` is the pool's cache map (``{make_key(h, g): ids}``); the key's
+    group suffix is built once per call."""
+    get, suffix = cached.get, make_key(BlockHash(b""), group_id)  # make_key(h, g) == h + suffix
+    out: list[BlockId | None] = []
+    for h in block_hashes:
+        ids = get(h + suffix)
+        if ids:
+            out.append(ids[0])
+        elif stop_at_miss:
+            break
+        else:
+            out.append(None)
+    return out
 
 
 def reachable_block_mask(
