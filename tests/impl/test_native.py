@@ -44,6 +44,7 @@ def built(target: str, config: KVCacheConfig) -> object:
 @needs_build
 def test_selection_follows_kvref_native(monkeypatch: pytest.MonkeyPatch) -> None:
     """Native by default; KVREF_NATIVE=0 or native=False selects the Python manager."""
+    monkeypatch.delenv("KVREF_NATIVE", raising=False)  # the default, also when the suite runs with KVREF_NATIVE=0
     assert isinstance(create_manager(CONFIG), NativeKVCacheManager)
     assert type(create_manager(CONFIG, native=False)) is PythonManager
     monkeypatch.setenv("KVREF_NATIVE", "0")
