@@ -110,6 +110,7 @@ def test_a_missing_build_falls_back_with_one_notice(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Without the extension, asking for the native core gives the Python manager and one line on stderr."""
+    monkeypatch.delenv("KVREF_NATIVE", raising=False)  # the default selection, also under KVREF_NATIVE=0
     monkeypatch.setattr(native, "_module", None)
     monkeypatch.setattr(native, "_import_error", "No module named 'kvimpl._kvnative'")
     monkeypatch.setattr(native, "_noticed", False)
@@ -125,8 +126,9 @@ def test_a_missing_build_falls_back_with_one_notice(
 
 
 @needs_build
-def test_impl_targets() -> None:
+def test_impl_targets(monkeypatch: pytest.MonkeyPatch) -> None:
     """``impl`` is the native core where it applies, ``impl-python`` never."""
+    monkeypatch.delenv("KVREF_NATIVE", raising=False)  # the default selection, also under KVREF_NATIVE=0
     assert type(built("impl", CONFIG)) is NativeImplAdapter
     assert type(built("impl-native", CONFIG)) is NativeImplAdapter
     assert type(built("impl-python", CONFIG)) is ImplAdapter
