@@ -500,6 +500,12 @@ int core_free(Core *c, PyObject *rid) {
 
 /* ------------------------------------------------------------ caching */
 
+/* Whether the sliding-window reachability mask drops block i from caching
+ * (masked: the mask applies; see group_cache for shift, per and need). */
+static inline int mask_skips(int masked, Py_ssize_t i, Py_ssize_t shift, Py_ssize_t per, Py_ssize_t need) {
+    return masked && !(i >= shift && (i - shift) % per >= per - need);
+}
+
 /* One group's cache_blocks: hash the table's full blocks up to num_tokens. */
 int group_cache(Core *c, Py_ssize_t slot, int g, ReqView *rv, Py_ssize_t num_tokens) {
     Group *gr = &c->groups[g];
@@ -535,7 +541,7 @@ int group_cache(Core *c, Py_ssize_t slot, int g, ReqView *rv, Py_ssize_t num_tok
         for (Py_ssize_t i = num_cached; i < end; i++) {
             int32_t b = t->b[i];
             Py_ssize_t hi = (i + 1) * k - 1;
-            if (b == NULL_BLOCK || hi >= rv->nat->nhash || (masked && !(i >= shift && (i - shift) % per >= per - need)))
+            if (b == NULL_BLOCK || hi >= rv->nat->nhash || mask_skips(masked, i, shift, per, need))
                 continue;
             pool_prefetch_cache(c, b, rv->nat->hashes + hi * c->dlen, g);
         }
@@ -548,7 +554,7 @@ int group_cache(Core *c, Py_ssize_t slot, int g, ReqView *rv, Py_ssize_t num_tok
         int32_t b = t->b[i];
         if (b == NULL_BLOCK)
             continue;
-        if (masked && !(i >= shift && (i - shift) % per >= per - need))
+        if (mask_skips(masked, i, shift, per, need))
             continue;
         if (c->haskey[b]) {
             PyErr_Format(PyExc_AssertionError, "block %d is hashed twice", (int)b);
