@@ -110,10 +110,22 @@ def eagle_group_ids(config: KVCacheConfig) -> frozenset[int]:
     return frozenset(range(len(config.groups))) if config.use_eagle else frozenset()
 
 
+MODELLED_FEATURES: frozenset[str] = frozenset()
+"""The state-adding features of :func:`features_needed` that the pure-Python
+manager models (the native core models none of them: :mod:`kvimpl.native`
+hands such a configuration to the pure-Python manager)."""
+
+
 def unmodelled_features(config: KVCacheConfig) -> list[str]:
-    """The state-adding features of vLLM 0.26.0 on that ``config`` needs and
-    kvimpl does not model yet (kvspec does: ``kvspec.partial_tail``,
-    ``kvspec.mamba_tail``), in a fixed order.
+    """The features of :func:`features_needed` that the pure-Python manager
+    does not model (not in :data:`MODELLED_FEATURES`), sorted."""
+    return [f for f in features_needed(config) if f not in MODELLED_FEATURES]
+
+
+def features_needed(config: KVCacheConfig) -> list[str]:
+    """The state-adding features of vLLM 0.26.0 on that ``config`` needs
+    (kvspec models each: ``kvspec.partial_tail``, ``kvspec.mamba_tail``, the
+    ring managers, ``kvspec.config.cp_scale``), sorted.
 
     * ``partial-tail-entries``: a cached hybrid with a full-attention-type
       group coarser than the hash block (profile switch ``partial_tail_entries``);
@@ -123,8 +135,7 @@ def unmodelled_features(config: KVCacheConfig) -> list[str]:
     * ``ring-kinds``: a ring group, ``CircularBuffer`` or ``KpoolTail``, cached
       or not (``circular_buffer_kind``, ``kpool_tail_kind``);
     * ``context-parallelism``: ``dcp_world_size`` or ``pcp_world_size`` above 1
-      (``cp_block_scaling``, ``cp_swa_mask_unscaled``; kvspec scales the
-      manager block sizes, kvimpl refuses rather than mirror the rules).
+      (``cp_block_scaling``, ``cp_swa_mask_unscaled``).
     """
     p = config.profile
     ring = ["ring-kinds"] if any(isinstance(k, (CircularBuffer, KpoolTail)) for k in config.groups) else []

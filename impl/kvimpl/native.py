@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from kvimpl.config_rules import unmodelled_features
+from kvimpl.config_rules import features_needed
 from kvimpl.hash_functions import hash_function
 from kvimpl.native_checks import native_invariants, native_view
 from kvimpl.native_events import events_from_records, replay_events
@@ -78,8 +78,8 @@ NATIVE_SWITCHES = frozenset(
         "common_prefix", "pop_drops_leading_nulls", "lookup_returns_boundary",
         # Applied before the core sees a value (the request hasher) or by KVCacheConfig's validation.
         "extra_keys_tagged", "mm_resume_from_first_feature", "single_spec_group_hybrid", "mamba_caching_needs_align",
-        # Features kvimpl does not model in either build: a configuration that needs one is refused
-        # (kvimpl.config_rules.unmodelled_features), so their switches never reach the core.
+        # The state-adding features: the core models none of them and declines a configuration that
+        # needs one (kvimpl.config_rules.features_needed), so their switches never reach the core.
         "partial_tail_entries", "partial_hash_hits", "mamba_tail_entries",
         "fa_tail_below_last_token", "mamba_tail_skip_keyed", "circular_buffer_kind", "kpool_tail_kind",
         "cp_block_scaling", "cp_swa_mask_unscaled",
@@ -122,9 +122,9 @@ def native_unsupported(config: KVCacheConfig) -> str | None:
     """Why the native core cannot run ``config`` (then kvimpl uses Python), or None."""
     if _module is None:
         return f"the native extension is not built ({_import_error})"
-    missing = unmodelled_features(config)
-    if missing:
-        return f"kvimpl does not model {', '.join(missing)} yet"
+    needed = features_needed(config)
+    if needed:
+        return f"the native core does not model {', '.join(needed)}"
     if len(config.groups) > 64:
         return f"{len(config.groups)} groups (the native core takes up to 64)"
     for gid, kind in enumerate(config.groups):

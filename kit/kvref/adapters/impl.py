@@ -29,6 +29,7 @@ from typing import Any
 
 from kvimpl import PROFILE_SWITCHES
 from kvimpl.block_pool import BlockPool, requeue_unhashed_first
+from kvimpl.config_rules import MODELLED_FEATURES
 from kvimpl.kv_cache_manager import KVCacheManager
 from kvimpl.native import NativeKVCacheManager, native_enabled, native_unsupported, notice_if_missing
 from kvref.capabilities import OPT_IN_FEATURES, declare
@@ -42,8 +43,9 @@ from kvspec.profiles import FEATURE_SWITCHES, PROFILES, SemanticsProfile, featur
 from kvspec.request import Request
 from kvspec.view import KVView
 
-IMPL_FEATURES: frozenset[str] = frozenset()
-"""The state-adding features of :func:`kvspec.profiles.features_used` that kvimpl models today."""
+IMPL_FEATURES: frozenset[str] = MODELLED_FEATURES
+"""The state-adding features of :func:`kvspec.profiles.features_used` that
+kvimpl's pure-Python manager models today (the native core models none)."""
 
 REFUSED_FEATURE_SWITCHES = frozenset(
     s for f, names in FEATURE_SWITCHES.items() if f not in IMPL_FEATURES for s in names
