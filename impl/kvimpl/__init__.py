@@ -45,6 +45,7 @@ PROFILE_SWITCHES = frozenset(
         "admission_controls", "deferred_free", "new_block_ids_list",  # kv_cache_manager
         "stats_at_lookup", "adopt_hit_without_new_tokens", "common_prefix",  # kv_cache_manager
         "lookup_returns_boundary",  # kv_cache_manager.get_prefix_hint
+        "computed_block_ids_op",  # kv_cache_manager.require_operation
         # Applied before kvimpl sees a value: the request hasher (kvspec.request) hashes with them.
         "extra_keys_tagged", "mm_resume_from_first_feature", "mm_key_with_offset", "prompt_embeds_digest",
         # Applied by KVCacheConfig's own validation (a configuration kvimpl is given already obeys them).

@@ -155,3 +155,11 @@ def features_needed(config: KVCacheConfig) -> list[str]:
         if p.mamba_tail_entries and align:
             used.append("mamba-tail-entries")
     return sorted(set(used))
+
+
+def clip_block_sizes(config: KVCacheConfig) -> tuple[int, ...]:
+    """Per group, the block size ``get_block_ids_for_computed_tokens`` cuts
+    its table by (the configured, unscaled size: vLLM reads the group's
+    ``AttentionSpec``), or 0 where the table is returned whole (Mamba and
+    cross attention)."""
+    return tuple(0 if isinstance(k, Mamba | CrossAttention) else k.block_size for k in config.groups)

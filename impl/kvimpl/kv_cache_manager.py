@@ -29,7 +29,13 @@ from typing import cast
 
 from kvimpl.block_pool import NULL_BLOCK
 from kvimpl.checks import REQUEST_TYPES, check_request, check_request_id, is_int
-from kvimpl.config_rules import FULL_TYPE_KINDS, event_sliding_window, kind_name, unmodelled_features
+from kvimpl.config_rules import (
+    FULL_TYPE_KINDS,
+    clip_block_sizes,
+    event_sliding_window,
+    kind_name,
+    unmodelled_features,
+)
 from kvimpl.invariants import require
 from kvimpl.kv_cache_coordinator import GroupBlocks, make_coordinator
 from kvimpl.step_api import WATERMARKED, StepAPI, inv_device_rows_match
@@ -84,6 +90,8 @@ class KVCacheManager(StepAPI):
         self.coordinator = make_coordinator(config)
         self.block_pool = self.coordinator.pool
         self.watermark_blocks = int(config.watermark * config.num_blocks)
+        self.clip_sizes = clip_block_sizes(config)
+        """Per group, the cut of :meth:`get_block_ids_for_computed_tokens` (0: whole)."""
         self.admission_controls = config.profile.admission_controls
         """Profile switch ``admission_controls`` (see :func:`check_admission_args`)."""
         self.pending: Counter[BlockId] = Counter()
@@ -372,6 +380,25 @@ class KVCacheManager(StepAPI):
         """Same as :meth:`get_blocks` (upstream returns objects vs ids)."""
         return self.get_blocks(request_id)
 
+    def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int) -> BlockIds:
+        """The request's tables cut to its first ``num_computed_tokens`` tokens
+        per :func:`kvimpl.config_rules.clip_block_sizes` (vLLM 0.25.1 on);
+        changes nothing.
+
+        Raises:
+            UnsupportedOperationError: Before vLLM 0.25.1.
+            InvalidTokenCountError: ``num_computed_tokens`` is not an int >= 0.
+        """
+        require_operation(self.config.profile, "get_block_ids_for_computed_tokens")
+        check_request_id("get_block_ids_for_computed_tokens", request_id)
+        if not is_int(num_computed_tokens) or num_computed_tokens < 0:
+            raise InvalidTokenCountError(
+                f"get_block_ids_for_computed_tokens: num_computed_tokens {num_computed_tokens!r} is not an int >= 0"
+            )
+        tables = self.get_blocks(request_id)
+        n = num_computed_tokens
+        return tuple(t[: -(-n // bs)] if bs else t for t, bs in zip(tables, self.clip_sizes, strict=True))
+
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Hash full blocks up to ``num_computed_tokens`` (after a delayed
         allocation); no-op with caching off.
@@ -607,13 +634,14 @@ _OPERATION_SWITCHES = {
     "pop_blocks_for_free": "deferred_free",
     "take_new_block_ids": "new_block_ids_list",
     "new_step_starts": "mamba_step_guard",
+    "get_block_ids_for_computed_tokens": "computed_block_ids_op",
 }
 
 
 def require_operation(profile: SemanticsProfile, op: str) -> None:
     """Raise UnsupportedOperationError if ``op`` does not exist in the
     profile's release (before vLLM 0.25.1: profile switches ``deferred_free``,
-    ``new_block_ids_list``, ``mamba_step_guard``)."""
+    ``new_block_ids_list``, ``mamba_step_guard``, ``computed_block_ids_op``)."""
     if not getattr(profile, _OPERATION_SWITCHES[op]):
         raise UnsupportedOperationError(f"{op}: not in {profile.name}")
 

@@ -33,7 +33,8 @@ from collections.abc import Iterable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from kvimpl.config_rules import features_needed
+from kvimpl.checks import is_int
+from kvimpl.config_rules import clip_block_sizes, features_needed
 from kvimpl.hash_functions import hash_function
 from kvimpl.native_checks import native_invariants, native_view
 from kvimpl.native_events import events_from_records, replay_events
@@ -76,6 +77,7 @@ NATIVE_SWITCHES = frozenset(
         "mamba_skip_spec_slack", "mamba_align_estimate_capped", "mamba_eagle_counts_verified",
         "eagle_margin_hashed_cap", "eagle_flags_need_use_eagle", "stats_at_lookup", "adopt_hit_without_new_tokens",
         "common_prefix", "pop_drops_leading_nulls", "lookup_returns_boundary",
+        "computed_block_ids_op",  # NativeKVCacheManager.get_block_ids_for_computed_tokens (in Python)
         # Applied before the core sees a value (the request hasher) or by KVCacheConfig's validation.
         "extra_keys_tagged", "mm_resume_from_first_feature", "single_spec_group_hybrid", "mamba_caching_needs_align",
         # The state-adding features: the core models none of them and declines a configuration that
@@ -299,6 +301,8 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
         """The hybrid coordinator's value of the last lookup that searched (:mod:`kvimpl.native_hint`)."""
         self.shared_prefix_boundary: dict[str, int] = {}
         """Non-zero ``shared_prefix_boundary`` of each request's latest lookup."""
+        self._clip_sizes = clip_block_sizes(config)
+        """Per group, the cut of :meth:`get_block_ids_for_computed_tokens` (0: whole)."""
         self.device_tables: Any = None
         if device is not None:
             from kvimpl.device_tables import BlockTable  # noqa: PLC0415 - torch is optional
@@ -335,6 +339,23 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
             if uncached:
                 self.shared_prefix_boundary[request.request_id] = hit + uncached
         return out
+
+    def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int) -> Any:
+        """The request's tables cut to its computed tokens (see the Python manager's method).
+
+        Raises:
+            UnsupportedOperationError: Before vLLM 0.25.1.
+            InvalidTokenCountError: ``num_computed_tokens`` is not an int >= 0.
+        """
+        if not self.config.profile.computed_block_ids_op:
+            raise UnsupportedOperationError(f"get_block_ids_for_computed_tokens: not in {self.config.profile.name}")
+        tables = self.get_blocks(request_id)  # raises InvalidRequestError for a non-str id
+        if not is_int(num_computed_tokens) or num_computed_tokens < 0:
+            raise InvalidTokenCountError(
+                f"get_block_ids_for_computed_tokens: num_computed_tokens {num_computed_tokens!r} is not an int >= 0"
+            )
+        n = num_computed_tokens
+        return tuple(t[: -(-n // bs)] if bs else t for t, bs in zip(tables, self._clip_sizes, strict=True))
 
     def get_prefix_hint(self, request: Any) -> int:
         """The scheduler's prefix hint (see the Python manager's ``get_prefix_hint``)."""

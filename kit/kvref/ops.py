@@ -65,6 +65,7 @@ FACADE_OPS = (
     "take_new_block_ids",
     "new_step_starts",
     "get_block_ids",
+    "get_block_ids_for_computed_tokens",
     "usage",
     "make_prefix_cache_stats",
 )
@@ -206,6 +207,11 @@ def _execute_by_id(a: KVCacheAdapter, op: Json) -> Json:
         return None
     if name == "get_block_ids":
         return ids_to_json(a.get_block_ids(op["rid"]))
+    if name == "get_block_ids_for_computed_tokens":
+        clipped = getattr(a, "get_block_ids_for_computed_tokens", None)
+        if clipped is None:
+            raise UnsupportedOperationError(f"{a.name} has no get_block_ids_for_computed_tokens")
+        return ids_to_json(clipped(op["rid"], op["num_computed_tokens"]))
     if name == "usage":
         return round(a.usage, 9)
     if name == "make_prefix_cache_stats":
@@ -285,7 +291,7 @@ def output_problem(op: str, out: Json) -> str | None:
         if not isinstance(out, dict) or not _int(out.get("num_tokens")):
             return "get_computed_blocks must return (block ids per group, int tokens)"
         return _block_lists_problem(out.get("blocks"))
-    if op in ("allocate_slots", "get_block_ids"):
+    if op in ("allocate_slots", "get_block_ids", "get_block_ids_for_computed_tokens"):
         return None if out is None and op == "allocate_slots" else _block_lists_problem(out)
     if op in ("pop_blocks_for_free", "take_new_block_ids", "get_num_common_prefix_blocks"):
         ok = isinstance(out, list) and all(_int(x) for x in out)

@@ -80,9 +80,10 @@ def _shape(*kinds: str, caching: bool | None = None, eagle_ok: bool = True, sinc
 
 
 def _cp_shape(kind: str, dcp: int, pcp: int = 1, caching: bool | None = None, eagle_ok: bool = True) -> Shape:
-    """A one-group shape under context parallelism, named ``kind@dcpN`` (``-pcpM``)."""
+    """A shape under context parallelism, named ``kinds@dcpN`` (``-pcpM``);
+    ``kind`` is one kind token or several joined by ``+``."""
     name = f"{kind}@dcp{dcp}" + (f"-pcp{pcp}" if pcp > 1 else "")
-    return Shape(name, (kind,), caching, eagle_ok, None, dcp, pcp)
+    return Shape(name, tuple(kind.split("+")), caching, eagle_ok, None, dcp, pcp)
 
 
 SHAPES = (
@@ -113,13 +114,16 @@ SHAPES = (
         _cp_shape("mla", 2, 2),
         _cp_shape("swa", 2, caching=False),
         _cp_shape("chunked", 2, 2, caching=False, eagle_ok=False),
+        _cp_shape("sink", 2),
+        _cp_shape("full+swa+mamba-all", 2, caching=False),
     ),
 )
 """The shapes the lockstep machine draws from (the order is part of the seeded
-draws: append new shapes at the end). The ``@dcp`` shapes run one group under
-decode (and prefill) context parallelism; the sliding-window, chunked and
-Mamba ones keep caching off, where their lookups (which refuse context
-parallelism) never run."""
+draws: append new shapes at the end). The ``@dcp`` shapes run under decode
+(and prefill) context parallelism; the sliding-window and chunked ones keep
+caching off, where their lookups (which refuse context parallelism) never
+run, and so does the hybrid one, which up to vLLM 0.25.1 refuses prefix
+caching under context parallelism (later releases are not modelled)."""
 
 CP_SHAPES = tuple(s for s in SHAPES if s.dcp * s.pcp > 1)
 """The context-parallel shapes of :data:`SHAPES` (``--shapes`` takes their names)."""

@@ -552,6 +552,20 @@ class SchedulerMachine(RuleBasedStateMachine):
         """Read a request's block ids."""
         self._call({"op": "get_block_ids", "rid": draw(data, st.sampled_from(tuple(sorted(self.reqs))))})
 
+    @precondition(lambda self: self.live and bool(self.reqs))
+    @rule(data=st.data())
+    def read_computed_tables(self, data: st.DataObject) -> None:
+        """A KV connector asks for a request's blocks up to a token count
+        (``get_block_ids_for_computed_tokens``): mostly its computed tokens,
+        as vLLM's scheduler passes, else any count up to a block past its
+        tokens (a cut inside, at or beyond the tables), or -1, which every
+        side must refuse."""
+        rid = draw(data, st.sampled_from(tuple(sorted(self.reqs))))
+        computed = self.reqs[rid].computed
+        bound = self._num_tokens(rid) + max(k.block_size for k in self.cfg.groups)
+        n = draw(data, st.one_of(st.just(computed), st.integers(-1, bound)))
+        self._call({"op": "get_block_ids_for_computed_tokens", "rid": rid, "num_computed_tokens": n}, True)
+
     # -- invalid operations: every side must reject them and change nothing ---
 
     @precondition(lambda self: self.live and bool(self.reqs))

@@ -440,14 +440,32 @@ def cp_lookup_refusal(kind: AttentionKind, cfg: KVCacheConfig) -> str | None:
 
 
 def validate_cp(cfg: KVCacheConfig) -> None:
-    """With context parallelism and prefix caching, one group's hash block
-    must be its manager block (vLLM's ``UnitaryKVCacheCoordinator`` asserts
+    """What vLLM asserts under context parallelism when it builds the
+    managers: a SinkFull group's ``sink_len`` is a multiple of its scaled
+    block size (``SinkFullAttentionManager``); up to vLLM 0.25.1 several
+    groups with prefix caching are refused (``HybridKVCacheCoordinator``:
+    "DCP not support hybrid attn now"); with prefix caching, one group's hash
+    block must be its manager block (``UnitaryKVCacheCoordinator`` asserts
     ``hash_block_size == block_size``).
 
     Raises:
-        ConfigError: Naming both sizes.
+        ConfigError: Naming the broken condition and the sizes.
     """
-    if cfg.dcp_world_size * cfg.pcp_world_size == 1 or not cfg.enable_caching or len(cfg.groups) != 1:
+    if cfg.dcp_world_size * cfg.pcp_world_size == 1:
+        return
+    for gid, kind in enumerate(cfg.manager_groups()):
+        if isinstance(kind, SinkFullAttention) and kind.sink_len % kind.block_size:
+            raise ConfigError(
+                f"group {gid}: sink_len {kind.sink_len} must be a multiple of the context-parallel manager "
+                f"block size {kind.block_size}"
+            )
+    if len(cfg.groups) > 1 and cfg.enable_caching and cfg.profile.cp_block_scaling == "dcp-pcp":
+        raise ConfigError(
+            f"{cfg.profile.name}: several KV-cache groups with prefix caching refuse context parallelism "
+            f"(dcp_world_size={cfg.dcp_world_size}, pcp_world_size={cfg.pcp_world_size}: the hybrid "
+            "coordinator supports neither)"
+        )
+    if not cfg.enable_caching or len(cfg.groups) != 1:
         return
     bs, hbs = cfg.manager_groups()[0].block_size, cfg.resolved_hash_block_size()
     if hbs != bs:

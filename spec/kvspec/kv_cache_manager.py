@@ -17,6 +17,7 @@ from kvspec.block_pool import NULL_BLOCK, BlockId, annotated_events
 from kvspec.config import (
     FULL_TYPE_KINDS,
     RING_KINDS,
+    AttentionKind,
     CrossAttention,
     KVCacheConfig,
     Mamba,
@@ -322,6 +323,24 @@ class KVCacheManager:
         """Same as :meth:`get_blocks` (upstream returns objects vs ids)."""
         return self.get_blocks(request_id)
 
+    def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int) -> BlockIds:
+        """The request's tables clipped to its first ``num_computed_tokens``
+        tokens (:func:`clip_to_computed`), what vLLM's scheduler hands a KV
+        connector (vLLM 0.25.1 on: switch ``computed_block_ids_op``). Changes
+        nothing; an unknown request has empty tables.
+
+        Raises:
+            UnsupportedOperationError: Before vLLM 0.25.1.
+            InvalidTokenCountError: ``num_computed_tokens`` is not an int >= 0.
+        """
+        require_operation(self.config.profile, "get_block_ids_for_computed_tokens")
+        check_request_id("get_block_ids_for_computed_tokens", request_id)
+        if not is_int(num_computed_tokens) or num_computed_tokens < 0:
+            raise InvalidTokenCountError(
+                f"get_block_ids_for_computed_tokens: num_computed_tokens {num_computed_tokens!r} is not an int >= 0"
+            )
+        return clip_to_computed(self.get_blocks(request_id), self.config.groups, num_computed_tokens)
+
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Hash full blocks up to ``num_computed_tokens`` (after a delayed
         allocation); no-op with caching off.
@@ -524,6 +543,7 @@ OPERATION_SWITCHES = {
     "pop_blocks_for_free": "deferred_free",
     "take_new_block_ids": "new_block_ids_list",
     "new_step_starts": "mamba_step_guard",
+    "get_block_ids_for_computed_tokens": "computed_block_ids_op",
 }
 """Facade operations that exist only with a profile switch on."""
 
@@ -533,9 +553,28 @@ def require_operation(profile: SemanticsProfile, op: str) -> None:
     profile's release: ``pop_blocks_for_free`` needs ``deferred_free``
     (``free_blocks`` stays: the pool's method exists, and with nothing
     popped every block it is given is a double free), ``take_new_block_ids`` needs ``new_block_ids_list``,
-    ``new_step_starts`` needs ``mamba_step_guard`` (all from vLLM 0.25.1)."""
+    ``new_step_starts`` needs ``mamba_step_guard``, ``get_block_ids_for_computed_tokens``
+    needs ``computed_block_ids_op`` (all from vLLM 0.25.1)."""
     if not getattr(profile, OPERATION_SWITCHES[op]):
         raise UnsupportedOperationError(f"{op}: not in {profile.name}")
+
+
+def clip_to_computed(tables: BlockIds, kinds: Sequence[AttentionKind], num_computed_tokens: int) -> BlockIds:
+    """Each attention group's table cut to the ``cdiv(num_computed_tokens,
+    block_size)`` blocks that hold the computed tokens, in the engine's own
+    block size (``kinds`` are the configured groups: under context
+    parallelism that is the unscaled size, so the cut keeps more blocks than
+    the scaled table needs). Mamba and cross-attention tables are whole (vLLM
+    cuts only ``AttentionSpec`` groups other than cross attention).
+
+    pre: len(tables) == len(kinds) and num_computed_tokens >= 0
+    post: all(len(c) <= len(t) for c, t in zip(__return__, tables))
+    """
+    clipped: list[tuple[int, ...]] = []
+    for table, kind in zip(tables, kinds, strict=True):
+        whole = isinstance(kind, Mamba | CrossAttention)
+        clipped.append(tuple(table) if whole else tuple(table[: -(-num_computed_tokens // kind.block_size)]))
+    return tuple(clipped)
 
 
 def check_admission_args(profile: SemanticsProfile, must_fit: bool, reserved: int, has_scheduled: bool) -> None:

@@ -162,6 +162,10 @@ class SemanticsProfile:
     new_block_ids_list: bool = True
     """``take_new_block_ids`` exists (before 0.25.1 there is no zeroing list):
     :func:`kvspec.kv_cache_manager.require_operation`."""
+    computed_block_ids_op: bool = True
+    """``get_block_ids_for_computed_tokens`` exists (the tables clipped to the
+    computed tokens, which the scheduler hands a KV connector; new in 0.25.1):
+    :func:`kvspec.kv_cache_manager.require_operation`."""
     stats_at_lookup: bool = True
     """``get_computed_blocks`` records prefix-cache statistics; without it the
     scheduler calls ``record_prefix_cache_stats`` at admission."""
@@ -245,6 +249,7 @@ VLLM_0_16_0 = SemanticsProfile(
     admission_controls=False,
     deferred_free=False,
     new_block_ids_list=False,
+    computed_block_ids_op=False,
     hybrid_rules_v025=False,
     external_cap_any_skip=False,
     cp_swa_mask_unscaled=False,
@@ -254,7 +259,8 @@ free-queue tail; multimodal keys are bare identifiers (closed at a feature's
 end) and prompt-embedding keys raw bytes; events have no extra keys, group
 index or kind; EAGLE is global; Mamba keeps no speculative slack when
 freeing skipped blocks, and a state cached this step is usable at once; no
-watermark, admission arguments, deferred free or zeroing list; context
+watermark, admission arguments, deferred free, zeroing list or clipped
+tables for a connector; context
 parallelism scales every group's block size by DCP x PCP and the window
 cache mask uses the scaled size. Cached hybrids and degenerate windows are
 refused (not modelled yet)."""
@@ -273,6 +279,7 @@ VLLM_0_25_1 = replace(
     admission_controls=True,
     deferred_free=True,
     new_block_ids_list=True,
+    computed_block_ids_op=True,
     hybrid_rules_v025=True,
     external_cap_any_skip=True,
     cp_swa_mask_unscaled=True,
@@ -281,7 +288,8 @@ VLLM_0_25_1 = replace(
 front; offset multimodal keys and digested embeddings; annotated events;
 per-group EAGLE flags; Mamba's speculative slack when freeing skipped blocks
 and its this-step guard with ``new_step_starts``; the
-admission controls, ``pop_blocks_for_free`` and ``take_new_block_ids``;
+admission controls, ``pop_blocks_for_free``, ``take_new_block_ids`` and
+``get_block_ids_for_computed_tokens``;
 the hybrid caching and lookup rules kvspec was written against; under context
 parallelism the window cache mask counts in the unscaled block size."""
 
@@ -576,22 +584,30 @@ def unmodelled_cp_rules(config: KVCacheConfig) -> str | None:
     """Which context-parallel configuration kvspec does not model, or None.
 
     kvspec models ``dcp_world_size`` / ``pcp_world_size`` above 1 for one
-    group of full attention, MLA, sliding window, chunked local, Mamba or
-    cross attention. It refuses several groups (each release has its own
-    hybrid rules: refused at construction up to 0.25.1, per-kind checks and
-    per-group scaled sizes later), SinkFull (its sink reservation under a
-    scaled block), the ring kinds, and a cached Mamba group from 0.26.0 to
-    0.28.0.
+    group of full attention, MLA, SinkFull, sliding window, chunked local,
+    Mamba or cross attention, and, up to vLLM 0.25.1 (``cp_block_scaling``
+    ``dcp-pcp``), for several groups (with prefix caching the release refuses
+    them: :func:`kvspec.config.validate_cp`). It refuses several groups from
+    0.26.0 on (per-kind checks and per-group scaled sizes), the ring kinds,
+    a cached Mamba group from 0.26.0 to 0.28.0, and up to 0.25.1 a Mamba
+    group with speculative blocks outside ``align`` mode.
     """
-    from kvspec.config import RING_KINDS, Mamba, SinkFullAttention  # noqa: PLC0415 - config imports this module
+    from kvspec.config import RING_KINDS, Mamba  # noqa: PLC0415 - config imports this module
 
     if config.dcp_world_size * config.pcp_world_size == 1:
         return None
-    if len(config.groups) > 1:
+    if len(config.groups) > 1 and config.profile.cp_block_scaling != "dcp-pcp":
         return "context parallelism with several KV-cache groups is not modelled"
+    if any(isinstance(kind, RING_KINDS) for kind in config.groups):
+        return "context parallelism with a ring kind is not modelled"
+    if config.profile.cp_block_scaling == "dcp-pcp" and any(
+        isinstance(k, Mamba) and k.mode != "align" and k.num_speculative_blocks for k in config.groups
+    ):
+        # vLLM's estimate adds the speculative blocks in the unscaled block
+        # size and the allocation in the scaled one: an admission the
+        # estimate lets through can then run out of blocks half-way.
+        return "context parallelism with a Mamba group's speculative blocks is not modelled"
     kind = config.groups[0]
-    if isinstance(kind, (SinkFullAttention, *RING_KINDS)):
-        return f"context parallelism with {type(kind).__name__} is not modelled"
     if isinstance(kind, Mamba) and config.enable_caching and config.profile.cp_block_scaling == "dcp":
         # The unitary coordinator scales its block size while MambaManager
         # undoes the scaling: the two disagree and vLLM fails assertions.

@@ -252,7 +252,11 @@ def operation(name: str) -> Scenario:
         admit(mgr, h.new_request("a", [1] * 9))
         if name == "allocate_slots":
             return mgr.allocate_slots(h.new_request("b", [2] * 3), 3, has_scheduled_reqs=False)
-        return getattr(mgr, name)(*(("a",) if name == "pop_blocks_for_free" else ()))
+        args: dict[str, tuple[object, ...]] = {
+            "pop_blocks_for_free": ("a",),
+            "get_block_ids_for_computed_tokens": ("a", 5),
+        }
+        return getattr(mgr, name)(*args.get(name, ()))
 
     call.__name__ = name
     return call
@@ -340,6 +344,10 @@ CASES = [
     Case("admission_controls", VLLM_0_25_1, False, operation("allocate_slots"), {"groups": (FullAttention(4),)}),
     Case("deferred_free", VLLM_0_25_1, False, operation("pop_blocks_for_free"), {"groups": (FullAttention(4),)}),
     Case("new_block_ids_list", VLLM_0_25_1, False, operation("take_new_block_ids"), {"groups": (FullAttention(4),)}),
+    Case(
+        "computed_block_ids_op", VLLM_0_25_1, False, operation("get_block_ids_for_computed_tokens"),
+        {"groups": (FullAttention(4),)},
+    ),
     Case("mm_key_with_offset", VLLM_0_25_1, False, mm_key, {"groups": (FullAttention(4),)}),
     Case("prompt_embeds_digest", VLLM_0_25_1, False, mm_key, {"groups": (FullAttention(4),)}),
     Case("hybrid_rules_v025", VLLM_0_25_1, False, hybrid_hit, {"groups": (FullAttention(4), SlidingWindow(4, 8))}),

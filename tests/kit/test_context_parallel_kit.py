@@ -24,12 +24,18 @@ CP_GOLDEN = sorted((ROOT / "traces").glob("vllm-*/golden-dcp/*.jsonl"))
 
 def test_cp_shapes_are_appended_and_named_by_world_size() -> None:
     names = [s.name for s in CP_SHAPES]
-    assert names == ["full@dcp2", "full@dcp4", "mla@dcp2-pcp2", "swa@dcp2", "chunked@dcp2-pcp2"]
+    assert names == [
+        "full@dcp2", "full@dcp4", "mla@dcp2-pcp2", "swa@dcp2", "chunked@dcp2-pcp2", "sink@dcp2",
+        "full+swa+mamba-all@dcp2",
+    ]  # fmt: skip
     assert SHAPES[-len(CP_SHAPES) :] == CP_SHAPES
     assert shape_named("mla@dcp2-pcp2").pcp == 2
+    assert shape_named("full+swa+mamba-all@dcp2").kinds == ("full", "swa", "mamba-all")
     for shape in CP_SHAPES:
         caching = shape.caching if shape.caching is not None else True
-        cfg = KVCacheConfig(num_blocks=16, groups=build_kinds(shape, 4, 5), max_model_len=64,
+        # several groups under context parallelism are modelled up to vLLM 0.25.1
+        profile = VLLM_0_25_1 if len(shape.kinds) > 1 else VLLM_0_33_0
+        cfg = KVCacheConfig(num_blocks=16, groups=build_kinds(shape, 4, 5), max_model_len=64, profile=profile,
                             enable_caching=caching, dcp_world_size=shape.dcp, pcp_world_size=shape.pcp)  # fmt: skip
         assert cfg.scheduler_block_size == 4 * shape.dcp * (1 if cfg.profile is VLLM_0_33_0 else shape.pcp)
 

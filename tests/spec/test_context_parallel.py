@@ -169,9 +169,9 @@ def test_hash_block_size_must_equal_the_scaled_block_when_caching() -> None:
     ("groups", "profile", "caching", "what"),
     [
         ((FullAttention(4), SlidingWindow(4, 5)), V033, True, "several KV-cache groups"),
-        ((FullAttention(4), SlidingWindow(4, 5)), V025, False, "several KV-cache groups"),
-        ((SinkFullAttention(4, 8),), V025, True, "SinkFullAttention"),
-        ((CircularBuffer(2),), V033, False, "CircularBuffer"),
+        ((FullAttention(4), SlidingWindow(4, 5)), V026, False, "several KV-cache groups"),
+        ((CircularBuffer(2),), V033, False, "ring kind"),
+        ((FullAttention(4), Mamba(4, "all", 1)), V025, False, "speculative blocks"),
         ((Mamba(4, "align"),), V026, True, "cached Mamba group"),
         # 0.16.0's external-token cap for a chunk below the (scaled) block size is not modelled
         ((ChunkedLocal(4, 4),), V016, False, "chunk below the block size"),
@@ -194,3 +194,40 @@ def test_every_profile_names_its_scaling_rule() -> None:
     assert rules["0.31.0"] == rules["0.33.0"] == "dcp-sharded"
     masks = [p.release for p in PROFILES.values() if p.cp_swa_mask_unscaled]
     assert masks == ["0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0"]
+
+
+@pytest.mark.parametrize("profile", [V016, V025, V030, V033])
+def test_sinkfull_reserves_its_sink_in_scaled_blocks(profile: SemanticsProfile) -> None:
+    """SinkFull(4, sink 8) under DCP 2 runs 8-token blocks: one sink block
+    (up to 0.29.0; later releases reserve none), and a 9-token request takes
+    two table blocks."""
+    cfg = _cfg(SinkFullAttention(4, 8), profile, dcp=2)
+    m = KVCacheManager(cfg)
+    sink = 1 if profile.sink_blocks_reserved else 0
+    assert m.to_view().free_queue == tuple(range(1 + sink, 24))
+    req = RequestBlockHasher.for_config(cfg).new_request("a", list(range(9)))
+    assert m.allocate_slots(req, 9) == ((1 + sink, 2 + sink),)
+    m.check_invariants()
+
+
+def test_sink_len_must_be_a_multiple_of_the_scaled_block() -> None:
+    """vLLM's SinkFull manager asserts ``sink_len % block_size == 0`` on its scaled block size."""
+    with pytest.raises(ConfigError, match="sink_len 8 must be a multiple of the context-parallel manager block size"):
+        _cfg(SinkFullAttention(4, 8), V033, dcp=4)
+
+
+@pytest.mark.parametrize("profile", [V016, V025])
+def test_hybrids_with_caching_refuse_context_parallelism_up_to_0_25(profile: SemanticsProfile) -> None:
+    """Up to vLLM 0.25.1 the hybrid coordinator refuses DCP and PCP; with
+    caching off each group's manager runs its scaled block size."""
+    groups = (FullAttention(4), SlidingWindow(4, 5), Mamba(4, "all", 0))
+    with pytest.raises(ConfigError, match="several KV-cache groups with prefix caching refuse context parallelism"):
+        KVCacheConfig(num_blocks=24, groups=groups, max_model_len=64, dcp_world_size=2, profile=profile)
+    cfg = KVCacheConfig(
+        num_blocks=24, groups=groups, max_model_len=64, enable_caching=False, pcp_world_size=2, profile=profile
+    )
+    assert [k.block_size for k in cfg.manager_groups()] == [8, 8, 8]
+    m = KVCacheManager(cfg)
+    req = RequestBlockHasher.for_config(cfg).new_request("a", list(range(9)))
+    assert m.allocate_slots(req, 9) == ((1, 2), (3, 4), (5, 6))
+    m.check_invariants()

@@ -33,7 +33,10 @@ def supports(config: KVCacheConfig) -> str | None:
 
 # Context parallelism is opt-in: add features={"context-parallelism"} once the engine scales its
 # block sizes by dcp_world_size / pcp_world_size (docs/writing-an-adapter.md, section 3).
-@declare(supports=supports, unsupported={"op:record_prefix_cache_stats", "op:get_prefix_hint"})
+@declare(
+    supports=supports,
+    unsupported={"op:record_prefix_cache_stats", "op:get_prefix_hint", "op:get_block_ids_for_computed_tokens"},
+)
 def make(config: KVCacheConfig) -> MyAdapter:
     """The factory kvref calls once per drawn configuration."""
     return MyAdapter(config)

@@ -547,6 +547,23 @@ class VllmAdapter:
         """The request's tables (empty per group if unknown)."""
         return self.api.get_block_ids(self.manager, request_id)
 
+    def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int) -> BlockIds:
+        """The request's tables cut to its computed tokens.
+
+        Raises:
+            Unsupported: Before the 0.25 era.
+            InvalidTokenCountError: ``num_computed_tokens`` is not an int >= 0
+                (vLLM's slice would count a negative one from the end).
+        """
+        n = num_computed_tokens
+        if "get_block_ids_for_computed_tokens" in self.api.missing_methods:
+            raise self.api.unsupported("KVCacheManager.get_block_ids_for_computed_tokens")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise InvalidTokenCountError(
+                f"get_block_ids_for_computed_tokens: num_computed_tokens {n!r} is not an int >= 0"
+            )
+        return self.api.get_block_ids_for_computed_tokens(self.manager, request_id, n)
+
     @property
     def usage(self) -> float:
         """Fraction of non-null blocks in use."""

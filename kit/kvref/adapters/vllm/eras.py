@@ -770,6 +770,14 @@ class VllmApi:
         """``get_block_ids(request_id)``, one tuple per group."""
         return tuple(tuple(int(i) for i in g) for g in manager.get_block_ids(request_id))
 
+    def get_block_ids_for_computed_tokens(
+        self, manager: Any, request_id: str, num_computed_tokens: int
+    ) -> tuple[tuple[int, ...], ...]:
+        """``get_block_ids_for_computed_tokens(request_id, num_computed_tokens)``, one tuple per group."""
+        self._check_method("get_block_ids_for_computed_tokens")
+        out = manager.get_block_ids_for_computed_tokens(request_id, num_computed_tokens)
+        return tuple(tuple(int(i) for i in g) for g in out)
+
     def usage(self, manager: Any) -> float:
         """``KVCacheManager.usage``."""
         return float(manager.usage)
@@ -794,7 +802,8 @@ class VllmApi016(VllmApi):
     ``max_num_batched_tokens`` or ``watermark``; ``allocate_slots`` has no
     ``full_sequence_must_fit``, ``reserved_blocks`` or ``has_scheduled_reqs``;
     ``remove_skipped_blocks`` has no ``num_prompt_tokens``; there is no
-    ``pop_blocks_for_free``, ``take_new_block_ids`` or ``new_step_starts``;
+    ``pop_blocks_for_free``, ``take_new_block_ids``, ``new_step_starts`` or
+    ``get_block_ids_for_computed_tokens``;
     ``KVCacheGroupSpec`` has no ``is_eagle_group``; ``Request`` requires
     ``eos_token_id``; events carry no ``extra_keys``, ``group_idx`` or spec kind;
     no retention-interval variable; ``SinkFullAttentionManager`` constructs unaided;
@@ -820,7 +829,9 @@ class VllmApi016(VllmApi):
             if k not in ("full_sequence_must_fit", "reserved_blocks", "has_scheduled_reqs")
         }
     )
-    missing_methods = frozenset({"pop_blocks_for_free", "take_new_block_ids", "new_step_starts"})
+    missing_methods = frozenset(
+        {"pop_blocks_for_free", "take_new_block_ids", "new_step_starts", "get_block_ids_for_computed_tokens"}
+    )
     group_spec_fields = _frozen({**VllmApi.group_spec_fields, "is_eagle_group": None})
     request_args = _frozen({"eos_token_id": None})
     block_stored_fields: ClassVar[tuple[str, ...]] = VllmApi.block_stored_fields[:7]
