@@ -110,7 +110,7 @@ def eagle_group_ids(config: KVCacheConfig) -> frozenset[int]:
     return frozenset(range(len(config.groups))) if config.use_eagle else frozenset()
 
 
-MODELLED_FEATURES: frozenset[str] = frozenset()
+MODELLED_FEATURES: frozenset[str] = frozenset({"partial-tail-entries", "mamba-tail-entries"})
 """The state-adding features of :func:`features_needed` that the pure-Python
 manager models (the native core models none of them: :mod:`kvimpl.native`
 hands such a configuration to the pure-Python manager)."""
