@@ -383,6 +383,11 @@ class BlockPool:
             self.events.append(AllBlocksCleared())
         return True
 
+    def keys_of(self, b: BlockId) -> list[BlockHashWithGroupId]:
+        """Every key of block ``b``: its one key, if any (more in :class:`TailBlockPool`)."""
+        key = self.block_hash[b]
+        return [] if key is None else [key]
+
     def take_sink_blocks(self, num_blocks: int) -> list[BlockId]:
         """Permanently take blocks from the head of the free queue (attention sinks)."""
         taken = self.free_queue.popleft_n(min(num_blocks, len(self.free_queue)))
@@ -400,18 +405,23 @@ class BlockPool:
 
     def check_invariants(self) -> None:
         """Raise InvariantViolation if the list, counts or hash map disagree."""
-        order = self.free_queue.check()
-        ref = self.ref_cnt
-        expected = {b for b in range(1, self.num_gpu_blocks) if ref[b] == 0} - set(self.sink)
-        require(len(set(order)) == len(order) and set(order) == expected, "free queue != {non-null, non-sink, ref 0}")
-        require(all(r >= 0 for r in ref[1:]), "negative ref_cnt")
-        require(self.block_hash[NULL_BLOCK] is None, "the null block is hashed")
+        self._check_queue_and_counts()
         by_key: dict[BlockHashWithGroupId, list[int]] = {}
         for b, key in enumerate(self.block_hash):
             if key is not None:
                 by_key.setdefault(key, []).append(b)
         listed = {k: sorted(ids) for k, ids in self.cached.items() if ids}
         require(len(listed) == len(self.cached) and listed == by_key, "cache map and block hashes disagree")
+
+    def _check_queue_and_counts(self) -> None:
+        """The free queue, the counts and the null block's invariants."""
+        order = self.free_queue.check()
+        ref = self.ref_cnt
+        expected = {b for b in range(1, self.num_gpu_blocks) if ref[b] == 0} - set(self.sink)
+        require(len(set(order)) == len(order) and set(order) == expected, "free queue != {non-null, non-sink, ref 0}")
+        require(all(r >= 0 for r in ref[1:]), "negative ref_cnt")
+        require(self.block_hash[NULL_BLOCK] is None, "the null block is hashed")
+        require(all(NULL_BLOCK not in ids for ids in self.cached.values()), "the null block is a cache-map value")
 
     def _evict(self, b: BlockId) -> None:
         bh = self.block_hash
@@ -428,6 +438,155 @@ class BlockPool:
             digest, gid = split_key(key)
             ext = external_block_hash(digest, self.int_block_hashes)
             self.events.append(BlockRemoved((ext,), MEDIUM_GPU, gid if self.annotated_events else None))
+
+
+class TailBlockPool(BlockPool):
+    """A block pool whose blocks may carry more than one key: the pool of a
+    configuration with tail entries (:mod:`kvimpl.partial_tail`,
+    :mod:`kvimpl.mamba_tail`; vLLM 0.26.0 on).
+
+    A block has at most one *primary* key (``block_hash``) standing for a
+    prefix of ``hash_num_tokens`` tokens, and further *secondary* keys
+    (partial-tail entries; upstream ``cached_block_hashes_by_block``). Every
+    key of a block is an entry of ``cached``; eviction removes them all, one
+    BlockRemoved each, primary first. A full block that carries a partial
+    entry is promoted when it is cached (every key removed first).
+
+    NOTE: a subclass, so that the pool of every other configuration keeps
+    its loops as they are: ``get_new_blocks`` and ``evict_blocks`` reach the
+    secondary keys through ``_evict``, the one method they call per hashed
+    block, and only this class's ``cache_full_blocks`` records prefix
+    lengths and promotes.
+
+    inv: everything BlockPool states, with cached[k] listing exactly the
+         blocks with primary or secondary key k, oldest first
+    inv: a block has secondary keys only if it has a primary key
+    inv: hash_num_tokens[b] is None <=> block_hash[b] is None
+    """
+
+    def __init__(
+        self,
+        num_gpu_blocks: int,
+        enable_caching: bool,
+        hash_block_size: int,
+        enable_kv_cache_events: bool = False,
+        int_block_hashes: bool = True,
+        unhashed_first: bool = True,
+        annotated_events: bool = True,
+        mm_resume_from_first: bool = True,
+    ) -> None:
+        """An empty pool (see :class:`BlockPool`) with no secondary keys.
+
+        ``mm_resume_from_first``: a partial entry's event looks for
+        multimodal features from the first one (profile switch
+        ``mm_resume_from_first_feature``; :func:`kvimpl.partial_tail.partial_stored_event`)."""
+        super().__init__(num_gpu_blocks, enable_caching, hash_block_size, enable_kv_cache_events,
+                         int_block_hashes, unhashed_first, annotated_events)  # fmt: skip
+        self.mm_resume_from_first = mm_resume_from_first
+        self.hash_num_tokens: list[int | None] = [None] * num_gpu_blocks
+        """Prefix length the primary key stands for (upstream ``block_hash_num_tokens``)."""
+        self.secondary: dict[BlockId, list[BlockHashWithGroupId]] = {}
+        """Further keys per block, in insertion order (upstream a set)."""
+
+    def cache_full_blocks(
+        self,
+        request: Request,
+        blocks: Sequence[BlockId],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        group_id: int,
+        block_mask: Sequence[bool] | None = None,
+    ) -> None:
+        """As :meth:`BlockPool.cache_full_blocks`, recording each key's prefix
+        length; a block that carries a partial entry (a key for fewer tokens)
+        first loses every key, one BlockRemoved each, before the one
+        BlockStored of the call."""
+        if num_cached_blocks >= num_full_blocks:
+            return
+        fine = request.block_hashes
+        k = block_size // self.hash_block_size
+        suffix = make_key(BlockHash(b""), group_id)
+        bh, ntok = self.block_hash, self.hash_num_tokens
+        stored: list[int] = []
+        for i in range(num_cached_blocks, num_full_blocks):
+            b = blocks[i]
+            if b == NULL_BLOCK or (block_mask is not None and not block_mask[i - num_cached_blocks]):
+                continue
+            num_tokens = (i + 1) * block_size
+            if bh[b] is not None:
+                assert (ntok[b] or 0) < num_tokens, f"block {b} is hashed twice"
+                self._evict(b)
+            self.insert_key(b, BlockHashWithGroupId(fine[(i + 1) * k - 1] + suffix), num_tokens)
+            stored.append(i)
+        if self.enable_kv_cache_events:
+            self.events.append(_stored_event(self, request, k, stored, num_cached_blocks, num_full_blocks, block_size,
+                                             group_id))  # fmt: skip
+
+    def reset_prefix_cache(self) -> bool:
+        """As :meth:`BlockPool.reset_prefix_cache`, forgetting secondary keys too."""
+        if not super().reset_prefix_cache():
+            return False
+        self.hash_num_tokens = [None] * self.num_gpu_blocks
+        self.secondary = {}
+        return True
+
+    def keys_of(self, b: BlockId) -> list[BlockHashWithGroupId]:
+        """Every key of block ``b``: the primary first, then the secondary ones."""
+        primary = self.block_hash[b]
+        return [] if primary is None else [primary, *self.secondary.get(b, ())]
+
+    def insert_key(self, b: BlockId, key: BlockHashWithGroupId, num_tokens: int) -> None:
+        """Cache block ``b`` under ``key`` too (nothing if it already is): as
+        its primary key for ``num_tokens`` tokens if it has none, else as a
+        secondary one (upstream ``_insert_block_hash``)."""
+        if key in self.keys_of(b):
+            return
+        if self.block_hash[b] is None:
+            self.block_hash[b], self.hash_num_tokens[b] = key, num_tokens
+        else:
+            self.secondary.setdefault(b, []).append(key)
+        ids = self.cached.get(key)
+        if ids is None:
+            self.cached[key] = [b]
+        else:
+            ids.append(b)
+
+    def check_invariants(self) -> None:
+        """As :meth:`BlockPool.check_invariants`, with the secondary keys in the cache map."""
+        self._check_queue_and_counts()
+        bh, ntok = self.block_hash, self.hash_num_tokens
+        require(all((bh[b] is None) == (ntok[b] is None) for b in range(self.num_gpu_blocks)),
+                "a block's key and its prefix length disagree")  # fmt: skip
+        require(all(bh[b] is not None and keys for b, keys in self.secondary.items()),
+                "a block has secondary keys but no primary key")  # fmt: skip
+        by_key: dict[BlockHashWithGroupId, list[int]] = {}
+        for b in range(self.num_gpu_blocks):
+            keys = self.keys_of(BlockId(b))
+            require(len(set(keys)) == len(keys), f"block {b} carries a key twice")
+            for key in keys:
+                by_key.setdefault(key, []).append(b)
+        listed = {k: sorted(ids) for k, ids in self.cached.items() if ids}
+        require(len(listed) == len(self.cached) and listed == by_key, "cache map and block keys disagree")
+
+    def _evict(self, b: BlockId) -> None:
+        """Uncache block ``b`` with one BlockRemoved per key, primary first."""
+        key = self.block_hash[b]
+        if key is None:
+            return
+        extra = self.secondary.pop(b, None)
+        super()._evict(b)
+        self.hash_num_tokens[b] = None
+        for other in extra or ():
+            ids = self.cached[other]
+            if len(ids) == 1:
+                del self.cached[other]
+            else:
+                ids.remove(b)
+            if self.enable_kv_cache_events:
+                digest, gid = split_key(other)
+                ext = external_block_hash(digest, self.int_block_hashes)
+                self.events.append(BlockRemoved((ext,), MEDIUM_GPU, gid if self.annotated_events else None))
 
 
 def requeue_unhashed_first(config: KVCacheConfig) -> bool:

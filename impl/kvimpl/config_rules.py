@@ -110,7 +110,7 @@ def eagle_group_ids(config: KVCacheConfig) -> frozenset[int]:
     return frozenset(range(len(config.groups))) if config.use_eagle else frozenset()
 
 
-MODELLED_FEATURES: frozenset[str] = frozenset()
+MODELLED_FEATURES: frozenset[str] = frozenset({"partial-tail-entries", "mamba-tail-entries"})
 """The state-adding features of :func:`features_needed` that the pure-Python
 manager models (the native core models none of them: :mod:`kvimpl.native`
 hands such a configuration to the pure-Python manager)."""
@@ -127,15 +127,21 @@ def features_needed(config: KVCacheConfig) -> list[str]:
     (kvspec models each: ``kvspec.partial_tail``, ``kvspec.mamba_tail``, the
     ring managers, ``kvspec.config.cp_scale``), sorted.
 
-    * ``partial-tail-entries``: a cached hybrid with a full-attention-type
-      group coarser than the hash block (profile switch ``partial_tail_entries``);
-    * ``partial-hash-hits``: a cached hybrid with a Mamba align group coarser
-      than the hash block (``partial_hash_hits``);
+    * ``partial-tail-entries``: a cached full-attention-type group coarser
+      than the hash block (profile switch ``partial_tail_entries``);
+    * ``partial-hash-hits``: a cached Mamba align group coarser than the hash
+      block (``partial_hash_hits``);
     * ``mamba-tail-entries``: a cached Mamba align group (``mamba_tail_entries``);
     * ``ring-kinds``: a ring group, ``CircularBuffer`` or ``KpoolTail``, cached
       or not (``circular_buffer_kind``, ``kpool_tail_kind``);
     * ``context-parallelism``: ``dcp_world_size`` or ``pcp_world_size`` above 1
       (``cp_block_scaling``, ``cp_swa_mask_unscaled``).
+
+    NOTE: a group is coarser than the hash block in a hybrid, or alone under
+    a finer ``hash_block_size``; ``kvspec.profiles.features_used`` counts only
+    hybrids, but kvspec registers the tail entries of a lone group too
+    (``registers_partial_tail``, ``registers_mamba_tail``), so the native core
+    must decline it as well.
     """
     p = config.profile
     ring = ["ring-kinds"] if any(isinstance(k, (CircularBuffer, KpoolTail)) for k in config.groups) else []
@@ -147,7 +153,7 @@ def features_needed(config: KVCacheConfig) -> list[str]:
     used: list[str] = list(ring)
     for kind in config.groups:
         align = isinstance(kind, Mamba) and kind.mode == "align"
-        coarse = len(config.groups) > 1 and kind.block_size > hbs
+        coarse = kind.block_size > hbs
         if p.partial_tail_entries and coarse and isinstance(kind, FULL_TYPE_KINDS):
             used.append("partial-tail-entries")
         if p.partial_hash_hits and coarse and align:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvimpl.block_pool import BlockPool, requeue_unhashed_first
+from kvimpl.block_pool import BlockPool, TailBlockPool, requeue_unhashed_first
 from kvimpl.config_rules import (
     FULL_TYPE_KINDS,
     admission_cap,
@@ -27,6 +27,8 @@ from kvimpl.config_rules import (
     hash_block_size,
     scheduler_block_size,
 )
+from kvimpl.mamba_tail import registers_mamba_tail
+from kvimpl.partial_tail import registers_partial_tail
 from kvimpl.single_type_kv_cache_manager import find_longest_cache_hit, make_manager
 from kvspec.block_pool import BlockId
 from kvspec.config import AttentionKind, ChunkedLocal, CrossAttention, KVCacheConfig, Mamba, SlidingWindow
@@ -51,15 +53,14 @@ class KVCacheCoordinator:
         self.config = config
         self.scheduler_block_size = scheduler_block_size(config)
         self.hash_block_size = hash_block_size(config)
-        self.pool = BlockPool(
-            config.num_blocks,
-            enable_caching,
-            self.hash_block_size,
-            config.enable_kv_cache_events,
-            config.int_block_hashes,
-            requeue_unhashed_first(config),
-            config.profile.event_annotations,
-        )
+        p = config.profile
+        pool_args = (config.num_blocks, enable_caching, self.hash_block_size, config.enable_kv_cache_events,
+                     config.int_block_hashes, requeue_unhashed_first(config), p.event_annotations)  # fmt: skip
+        self.pool: BlockPool
+        if has_tail_entries(config, self.hash_block_size):
+            self.pool = TailBlockPool(*pool_args, mm_resume_from_first=p.mm_resume_from_first_feature)
+        else:
+            self.pool = BlockPool(*pool_args)
         self.eagle_group_ids = eagle_group_ids(config)
         mnbt, mml = batched_tokens(config), config.max_model_len
         self.managers = tuple(
@@ -339,3 +340,16 @@ def make_coordinator(config: KVCacheConfig) -> KVCacheCoordinator:
     if len(config.groups) == 1:
         return UnitaryCoordinator(config, True)
     return HybridCoordinator(config, True)
+
+
+def has_tail_entries(config: KVCacheConfig, hash_block_size: int) -> bool:
+    """Whether some group of a cached ``config`` registers tail entries
+    (:mod:`kvimpl.partial_tail`, :mod:`kvimpl.mamba_tail`), so that its
+    pool is a :class:`kvimpl.block_pool.TailBlockPool`."""
+    if not config.enable_caching:
+        return False
+    p, hbs = config.profile, hash_block_size
+    return any(
+        registers_mamba_tail(k, p, hbs) if isinstance(k, Mamba) else registers_partial_tail(k, p, hbs)
+        for k in config.groups
+    )

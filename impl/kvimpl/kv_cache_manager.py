@@ -537,13 +537,17 @@ class KVCacheManager(StepAPI):
                     f"allocate_slots: the null block in group {g}'s hit: a full-attention hit never contains it"
                 )
         hbs = self.coordinator.hash_block_size
-        fine, bh = request.block_hashes, self.block_pool.block_hash
+        pool = self.block_pool
+        fine, bh = request.block_hashes, pool.block_hash
         for g, (kind, ids) in enumerate(zip(self.config.groups, hits, strict=True)):
             k = kind.block_size // hbs if kind.block_size % hbs == 0 else 0
             num_hashes = len(fine) // k if k else 0
             suffix = make_key(BlockHash(b""), g)  # make_key(h, g) == h + suffix, inlined below
             for i, b in enumerate(ids):
-                if b != NULL_BLOCK and (i >= num_hashes or bh[b] != fine[(i + 1) * k - 1] + suffix):
+                if b == NULL_BLOCK or (i < num_hashes and bh[b] == fine[(i + 1) * k - 1] + suffix):
+                    continue
+                # Not the primary key: a secondary one (kvimpl.block_pool.TailBlockPool) counts too.
+                if i >= num_hashes or fine[(i + 1) * k - 1] + suffix not in pool.keys_of(BlockId(b)):
                     raise StaleHitError(
                         f"allocate_slots: hit block {b} (group {g}, index {i}) is no longer cached for "
                         f"request {rid!r}; it was evicted after get_computed_blocks"

@@ -20,9 +20,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from kvimpl.block_pool import NULL_BLOCK, BlockPool
+from kvimpl.block_pool import NULL_BLOCK, BlockPool, TailBlockPool
 from kvimpl.config_rules import FULL_TYPE_KINDS, has_mamba
 from kvimpl.invariants import require
+from kvimpl.mamba_tail import cache_mamba_tail_block, refuse_partial_tail_records, registers_mamba_tail
+from kvimpl.partial_tail import cache_partial_tail_block, registers_partial_tail
 from kvspec.block_pool import BlockId
 from kvspec.config import (
     MLA,
@@ -89,6 +91,11 @@ class SingleTypeKVCacheManager:
         self.track_holders = isinstance(kind, FULL_TYPE_KINDS)
         self.holders = [0] * pool.num_gpu_blocks if self.track_holders else []
         """Per block, its occurrences in this group's tables (full-type kinds only)."""
+        p = config.profile
+        self.partial_tail = enable_caching and registers_partial_tail(kind, p, pool.hash_block_size)
+        """The group registers partial-tail entries (:mod:`kvimpl.partial_tail`)."""
+        self.fa_tail_below_last = p.fa_tail_below_last_token
+        """Profile switch ``fa_tail_below_last_token`` (see :func:`kvimpl.partial_tail.fa_tail_boundary`)."""
         if isinstance(kind, SinkFullAttention):
             self.sink_blocks = pool.take_sink_blocks(num_sink_blocks(kind, config))
 
@@ -154,16 +161,19 @@ class SingleTypeKVCacheManager:
         return self._extend(table, cdiv(num_tokens, self.block_size) - len(table))
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """Hash the table's full blocks up to ``num_tokens`` that are not cached yet."""
+        """Hash the table's full blocks up to ``num_tokens`` that are not cached
+        yet; then, from vLLM 0.26.0 on, a full-attention group coarser than the
+        hash block registers its partial tail (:mod:`kvimpl.partial_tail`)."""
         rid = request.request_id
         num_cached = self.num_cached_block.get(rid, 0)
         num_full = num_tokens // self.block_size
-        if num_cached >= num_full:
-            return
-        mask = reachable_block_mask(self.kind, num_cached, num_full, self.scheduler_block_size, self.use_eagle)
-        table = self.req_to_blocks.setdefault(rid, [])
-        self.pool.cache_full_blocks(request, table, num_cached, num_full, self.block_size, self.group_id, mask)
-        self.num_cached_block[rid] = num_full
+        if num_cached < num_full:
+            mask = reachable_block_mask(self.kind, num_cached, num_full, self.scheduler_block_size, self.use_eagle)
+            table = self.req_to_blocks.setdefault(rid, [])
+            self.pool.cache_full_blocks(request, table, num_cached, num_full, self.block_size, self.group_id, mask)
+            self.num_cached_block[rid] = num_full
+        if self.partial_tail:
+            cache_partial_tail_block(self, request, num_tokens)
 
     def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
         """Null out and free the leading blocks attention no longer reads."""
@@ -290,6 +300,17 @@ class MambaManager(SingleTypeKVCacheManager):
         """Profile switch ``mamba_align_estimate_capped`` (see :func:`mamba_align_new_blocks`)."""
         self.step_guard = p.mamba_step_guard
         """Profile switch ``mamba_step_guard``: a hit on a state cached in this step waits."""
+        refuse_partial_tail_records(kind, p, pool.hash_block_size, enable_caching)
+        self.mamba_tail = enable_caching and registers_mamba_tail(kind, p, pool.hash_block_size)
+        """The group keys its state at the prompt's tail boundary (:mod:`kvimpl.mamba_tail`)."""
+        self.mamba_tail_newer = p.mamba_tail_entries
+        """Profile switch ``mamba_tail_entries`` (see :func:`kvimpl.mamba_tail.mamba_tail_boundary`)."""
+        self.mamba_tail_skip_keyed = p.mamba_tail_skip_keyed
+        """Profile switch ``mamba_tail_skip_keyed`` (see :func:`kvimpl.mamba_tail.cache_mamba_tail_block`)."""
+        self.tail_eagle = p.mamba_tail_eagle
+        """Profile switch ``mamba_tail_eagle`` (see :func:`kvimpl.mamba_tail.tail_eagle_shift`)."""
+        self.drop_eagle_checkpoint = config.use_eagle
+        """The model uses EAGLE (upstream ``drop_eagle_checkpoint_block``): the tail boundary may move down."""
         self.cached_blocks_this_step: set[BlockHashWithGroupId] = set()
         self.last_state_block_idx: dict[str, int] = {}
         self.allocated_block_reqs: set[str] = set()
@@ -341,10 +362,15 @@ class MambaManager(SingleTypeKVCacheManager):
         return self._allocate_aligned(request_id, num_tokens_main_model)
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """As the base; remember the keys cached in this step."""
+        """As the base, then the tail entry of :mod:`kvimpl.mamba_tail`;
+        remember the keys cached in this step."""
         rid = request.request_id
         before = self.num_cached_block.get(rid, 0)
         super().cache_blocks(request, num_tokens)
+        if self.mamba_tail:
+            key = cache_mamba_tail_block(self, request, num_tokens)
+            if key is not None:
+                self.cached_blocks_this_step.add(key)
         for b in self.req_to_blocks.get(rid, [])[before : self.num_cached_block.get(rid, 0)]:
             key = self.pool.block_hash[b]
             if b != NULL_BLOCK and key is not None:
@@ -779,12 +805,20 @@ def make_manager(
 
 
 def inv_uncached_tail(m: SingleTypeKVCacheManager) -> bool:
-    """Table entries at or past ``num_cached_block`` carry no hash, and
-    ``num_cached_block`` never exceeds the table length."""
+    """Table entries at or past ``num_cached_block`` carry no full-block key
+    (at most a partial-tail entry, a key for fewer tokens than the block's
+    end), and ``num_cached_block`` never exceeds the table length."""
+    pool = m.pool
+    ntok = pool.hash_num_tokens if isinstance(pool, TailBlockPool) else None
     for rid, table in m.req_to_blocks.items():
         n = m.num_cached_block.get(rid, 0)
-        if n > len(table) or any(m.pool.block_hash[b] is not None for b in table[n:] if b != NULL_BLOCK):
+        if n > len(table):
             return False
+        for i, b in enumerate(table[n:], start=n):
+            if b == NULL_BLOCK or pool.block_hash[b] is None:
+                continue
+            if ntok is None or (ntok[b] or 0) >= (i + 1) * m.block_size:
+                return False
     return all(rid in m.req_to_blocks for rid in m.num_cached_block)
 
 

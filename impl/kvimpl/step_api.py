@@ -135,11 +135,14 @@ class StepAPI:
             for m, cross in zip(coord.managers, coord.is_cross, strict=True)
             if not cross
         )
-        if any(isinstance(kind, Mamba) and kind.mode == "align" for kind in config.groups):
+        # A group with partial-tail entries (kvimpl.partial_tail) may key a block in a step that
+        # completes none, so its configs get no limits and always reach cache_blocks.
+        tails = any(m.partial_tail for m in coord.managers)
+        if tails or any(isinstance(kind, Mamba) and kind.mode == "align" for kind in config.groups):
             self._quiet_groups = None
         managers = coord.managers
         # Without Mamba or cross attention, running steps read and grow the managers' tables directly.
-        plain = all(type(m) is SingleTypeKVCacheManager for m in managers)
+        plain = not tails and all(type(m) is SingleTypeKVCacheManager for m in managers)
         self._plain = managers if plain else ()
         self._skipping = coord.skipping
         self.device_tables: BlockTable | None = None

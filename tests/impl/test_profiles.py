@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
+from functools import partial
 from typing import Any
 
 import pytest
@@ -245,6 +246,61 @@ def step_guard(mgr: Any, h: RequestBlockHasher) -> object:
     return mgr.allocate_slots(b, 2, n, hits)
 
 
+def partial_tail(mgr: Any, h: RequestBlockHasher) -> object:
+    """A 13-token prompt grows to 16 tokens on FA(8): does block 1 also get a
+    partial entry at the prompt's tail (12 tokens)?"""
+    a = admit(mgr, h.new_request("a", list(range(13))))
+    a = h.with_output_tokens(a, [13, 14, 15])
+    return mgr.allocate_slots(a, 3)
+
+
+def fa_tail_below(mgr: Any, h: RequestBlockHasher) -> object:
+    """An 8-token prompt on FA(8): its tail at 8 tokens (a block boundary,
+    nothing to register) or at 4 (a partial entry on block 0)?"""
+    admit(mgr, h.new_request("a", list(range(8))))
+    return mgr.get_computed_blocks(h.new_request("b", list(range(8))))
+
+
+def mamba_tail(mgr: Any, h: RequestBlockHasher) -> object:
+    """A held Mamba state evicted, then its owner's next step reaches the
+    tail boundary: is the state keyed again, so that a sibling hits it?"""
+    a = h.new_request("a", list(range(10)))
+    assert mgr.allocate_slots(a, 8) is not None
+    a = replace(a, num_computed_tokens=8, status=RequestStatus.RUNNING)
+    mgr.new_step_starts()
+    mgr.evict_blocks(range(1, 32))
+    assert mgr.allocate_slots(a, 2) is not None
+    mgr.new_step_starts()
+    return mgr.get_computed_blocks(h.new_request("b", [*range(9), 99]))
+
+
+def mamba_tail_keyed(mgr: Any, h: RequestBlockHasher) -> object:
+    """``b`` hits ``a``'s state at the tail boundary and caches up to it; is
+    that state marked cached in this step again, refusing ``c``'s same-step hit?"""
+    a = h.new_request("a", list(range(10)))
+    assert mgr.allocate_slots(a, 8) is not None
+    a = replace(a, num_computed_tokens=8, status=RequestStatus.RUNNING)
+    mgr.new_step_starts()
+    assert mgr.allocate_slots(a, 2) is not None
+    mgr.new_step_starts()
+    admit(mgr, h.new_request("b", [*range(9), 99]))
+    c = h.new_request("c", [*range(9), 98])
+    hits, n = mgr.get_computed_blocks(c)
+    return mgr.allocate_slots(c, 2, n, hits)
+
+
+def mamba_tail_eagle(mgr: Any, h: RequestBlockHasher) -> object:
+    """EAGLE model, 9-token prompt: the Mamba tail boundary is 8, or one hash
+    unit lower (4). After evicting the 4-token state, caching up to 4 keys it
+    again only at boundary 4."""
+    a = h.new_request("a", list(range(9)))
+    assert mgr.allocate_slots(a, 4) is not None
+    mgr.new_step_starts()
+    mgr.evict_blocks(range(1, 32))
+    mgr.cache_blocks(a, 4)
+    return mgr.get_computed_blocks(h.new_request("b", [*range(8), 99]))
+
+
 def operation(name: str) -> Scenario:
     """A scenario calling facade operation ``name`` after one admission."""
 
@@ -279,8 +335,15 @@ def prefix_hint(mgr: Any, h: RequestBlockHasher) -> object:
 
 
 EAGLE_HYBRID = {"groups": (FullAttention(4), SlidingWindow(4, 8)), "use_eagle": True}
+TAIL_HYBRID = {"groups": (FullAttention(8), SlidingWindow(4, 4)), "enable_kv_cache_events": True}
+MAMBA_TAILS = {"groups": (FullAttention(4), Mamba(4, "align", 0)), "enable_kv_cache_events": True}
 MAMBA_HYBRID = {"groups": (FullAttention(4), SlidingWindow(4, 8), Mamba(4, "all", 0)), "enable_caching": False}
 CASES = [
+    Case("partial_tail_entries", VLLM_0_26_0, False, partial_tail, TAIL_HYBRID),
+    Case("fa_tail_below_last_token", VLLM_0_32_0, False, fa_tail_below, TAIL_HYBRID),
+    Case("mamba_tail_entries", VLLM_0_32_0, False, mamba_tail, MAMBA_TAILS),
+    Case("mamba_tail_skip_keyed", VLLM_0_33_0, False, mamba_tail_keyed, MAMBA_TAILS),
+    Case("mamba_tail_eagle", VLLM_0_32_0, "none", mamba_tail_eagle, {**MAMBA_TAILS, "use_eagle": True}),
     Case("free_unhashed_first", VLLM_0_25_1, False, free_order, {"groups": (FullAttention(4),)}),
     Case(
         "free_unhashed_needs_caching", VLLM_0_27_0, False, free_order,
@@ -355,8 +418,6 @@ CASES = [
 ]  # fmt: skip
 
 FEATURE_CASES: dict[str, tuple[SemanticsProfile, dict[str, Any]]] = {
-    "partial-tail-entries": (VLLM_0_26_0, {"groups": (FullAttention(8), SlidingWindow(4, 8))}),
-    "mamba-tail-entries": (VLLM_0_32_0, {"groups": (FullAttention(4), Mamba(4, "align", 0))}),
     "ring-kinds": (VLLM_0_29_0, {"groups": (FullAttention(4), CircularBuffer(2))}),
     "context-parallelism": (VLLM_0_33_0, {"groups": (FullAttention(4),), "dcp_world_size": 2}),
 }
@@ -432,13 +493,20 @@ def test_the_adapter_refuses_a_switch_kvimpl_does_not_read(monkeypatch: pytest.M
         ((FullAttention(4), Mamba(4, "align")), "mamba-tail-entries"),
     ],
 )
-def test_kvimpl_refuses_a_feature_it_does_not_model(groups: tuple[AttentionKind, ...], feature: str) -> None:
-    """kvspec runs these under the newest profile; kvimpl's own constructor (both builds) refuses them by name."""
+def test_kvimpl_models_the_tail_features_in_python(groups: tuple[AttentionKind, ...], feature: str) -> None:
+    """The pure-Python manager models these under the newest profile and the
+    impl adapter runs them; the native core declines them (by the feature's
+    name), so both builds give the pure-Python manager, which agrees with kvspec."""
     config = KVCacheConfig(num_blocks=32, groups=groups, max_model_len=64, profile=NEWEST)
-    SpecManager(config)
+    assert feature in features_used(config) and feature in IMPL_FEATURES
+    assert unmodelled_features(config) == []
+    assert feature in (native_unsupported(config) or "")
+    case = Case("", NEWEST, None, hybrid_hit, {"groups": groups, "enable_kv_cache_events": True})
+    want = outcome(SpecManager, case, NEWEST)
     for native in (True, False):
-        with pytest.raises(UnsupportedByProfileError, match=feature):
-            create_manager(config, native=native)
+        assert type(create_manager(config, native=native)) is ImplManager
+        assert outcome(partial(create_manager, native=native), case, NEWEST) == want
+    assert make_impl_adapter(config).config == config
 
 
 def test_kvimpl_refuses_ring_kinds_in_both_builds() -> None:
