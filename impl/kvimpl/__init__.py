@@ -45,17 +45,18 @@ PROFILE_SWITCHES = frozenset(
         "admission_controls", "deferred_free", "new_block_ids_list",  # kv_cache_manager
         "stats_at_lookup", "adopt_hit_without_new_tokens", "common_prefix",  # kv_cache_manager
         "lookup_returns_boundary",  # kv_cache_manager.get_prefix_hint
+        "cp_block_scaling",  # config_rules.cp_block_factor, dcp_scales_kind, cp_lookup_refusal
+        "cp_swa_mask_unscaled",  # kv_cache_coordinator.KVCacheCoordinator (the managers' mask_kind)
         # Applied before kvimpl sees a value: the request hasher (kvspec.request) hashes with them.
         "extra_keys_tagged", "mm_resume_from_first_feature", "mm_key_with_offset", "prompt_embeds_digest",
         # Applied by KVCacheConfig's own validation (a configuration kvimpl is given already obeys them).
         "single_spec_group_hybrid", "mamba_caching_needs_align", "hybrid_rules_v025", "external_cap_any_skip",
+        "circular_buffer_kind", "kpool_tail_kind",  # which release has which ring kind (config.validate_ring_kind)
         # Features kvimpl does not model: a configuration that needs one is refused
         # (kvimpl.config_rules.unmodelled_features), so kvimpl never runs with them on.
         "partial_tail_entries", "partial_hash_hits", "mamba_tail_entries",
         "fa_tail_below_last_token", "mamba_tail_skip_keyed",  # read only by those features
         "partial_hits_gated", "cache_mask_hit_alignment", "mamba_early_return_allocated", "mamba_tail_eagle",
-        "circular_buffer_kind", "kpool_tail_kind",  # the ring kinds (feature "ring-kinds")
-        "cp_block_scaling", "cp_swa_mask_unscaled",  # context parallelism (feature "context-parallelism")
     }
 )  # fmt: skip
 """The fields of :class:`kvspec.profiles.SemanticsProfile` whose values kvimpl

@@ -35,6 +35,7 @@ from kvspec.config import (
     CircularBuffer,
     CrossAttention,
     FullAttention,
+    KpoolTail,
     KVCacheConfig,
     Mamba,
     SinkFullAttention,
@@ -274,6 +275,12 @@ def prefix_hint(mgr: Any, h: RequestBlockHasher) -> object:
     return mgr.get_computed_blocks(b), mgr.get_prefix_hint(b)
 
 
+def swa_mask(mgr: Any, h: RequestBlockHasher) -> object:
+    """33 tokens in one step, no lookup (context-parallel SWA lookups refuse):
+    which blocks the sliding-window cache mask lets through."""
+    return mgr.allocate_slots(h.new_request("a", list(range(33))), 33)
+
+
 EAGLE_HYBRID = {"groups": (FullAttention(4), SlidingWindow(4, 8)), "use_eagle": True}
 MAMBA_HYBRID = {"groups": (FullAttention(4), SlidingWindow(4, 8), Mamba(4, "all", 0)), "enable_caching": False}
 CASES = [
@@ -336,6 +343,16 @@ CASES = [
         {"groups": (FullAttention(4),), "enable_kv_cache_events": True},
     ),
     Case("mamba_step_guard", VLLM_0_25_1, False, step_guard, {"groups": (Mamba(4, "all", 0),)}),
+    Case("circular_buffer_kind", VLLM_0_29_0, False, hybrid_hit, {"groups": (FullAttention(4), CircularBuffer(2))}),
+    Case("kpool_tail_kind", VLLM_0_30_0, False, hybrid_hit, {"groups": (FullAttention(4), KpoolTail(2, 8))}),
+    Case(
+        "cp_block_scaling", VLLM_0_33_0, "dcp-pcp", hybrid_hit,
+        {"groups": (FullAttention(4),), "dcp_world_size": 2, "pcp_world_size": 2},
+    ),
+    Case(
+        "cp_swa_mask_unscaled", VLLM_0_33_0, True, swa_mask,
+        {"groups": (SlidingWindow(4, 5),), "dcp_world_size": 2},
+    ),
     Case("eagle_group_flags", VLLM_0_25_1, False, eagle_flags, {"groups": (FullAttention(4),), "eagle_groups": (0,)}),
     Case("admission_controls", VLLM_0_25_1, False, operation("allocate_slots"), {"groups": (FullAttention(4),)}),
     Case("deferred_free", VLLM_0_25_1, False, operation("pop_blocks_for_free"), {"groups": (FullAttention(4),)}),
@@ -349,8 +366,6 @@ CASES = [
 FEATURE_CASES: dict[str, tuple[SemanticsProfile, dict[str, Any]]] = {
     "partial-tail-entries": (VLLM_0_26_0, {"groups": (FullAttention(8), SlidingWindow(4, 8))}),
     "mamba-tail-entries": (VLLM_0_32_0, {"groups": (FullAttention(4), Mamba(4, "align", 0))}),
-    "ring-kinds": (VLLM_0_29_0, {"groups": (FullAttention(4), CircularBuffer(2))}),
-    "context-parallelism": (VLLM_0_33_0, {"groups": (FullAttention(4),), "dcp_world_size": 2}),
 }
 """A configuration per state-adding feature kvspec models and kvimpl does not yet."""
 
@@ -433,13 +448,34 @@ def test_kvimpl_refuses_a_feature_it_does_not_model(groups: tuple[AttentionKind,
             create_manager(config, native=native)
 
 
-def test_kvimpl_refuses_ring_kinds_in_both_builds() -> None:
-    """A ring group (cached or not) is refused by name by the Python manager
-    and by the native core's check, so the lockstep counts it unsupported."""
-    for caching in (True, False):
-        config = KVCacheConfig(num_blocks=16, groups=(FullAttention(4), CircularBuffer(2)), max_model_len=64,
-                               enable_caching=caching, profile=VLLM_0_30_0)  # fmt: skip
-        with pytest.raises(UnsupportedByProfileError, match="ring-kinds"):
-            ImplManager(config)
-        assert unmodelled_features(config) == ["ring-kinds"]
-        assert native_unsupported(config) is not None
+RING_CONFIG: dict[str, object] = {
+    "num_blocks": 16, "groups": (FullAttention(4), CircularBuffer(2)), "max_model_len": 64, "profile": VLLM_0_30_0,
+}  # fmt: skip
+CP_CONFIG: dict[str, object] = {
+    "num_blocks": 16, "groups": (FullAttention(4),), "max_model_len": 64, "dcp_world_size": 2, "profile": VLLM_0_33_0,
+}  # fmt: skip
+PYTHON_ONLY_FEATURES: list[tuple[str, KVCacheConfig]] = [
+    *(
+        ("ring-kinds", KVCacheConfig(**RING_CONFIG, enable_caching=caching))  # type: ignore[arg-type]  # a test's keyword bag
+        for caching in (True, False)
+    ),
+    ("context-parallelism", KVCacheConfig(**CP_CONFIG)),  # type: ignore[arg-type]  # a test's keyword bag
+]
+"""Configurations of the features only the pure-Python manager models."""
+
+
+@pytest.mark.parametrize(("feature", "config"), PYTHON_ONLY_FEATURES, ids=lambda v: v if isinstance(v, str) else "")
+def test_python_manager_models_a_feature_the_native_core_declines(feature: str, config: KVCacheConfig) -> None:
+    """The pure-Python manager runs the configuration (and the impl adapter
+    accepts it); the native core declines it by name, so ``create_manager``
+    hands it to the pure-Python manager even when the native build is asked for."""
+    assert feature in features_used(config)
+    assert unmodelled_features(config) == []
+    reason = native_unsupported(config)
+    assert reason is not None and (feature in reason or "not built" in reason), reason
+    for native in (True, False):
+        assert type(create_manager(config, native=native)) is ImplManager
+    adapter = make_impl_adapter(config)
+    assert hybrid_hit(adapter, RequestBlockHasher.for_config(config)) == hybrid_hit(
+        SpecManager(config), RequestBlockHasher.for_config(config)
+    )
