@@ -150,8 +150,13 @@ def test_unitary_ring_never_hits() -> None:
     cfg = KVCacheConfig(num_blocks=8, groups=(CircularBuffer(4),), max_model_len=64, enable_kv_cache_events=True,
                         profile=VLLM_0_29_0)  # fmt: skip
     kv, hasher = Both(cfg), RequestBlockHasher.for_config(cfg)
-    assert kv.allocate_slots(hasher.new_request("a", list(range(9))), 9) == ((1,),)
+    a = hasher.new_request("a", list(range(9)))
+    assert kv.allocate_slots(a, 9) == ((1,),)
     assert kv.get_computed_blocks(hasher.new_request("b", list(range(9)))) == (((),), 0)
+    for t in range(9, 20):  # decode steps: nothing to take, nothing to cache
+        a = hasher.with_output_tokens(running(a, t), [t])
+        assert kv.allocate_slots(a, 1) == ((),)
+    assert kv.get_blocks("a") == ((1,),)
     assert kv.take_events() == []
 
 
