@@ -14,6 +14,7 @@ Upstream: ``vllm/v1/kv_cache_interface.py`` (the ``*Spec`` classes),
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from kvspec.config import (
     MLA,
@@ -32,6 +33,10 @@ from kvspec.config import (
 FULL_TYPE_KINDS = (FullAttention, MLA, SinkFullAttention)
 """Kinds vLLM manages with ``FullAttentionManager`` semantics."""
 
+RING_KINDS = (CircularBuffer, KpoolTail)
+"""Ring kinds: one block per request, never prefix-cached
+(``kvimpl.single_type_kv_cache_manager.CircularBufferManager``)."""
+
 _KIND_NAMES: dict[type, str] = {
     FullAttention: "full_attention",
     MLA: "mla_attention",
@@ -40,6 +45,8 @@ _KIND_NAMES: dict[type, str] = {
     ChunkedLocal: "chunked_local_attention",
     Mamba: "mamba",
     CrossAttention: "cross_attention",
+    CircularBuffer: "unknown",
+    KpoolTail: "sliding_window",
 }
 
 
@@ -49,8 +56,16 @@ def kind_name(kind: AttentionKind) -> str:
 
 
 def event_sliding_window(kind: AttentionKind) -> int | None:
-    """The sliding window carried by BlockStored events (None unless SWA)."""
-    return kind.window if isinstance(kind, SlidingWindow) else None
+    """The sliding window carried by BlockStored events (None unless SWA;
+    a ``KpoolTail`` ring is a sliding-window spec in vLLM)."""
+    return kind.window if isinstance(kind, SlidingWindow | KpoolTail) else None
+
+
+def prefix_cacheable(kind: AttentionKind) -> bool:
+    """Whether groups of ``kind`` take part in prefix caching (vLLM's
+    ``KVCacheSpec.prefix_cacheable``): all but the ring kinds, which the
+    hybrid lookup, the hit checks and the hash block size leave out."""
+    return not isinstance(kind, RING_KINDS)
 
 
 def admission_cap(kind: AttentionKind, max_num_batched_tokens: int, max_model_len: int) -> int | None:
@@ -69,21 +84,87 @@ def admission_cap(kind: AttentionKind, max_num_batched_tokens: int, max_model_le
 
 
 def scheduler_block_size(config: KVCacheConfig) -> int:
-    """The LCM of the group block sizes (the group's size for one group)."""
-    return math.lcm(*(g.block_size for g in config.groups))
+    """The LCM of the manager block sizes (:func:`manager_kinds`; the group's
+    size for one group)."""
+    return math.lcm(*(g.block_size for g in manager_kinds(config)))
 
 
 def hash_block_size(config: KVCacheConfig) -> int:
-    """Hash granularity: the override, else the GCD of the group sizes (ring
-    groups left out unless there is nothing else) when caching a hybrid
-    model, else the scheduler block size."""
+    """Hash granularity: the override, else the GCD of the manager block
+    sizes of the prefix-cacheable groups (all groups if none is) when caching
+    a hybrid model, else the scheduler block size."""
     if config.hash_block_size is not None:
         return config.hash_block_size
     if len(config.groups) == 1 or not config.enable_caching:
         return scheduler_block_size(config)
-    rings = (CircularBuffer, KpoolTail)
-    sizes = [g.block_size for g in config.groups if not isinstance(g, rings)] or [g.block_size for g in config.groups]
+    kinds = manager_kinds(config)
+    sizes = [g.block_size for g in kinds if prefix_cacheable(g)] or [g.block_size for g in kinds]
     return math.gcd(*sizes)
+
+
+def manager_kinds(config: KVCacheConfig) -> tuple[AttentionKind, ...]:
+    """The kinds the managers run: the groups with each block size multiplied
+    by :func:`cp_block_factor` (the groups themselves without context
+    parallelism). Upstream: ``SingleTypeKVCacheManager.block_size``; kvspec
+    calls it ``KVCacheConfig.manager_groups``."""
+    if config.dcp_world_size == 1 and config.pcp_world_size == 1:
+        return config.groups
+    return tuple(replace(k, block_size=k.block_size * cp_block_factor(k, config)) for k in config.groups)
+
+
+def cp_block_factor(kind: AttentionKind, config: KVCacheConfig) -> int:
+    """What context parallelism multiplies ``kind``'s manager block size by
+    (kvspec: ``cp_scale``): up to vLLM 0.25.1 the product of the DCP and PCP
+    sizes for every kind (profile switch ``cp_block_scaling`` ``dcp-pcp``);
+    later the DCP size where :func:`dcp_scales_kind`, else 1.
+
+    pre: config.dcp_world_size >= 1 and config.pcp_world_size >= 1
+    post: __return__ >= 1
+    """
+    rule = config.profile.cp_block_scaling
+    if rule == "dcp-pcp":
+        return config.dcp_world_size * config.pcp_world_size
+    return config.dcp_world_size if dcp_scales_kind(kind, rule) else 1
+
+
+def dcp_scales_kind(kind: AttentionKind, rule: str) -> bool:
+    """Whether the DCP size multiplies ``kind``'s manager block size under the
+    profile's ``cp_block_scaling`` ``rule`` (kvspec: ``scales_by_dcp``):
+    ``dcp-full-attention`` (vLLM 0.29.0, 0.30.0) only the full-attention-type
+    kinds; ``dcp`` (0.26.0 to 0.28.0, where ``MambaManager`` undoes it) and
+    ``dcp-sharded`` (0.31.0 on) every kind but Mamba; ``dcp-pcp`` every kind."""
+    if rule == "dcp-full-attention":
+        return isinstance(kind, FULL_TYPE_KINDS)
+    if rule == "dcp-pcp":
+        return True
+    return not isinstance(kind, Mamba)
+
+
+_CP_REFUSED_NAMES: dict[type, str] = {
+    SlidingWindow: "sliding window attn",
+    ChunkedLocal: "chunked local attn",
+    Mamba: "mamba",
+}
+
+
+def cp_lookup_refusal(kind: AttentionKind, config: KVCacheConfig) -> str | None:
+    """Why the prefix-cache lookup of ``kind``'s one group refuses context
+    parallelism, or None (kvspec: ``cp_lookup_refusal``). Sliding-window,
+    chunked-local and Mamba lookups require DCP and PCP sizes of 1: up to
+    vLLM 0.28.0 the DCP size checked is the process's (rules ``dcp-pcp`` and
+    ``dcp``), from 0.29.0 the one the group's manager was given (1 where
+    :func:`dcp_scales_kind` is false); the PCP size is always the process's."""
+    name = _CP_REFUSED_NAMES.get(type(kind))
+    if name is None:
+        return None
+    rule = config.profile.cp_block_scaling
+    per_process = rule in ("dcp-pcp", "dcp")
+    dcp = config.dcp_world_size if per_process or dcp_scales_kind(kind, rule) else 1
+    if dcp > 1:
+        return f"DCP not support {name} now (dcp_world_size={dcp}, {config.profile.name})"
+    if config.pcp_world_size > 1:
+        return f"PCP not support {name} now (pcp_world_size={config.pcp_world_size}, {config.profile.name})"
+    return None
 
 
 def batched_tokens(config: KVCacheConfig) -> int:
@@ -110,7 +191,9 @@ def eagle_group_ids(config: KVCacheConfig) -> frozenset[int]:
     return frozenset(range(len(config.groups))) if config.use_eagle else frozenset()
 
 
-MODELLED_FEATURES: frozenset[str] = frozenset({"partial-tail-entries", "mamba-tail-entries"})
+MODELLED_FEATURES: frozenset[str] = frozenset(
+    {"partial-tail-entries", "mamba-tail-entries", "ring-kinds", "context-parallelism"}
+)
 """The state-adding features of :func:`features_needed` that the pure-Python
 manager models (the native core models none of them: :mod:`kvimpl.native`
 hands such a configuration to the pure-Python manager)."""
@@ -144,7 +227,7 @@ def features_needed(config: KVCacheConfig) -> list[str]:
     must decline it as well.
     """
     p = config.profile
-    ring = ["ring-kinds"] if any(isinstance(k, (CircularBuffer, KpoolTail)) for k in config.groups) else []
+    ring = ["ring-kinds"] if any(isinstance(k, RING_KINDS) for k in config.groups) else []
     if config.dcp_world_size * config.pcp_world_size > 1:
         ring.append("context-parallelism")
     if not config.enable_caching:

@@ -37,6 +37,7 @@ from array import array
 from collections.abc import Sequence
 from typing import Any
 
+from kvimpl.config_rules import manager_kinds
 from kvimpl.invariants import require
 from kvspec.config import KVCacheConfig, Mamba, SinkFullAttention
 from kvspec.errors import InvalidTokenCountError, UnknownRequestError
@@ -84,15 +85,16 @@ class BlockTable:
         cls, config: KVCacheConfig, device: str, max_requests: int = DEFAULT_MAX_REQUESTS, core: Any = None
     ) -> BlockTable:
         """Tables sized for ``config``: ``max_model_len`` tokens per request."""
+        kinds = manager_kinds(config)  # block sizes as the managers run them (context parallelism)
         cols = []
-        for kind in config.groups:
+        for kind in kinds:
             n = -(config.max_model_len // -kind.block_size)
             if isinstance(kind, Mamba):
                 n += kind.num_speculative_blocks
             if isinstance(kind, SinkFullAttention):
                 n += kind.sink_len // kind.block_size
             cols.append(n)
-        return cls([k.block_size for k in config.groups], cols, max_requests, device, core)
+        return cls([k.block_size for k in kinds], cols, max_requests, device, core)
 
     # -- rows -----------------------------------------------------------------
 

@@ -25,6 +25,8 @@ from kvimpl.config_rules import (
     batched_tokens,
     eagle_group_ids,
     hash_block_size,
+    manager_kinds,
+    prefix_cacheable,
     scheduler_block_size,
 )
 from kvimpl.mamba_tail import registers_mamba_tail
@@ -63,11 +65,16 @@ class KVCacheCoordinator:
             self.pool = BlockPool(*pool_args)
         self.eagle_group_ids = eagle_group_ids(config)
         mnbt, mml = batched_tokens(config), config.max_model_len
+        # NOTE: the managers run the context-parallel (scaled) kinds, but the admission cap counts
+        # in the engine's unscaled block size, as in every vLLM release (kvspec's coordinator too).
         self.managers = tuple(
             make_manager(kind, self.pool, enable_caching, gid, self.scheduler_block_size,
-                         admission_cap(kind, mnbt, mml), config)
-            for gid, kind in enumerate(config.groups)
+                         admission_cap(engine_kind, mnbt, mml), config)
+            for gid, (kind, engine_kind) in enumerate(zip(manager_kinds(config), config.groups, strict=True))
         )  # fmt: skip
+        if config.profile.cp_swa_mask_unscaled:
+            for m, engine_kind in zip(self.managers, config.groups, strict=True):
+                m.mask_kind = engine_kind
         self.is_cross = tuple(isinstance(kind, CrossAttention) for kind in config.groups)
         # Only these kinds ever skip leading tokens; the others' remove_skipped_blocks is a no-op.
         self.skipping = tuple(m for m in self.managers if isinstance(m.kind, SlidingWindow | ChunkedLocal | Mamba))
@@ -214,11 +221,14 @@ class HybridCoordinator(KVCacheCoordinator):
     """Several groups with at least two distinct kinds."""
 
     def __init__(self, config: KVCacheConfig, enable_caching: bool) -> None:
-        """Merge equal kinds into spec groups, full-attention kinds first."""
+        """Merge equal kinds into spec groups, full-attention kinds first.
+        Ring groups (not prefix-cacheable) join no spec group: their hit stays
+        empty and they never drop an EAGLE block."""
         super().__init__(config, enable_caching)
         merged: dict[AttentionKind, list[int]] = {}
         for gid, kind in enumerate(config.groups):
-            merged.setdefault(kind, []).append(gid)
+            if prefix_cacheable(kind):
+                merged.setdefault(kind, []).append(gid)
         groups = [SpecGroup(k, tuple(ids), any(i in self.eagle_group_ids for i in ids)) for k, ids in merged.items()]
         self.spec_groups = sorted(groups, key=lambda g: not isinstance(g.kind, FULL_TYPE_KINDS))
         for sg in self.spec_groups:

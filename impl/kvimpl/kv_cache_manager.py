@@ -32,8 +32,11 @@ from kvimpl.checks import REQUEST_TYPES, check_request, check_request_id, is_int
 from kvimpl.config_rules import (
     FULL_TYPE_KINDS,
     clip_block_sizes,
+    cp_lookup_refusal,
     event_sliding_window,
     kind_name,
+    manager_kinds,
+    prefix_cacheable,
     unmodelled_features,
 )
 from kvimpl.invariants import require
@@ -43,6 +46,7 @@ from kvspec.block_pool import BlockId
 from kvspec.config import CrossAttention, KVCacheConfig
 from kvspec.errors import (
     CacheBeyondAllocationError,
+    ContextParallelLookupError,
     DoubleFreeError,
     ExceedsMaxModelLenError,
     GroupCountError,
@@ -86,6 +90,8 @@ class KVCacheManager(StepAPI):
         if missing:
             raise UnsupportedByProfileError(f"{config.profile.name}: kvimpl does not model {', '.join(missing)} yet")
         self.config = config
+        self.kinds = manager_kinds(config)
+        """The kinds the managers run (context parallelism scales block sizes)."""
         self.enable_caching = config.enable_caching
         self.coordinator = make_coordinator(config)
         self.block_pool = self.coordinator.pool
@@ -123,8 +129,16 @@ class KVCacheManager(StepAPI):
         """The longest prefix-cache hit, at most ``num_tokens - 1`` tokens (the
         last token is always recomputed for its logits). Changes nothing: the
         hit blocks are only pinned by ``allocate_slots``.
+
+        Raises:
+            ContextParallelLookupError: A sliding-window, chunked-local or Mamba
+                group under context parallelism (:func:`kvimpl.config_rules.cp_lookup_refusal`).
         """
         check_request(request)
+        if self.enable_caching and not request.skip_reading_prefix_cache and len(self.kinds) == 1:
+            refusal = cp_lookup_refusal(self.config.groups[0], self.config)
+            if refusal is not None:
+                raise ContextParallelLookupError(f"get_computed_blocks: {refusal}")
         self.shared_prefix_boundary.pop(request.request_id, None)
         if not self.enable_caching or request.skip_reading_prefix_cache:
             return self._ids(tuple([] for _ in self.config.groups)), 0
@@ -417,9 +431,10 @@ class KVCacheManager(StepAPI):
                 f"cache_blocks: {num_computed_tokens} tokens > the request's {request.num_tokens}"
             )
         rid = request.request_id
-        for g, (kind, m) in enumerate(zip(self.config.groups, self.coordinator.managers, strict=True)):
+        for g, (kind, m) in enumerate(zip(self.kinds, self.coordinator.managers, strict=True)):
             have = len(m.req_to_blocks.get(rid, ()))
-            if not isinstance(kind, CrossAttention) and num_computed_tokens // kind.block_size > have:
+            ring_or_cross = isinstance(kind, CrossAttention) or not prefix_cacheable(kind)
+            if not ring_or_cross and num_computed_tokens // kind.block_size > have:
                 raise CacheBeyondAllocationError(
                     f"cache_blocks: group {g} holds {have} blocks, fewer than "
                     f"{num_computed_tokens // kind.block_size} full blocks to cache"
@@ -532,6 +547,8 @@ class KVCacheManager(StepAPI):
         if not self.enable_caching:
             raise StaleHitError(f"allocate_slots: prefix caching is off, so request {rid!r} can have no hit")
         for g, kind in enumerate(self.config.groups):
+            if not prefix_cacheable(kind) and hits[g]:
+                raise StaleHitError(f"allocate_slots: a hit in group {g}, a ring group, which is never cached")
             if isinstance(kind, FULL_TYPE_KINDS) and NULL_BLOCK in hits[g]:
                 raise StaleHitError(
                     f"allocate_slots: the null block in group {g}'s hit: a full-attention hit never contains it"
@@ -539,7 +556,7 @@ class KVCacheManager(StepAPI):
         hbs = self.coordinator.hash_block_size
         pool = self.block_pool
         fine, bh = request.block_hashes, pool.block_hash
-        for g, (kind, ids) in enumerate(zip(self.config.groups, hits, strict=True)):
+        for g, (kind, ids) in enumerate(zip(self.kinds, hits, strict=True)):
             k = kind.block_size // hbs if kind.block_size % hbs == 0 else 0
             num_hashes = len(fine) // k if k else 0
             suffix = make_key(BlockHash(b""), g)  # make_key(h, g) == h + suffix, inlined below

@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from kvimpl.config_rules import hash_block_size
 from kvimpl.hash_functions import hash_function
 from kvspec.errors import InvalidRequestError
 from kvspec.hashing import (
@@ -187,7 +188,7 @@ class RequestHasher:
         """The hasher a scheduler uses with a manager built from ``config``."""
         p = config.profile
         return cls(
-            config.hash_function, config.hash_seed, config.resolved_hash_block_size(), p.extra_keys_tagged,
+            config.hash_function, config.hash_seed, hash_block_size(config), p.extra_keys_tagged,
             p.mm_resume_from_first_feature, native, p.mm_key_with_offset and p.prompt_embeds_digest,
         )  # fmt: skip
 

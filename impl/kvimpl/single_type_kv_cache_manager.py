@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from kvimpl.block_pool import NULL_BLOCK, BlockPool, TailBlockPool
-from kvimpl.config_rules import FULL_TYPE_KINDS, has_mamba
+from kvimpl.config_rules import FULL_TYPE_KINDS, RING_KINDS, has_mamba
 from kvimpl.invariants import require
 from kvimpl.mamba_tail import cache_mamba_tail_block, refuse_partial_tail_records, registers_mamba_tail
 from kvimpl.partial_tail import cache_partial_tail_block, registers_partial_tail
@@ -30,6 +30,7 @@ from kvspec.config import (
     MLA,
     AttentionKind,
     ChunkedLocal,
+    CircularBuffer,
     CrossAttention,
     FullAttention,
     KVCacheConfig,
@@ -85,6 +86,10 @@ class SingleTypeKVCacheManager:
         self.scheduler_block_size = scheduler_block_size
         self.admission_cap = admission_cap
         self.use_eagle = False
+        self.mask_kind = kind
+        """The kind the sliding-window cache mask counts in: the engine's
+        unscaled kind under context parallelism up to vLLM 0.29.0 (profile
+        switch ``cp_swa_mask_unscaled``; set by the coordinator)."""
         self.req_to_blocks: dict[str, list[BlockId]] = {}
         self.num_cached_block: dict[str, int] = {}
         self.new_block_ids: list[BlockId] = []
@@ -168,7 +173,7 @@ class SingleTypeKVCacheManager:
         num_cached = self.num_cached_block.get(rid, 0)
         num_full = num_tokens // self.block_size
         if num_cached < num_full:
-            mask = reachable_block_mask(self.kind, num_cached, num_full, self.scheduler_block_size, self.use_eagle)
+            mask = reachable_block_mask(self.mask_kind, num_cached, num_full, self.scheduler_block_size, self.use_eagle)
             table = self.req_to_blocks.setdefault(rid, [])
             self.pool.cache_full_blocks(request, table, num_cached, num_full, self.block_size, self.group_id, mask)
             self.num_cached_block[rid] = num_full
@@ -277,6 +282,62 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
 
     def allocate_external_computed_blocks(self, request_id: str, num_local: int, num_external: int) -> None:
         """Connector tokens never need encoder blocks."""
+
+
+class CircularBufferManager(SingleTypeKVCacheManager):
+    """A ring group: one block per request, claimed by its first allocation
+    and held until it is freed; no hits, no hashing, nothing skipped
+    (upstream: ``CircularBufferManager``, and ``KpoolTailManager``, which adds
+    nothing). Its requests never get a ``num_cached_block`` entry.
+
+    inv: every table holds at most one block, never the null block
+    inv: num_cached_block is empty
+    """
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[BlockId],
+        total_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+        num_external: int = 0,
+    ) -> int:
+        """1 while the ring is unclaimed, then 0 (token counts and caps do not matter)."""
+        return 0 if self.req_to_blocks.get(request_id) else 1
+
+    def add_local_computed_blocks(
+        self, request_id: str, new_computed_blocks: Sequence[BlockId], num_local: int, num_external: int
+    ) -> None:
+        """A ring never has hits, and nothing is recorded for it here."""
+
+    def allocate_external_computed_blocks(self, request_id: str, num_local: int, num_external: int) -> None:
+        """Claim the ring (the allocation does not return it)."""
+        self._claim(request_id)
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[BlockId]:
+        """The ring, on the call that claims it; afterwards nothing."""
+        return self._claim(request_id)
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """A ring block is never hashed."""
+
+    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+        """A ring is never skipped."""
+
+    def get_num_common_prefix_blocks(self, request_id: str) -> int:
+        """Always 0."""
+        return 0
+
+    def check_invariants(self) -> None:
+        """As the base, plus the ring's own shape."""
+        super().check_invariants()
+        require(inv_ring_tables(self), f"group {self.group_id}: a ring table that is not one real block")
+
+    def _claim(self, request_id: str) -> list[BlockId]:
+        table = self.req_to_blocks.setdefault(request_id, [])
+        return [] if table else self._extend(table, 1)
 
 
 class MambaManager(SingleTypeKVCacheManager):
@@ -443,8 +504,12 @@ def records_new_block_ids(kind: AttentionKind, config: KVCacheConfig) -> bool:
     vLLM 0.25.1: full attention and MLA (the exact types, so not SinkFull).
     0.26.0: the same, but only in models with a Mamba group. 0.28.0: every
     attention kind but Mamba, in models with a Mamba group (profile switch
-    ``new_block_ids``).
+    ``new_block_ids``). A ``CircularBuffer`` ring never records (vLLM leaves
+    its spec class out); a ``KpoolTail`` ring is a sliding-window spec in
+    vLLM and follows the rule.
     """
+    if type(kind) is CircularBuffer:
+        return False
     mode = config.profile.new_block_ids
     if mode == "full-mla":
         return type(kind) is FullAttention or type(kind) is MLA
@@ -641,6 +706,8 @@ def find_longest_cache_hit(
 ) -> list[list[BlockId]]:
     """The longest hit of at most ``max_length`` tokens, one list per group in
     ``group_ids`` (every group must hold each block); null where not needed."""
+    if isinstance(kind, RING_KINDS):
+        return [[] for _ in group_ids]
     max_blocks = max(max_length, 0) // kind.block_size
     bs = kind.block_size
     full = isinstance(kind, FULL_TYPE_KINDS)
@@ -801,6 +868,8 @@ def make_manager(
         return MambaManager(kind, pool, enable_caching, group_id, sched, config)
     if isinstance(kind, CrossAttention):
         return CrossAttentionManager(kind, pool, enable_caching, group_id, sched, None, config)
+    if isinstance(kind, RING_KINDS):
+        return CircularBufferManager(kind, pool, enable_caching, group_id, sched, None, config)
     return SingleTypeKVCacheManager(kind, pool, enable_caching, group_id, sched, cap, config)
 
 
@@ -849,3 +918,9 @@ def inv_holders_count(m: SingleTypeKVCacheManager) -> bool:
         for b in table:
             counts[b] += 1
     return counts == m.holders
+
+
+def inv_ring_tables(m: SingleTypeKVCacheManager) -> bool:
+    """A ring group's tables hold at most one block each, never the null
+    block, and none of its requests has a ``num_cached_block`` entry."""
+    return not m.num_cached_block and all(len(t) <= 1 and NULL_BLOCK not in t for t in m.req_to_blocks.values())

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvimpl.block_pool import NULL_BLOCK, BlockPool
 from kvimpl.checks import REQUEST_TYPES, check_request_id, is_int
+from kvimpl.config_rules import RING_KINDS
 from kvimpl.device_tables import BlockTable
 from kvimpl.kv_cache_coordinator import KVCacheCoordinator
 from kvimpl.single_type_kv_cache_manager import SingleTypeKVCacheManager
@@ -121,8 +122,10 @@ class StepAPI:
         self._no_hits: tuple[tuple[BlockId, ...], ...] = tuple(() for _ in config.groups)
         self._quiet: dict[str, tuple[int, int, int]] = {}
         """Per request, the limits below which a running step changes nothing (see :meth:`_set_quiet`)."""
-        # Per non-cross group what the limits read (QuietGroup). None: Mamba align state blocks
-        # move forward every step, so a config with a Mamba align group gets no limits at all.
+        # Per group what the limits read (QuietGroup), but cross and ring groups: a ring's one
+        # block, claimed by the request's first allocation, never grows, fills or leaves a window.
+        # None: Mamba align state blocks move forward every step, so a config with a Mamba align
+        # group gets no limits at all.
         self._quiet_groups: tuple[QuietGroup, ...] | None = tuple(
             (
                 m.req_to_blocks,
@@ -133,7 +136,7 @@ class StepAPI:
                 getattr(m, "skip_slack", 0),
             )
             for m, cross in zip(coord.managers, coord.is_cross, strict=True)
-            if not cross
+            if not cross and not isinstance(m.kind, RING_KINDS)
         )
         # A group with partial-tail entries (kvimpl.partial_tail) may key a block in a step that
         # completes none, so its configs get no limits and always reach cache_blocks.

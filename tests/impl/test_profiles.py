@@ -36,6 +36,7 @@ from kvspec.config import (
     CircularBuffer,
     CrossAttention,
     FullAttention,
+    KpoolTail,
     KVCacheConfig,
     Mamba,
     SinkFullAttention,
@@ -334,6 +335,12 @@ def prefix_hint(mgr: Any, h: RequestBlockHasher) -> object:
     return mgr.get_computed_blocks(b), mgr.get_prefix_hint(b)
 
 
+def swa_mask(mgr: Any, h: RequestBlockHasher) -> object:
+    """33 tokens in one step, no lookup (context-parallel SWA lookups refuse):
+    which blocks the sliding-window cache mask lets through."""
+    return mgr.allocate_slots(h.new_request("a", list(range(33))), 33)
+
+
 EAGLE_HYBRID = {"groups": (FullAttention(4), SlidingWindow(4, 8)), "use_eagle": True}
 TAIL_HYBRID = {"groups": (FullAttention(8), SlidingWindow(4, 4)), "enable_kv_cache_events": True}
 MAMBA_TAILS = {"groups": (FullAttention(4), Mamba(4, "align", 0)), "enable_kv_cache_events": True}
@@ -403,6 +410,16 @@ CASES = [
         {"groups": (FullAttention(4),), "enable_kv_cache_events": True},
     ),
     Case("mamba_step_guard", VLLM_0_25_1, False, step_guard, {"groups": (Mamba(4, "all", 0),)}),
+    Case("circular_buffer_kind", VLLM_0_29_0, False, hybrid_hit, {"groups": (FullAttention(4), CircularBuffer(2))}),
+    Case("kpool_tail_kind", VLLM_0_30_0, False, hybrid_hit, {"groups": (FullAttention(4), KpoolTail(2, 8))}),
+    Case(
+        "cp_block_scaling", VLLM_0_33_0, "dcp-pcp", hybrid_hit,
+        {"groups": (FullAttention(4),), "dcp_world_size": 2, "pcp_world_size": 2},
+    ),
+    Case(
+        "cp_swa_mask_unscaled", VLLM_0_33_0, True, swa_mask,
+        {"groups": (SlidingWindow(4, 5),), "dcp_world_size": 2},
+    ),
     Case("eagle_group_flags", VLLM_0_25_1, False, eagle_flags, {"groups": (FullAttention(4),), "eagle_groups": (0,)}),
     Case("admission_controls", VLLM_0_25_1, False, operation("allocate_slots"), {"groups": (FullAttention(4),)}),
     Case("deferred_free", VLLM_0_25_1, False, operation("pop_blocks_for_free"), {"groups": (FullAttention(4),)}),
@@ -418,10 +435,11 @@ CASES = [
 ]  # fmt: skip
 
 FEATURE_CASES: dict[str, tuple[SemanticsProfile, dict[str, Any]]] = {
-    "ring-kinds": (VLLM_0_29_0, {"groups": (FullAttention(4), CircularBuffer(2))}),
-    "context-parallelism": (VLLM_0_33_0, {"groups": (FullAttention(4),), "dcp_world_size": 2}),
+    "partial-hash-hits": (VLLM_0_26_0, {"groups": (FullAttention(4), Mamba(8, "align", 0))}),
 }
-"""A configuration per state-adding feature kvspec models and kvimpl does not yet."""
+"""A configuration per state-adding feature kvspec models and kvimpl does not
+yet (fine-grained hits: kvspec models them for the releases of
+``PARTIAL_HASH_HITS_CHECKED``)."""
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.switch}-{c.base.release}-{c.scenario.__name__}")
@@ -442,7 +460,7 @@ def test_every_switch_has_a_case() -> None:
     switches = {f.name for f in fields(SemanticsProfile)} - {"name", "release"}
     assert switches == {c.switch for c in CASES} | REFUSED_FEATURE_SWITCHES
     assert switches == PROFILE_SWITCHES | REFUSED_FEATURE_SWITCHES
-    assert set(FEATURE_CASES) == MODELLED_FEATURES - IMPL_FEATURES
+    assert set(FEATURE_CASES) == (MODELLED_FEATURES | {"partial-hash-hits"}) - IMPL_FEATURES
 
 
 @pytest.mark.parametrize("feature", sorted(FEATURE_CASES))
@@ -509,13 +527,34 @@ def test_kvimpl_models_the_tail_features_in_python(groups: tuple[AttentionKind, 
     assert make_impl_adapter(config).config == config
 
 
-def test_kvimpl_refuses_ring_kinds_in_both_builds() -> None:
-    """A ring group (cached or not) is refused by name by the Python manager
-    and by the native core's check, so the lockstep counts it unsupported."""
-    for caching in (True, False):
-        config = KVCacheConfig(num_blocks=16, groups=(FullAttention(4), CircularBuffer(2)), max_model_len=64,
-                               enable_caching=caching, profile=VLLM_0_30_0)  # fmt: skip
-        with pytest.raises(UnsupportedByProfileError, match="ring-kinds"):
-            ImplManager(config)
-        assert unmodelled_features(config) == ["ring-kinds"]
-        assert native_unsupported(config) is not None
+RING_CONFIG: dict[str, object] = {
+    "num_blocks": 16, "groups": (FullAttention(4), CircularBuffer(2)), "max_model_len": 64, "profile": VLLM_0_30_0,
+}  # fmt: skip
+CP_CONFIG: dict[str, object] = {
+    "num_blocks": 16, "groups": (FullAttention(4),), "max_model_len": 64, "dcp_world_size": 2, "profile": VLLM_0_33_0,
+}  # fmt: skip
+PYTHON_ONLY_FEATURES: list[tuple[str, KVCacheConfig]] = [
+    *(
+        ("ring-kinds", KVCacheConfig(**RING_CONFIG, enable_caching=caching))  # type: ignore[arg-type]  # a test's keyword bag
+        for caching in (True, False)
+    ),
+    ("context-parallelism", KVCacheConfig(**CP_CONFIG)),  # type: ignore[arg-type]  # a test's keyword bag
+]
+"""Configurations of the features only the pure-Python manager models."""
+
+
+@pytest.mark.parametrize(("feature", "config"), PYTHON_ONLY_FEATURES, ids=lambda v: v if isinstance(v, str) else "")
+def test_python_manager_models_a_feature_the_native_core_declines(feature: str, config: KVCacheConfig) -> None:
+    """The pure-Python manager runs the configuration (and the impl adapter
+    accepts it); the native core declines it by name, so ``create_manager``
+    hands it to the pure-Python manager even when the native build is asked for."""
+    assert feature in features_used(config)
+    assert unmodelled_features(config) == []
+    reason = native_unsupported(config)
+    assert reason is not None and (feature in reason or "not built" in reason), reason
+    for native in (True, False):
+        assert type(create_manager(config, native=native)) is ImplManager
+    adapter = make_impl_adapter(config)
+    assert hybrid_hit(adapter, RequestBlockHasher.for_config(config)) == hybrid_hit(
+        SpecManager(config), RequestBlockHasher.for_config(config)
+    )
