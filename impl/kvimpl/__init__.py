@@ -45,7 +45,8 @@ PROFILE_SWITCHES = frozenset(
         "admission_controls", "deferred_free", "new_block_ids_list",  # kv_cache_manager
         "stats_at_lookup", "adopt_hit_without_new_tokens", "common_prefix",  # kv_cache_manager
         "lookup_returns_boundary",  # kv_cache_manager.get_prefix_hint
-        "computed_block_ids_op",  # kv_cache_manager.require_operation
+        "computed_block_ids_op", "estimate_cached_tokens_op",  # kv_cache_manager.require_operation
+        "estimate_skips_uncacheable",  # config_rules.estimate_groups
         "partial_tail_entries", "fa_tail_below_last_token",  # partial_tail.registers_partial_tail, fa_tail_boundary
         "mamba_tail_entries", "mamba_tail_skip_keyed", "mamba_tail_eagle",  # mamba_tail.cache_mamba_tail_block
         "cp_block_scaling",  # config_rules.cp_block_factor, dcp_scales_kind, cp_lookup_refusal

@@ -252,3 +252,15 @@ def clip_block_sizes(config: KVCacheConfig) -> tuple[int, ...]:
     ``AttentionSpec``), or 0 where the table is returned whole (Mamba and
     cross attention)."""
     return tuple(0 if isinstance(k, Mamba | CrossAttention) else k.block_size for k in config.groups)
+
+
+def estimate_groups(config: KVCacheConfig) -> tuple[int, ...]:
+    """The groups ``estimate_cached_tokens`` takes the smallest count over:
+    all but cross attention, and from vLLM 0.30.0 (profile switch
+    ``estimate_skips_uncacheable``) all but the groups not prefix cacheable."""
+    skip = config.profile.estimate_skips_uncacheable
+    return tuple(
+        g
+        for g, k in enumerate(config.groups)
+        if not isinstance(k, CrossAttention) and (prefix_cacheable(k) or not skip)
+    )

@@ -33,6 +33,7 @@ from kvimpl.config_rules import (
     FULL_TYPE_KINDS,
     clip_block_sizes,
     cp_lookup_refusal,
+    estimate_groups,
     event_sliding_window,
     kind_name,
     manager_kinds,
@@ -96,6 +97,8 @@ class KVCacheManager(StepAPI):
         self.coordinator = make_coordinator(config)
         self.block_pool = self.coordinator.pool
         self.watermark_blocks = int(config.watermark * config.num_blocks)
+        self.estimate_groups = estimate_groups(config)
+        """The groups :meth:`estimate_cached_tokens` counts."""
         self.clip_sizes = clip_block_sizes(config)
         """Per group, the cut of :meth:`get_block_ids_for_computed_tokens` (0: whole)."""
         self.admission_controls = config.profile.admission_controls
@@ -413,6 +416,34 @@ class KVCacheManager(StepAPI):
         n = num_computed_tokens
         return tuple(t[: -(-n // bs)] if bs else t for t, bs in zip(tables, self.clip_sizes, strict=True))
 
+    def estimate_cached_tokens(self, request: Request) -> int:
+        """How many leading tokens ``request``'s cached blocks stand for (vLLM
+        0.26.0 on): per group of :func:`kvimpl.config_rules.estimate_groups`
+        the largest prefix length a key of its table stands for, then the
+        smallest over those groups (0 when none). Changes nothing.
+
+        NOTE: a key's prefix length is its table position times the group's
+        block size (a block is cached at the position it holds in every table
+        that shares it); only a pool with tail entries records lengths,
+        because a tail key stands for less than its block.
+
+        Raises:
+            UnsupportedOperationError: Before vLLM 0.26.0.
+            InvalidRequestError: ``request`` is not a Request.
+        """
+        require_operation(self.config.profile, "estimate_cached_tokens")
+        check_request(request)
+        pool = self.block_pool
+        counts: list[int | None] | None = getattr(pool, "hash_num_tokens", None)
+        rid, managers = request.request_id, self.coordinator.managers
+        found = [
+            table_cached_tokens(
+                managers[g].req_to_blocks.get(rid, ()), pool.block_hash, counts, self.kinds[g].block_size
+            )
+            for g in self.estimate_groups
+        ]
+        return min(found, default=0)
+
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Hash full blocks up to ``num_computed_tokens`` (after a delayed
         allocation); no-op with caching off.
@@ -656,7 +687,22 @@ _OPERATION_SWITCHES = {
     "take_new_block_ids": "new_block_ids_list",
     "new_step_starts": "mamba_step_guard",
     "get_block_ids_for_computed_tokens": "computed_block_ids_op",
+    "estimate_cached_tokens": "estimate_cached_tokens_op",
 }
+
+
+def table_cached_tokens(
+    table: Sequence[BlockId], keys: Sequence[object | None], counts: Sequence[int | None] | None, block_size: int
+) -> int:
+    """The largest prefix length a keyed block of ``table`` stands for: its
+    recorded length where ``counts`` are kept, else (position + 1) x
+    ``block_size`` of the last keyed block; 0 without a keyed block."""
+    if counts is not None:
+        return max((counts[b] or 0 for b in table), default=0)
+    for i in range(len(table) - 1, -1, -1):
+        if keys[table[i]] is not None:
+            return (i + 1) * block_size
+    return 0
 
 
 def require_operation(profile: SemanticsProfile, op: str) -> None:

@@ -33,9 +33,10 @@ from collections.abc import Iterable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from kvimpl.checks import is_int
-from kvimpl.config_rules import clip_block_sizes, features_needed
+from kvimpl.checks import check_request, is_int
+from kvimpl.config_rules import clip_block_sizes, estimate_groups, features_needed
 from kvimpl.hash_functions import hash_function
+from kvimpl.kv_cache_manager import table_cached_tokens
 from kvimpl.native_checks import native_invariants, native_view
 from kvimpl.native_events import events_from_records, replay_events
 from kvimpl.request import RequestHasher
@@ -78,6 +79,7 @@ NATIVE_SWITCHES = frozenset(
         "eagle_margin_hashed_cap", "eagle_flags_need_use_eagle", "stats_at_lookup", "adopt_hit_without_new_tokens",
         "common_prefix", "pop_drops_leading_nulls", "lookup_returns_boundary",
         "computed_block_ids_op",  # NativeKVCacheManager.get_block_ids_for_computed_tokens (in Python)
+        "estimate_cached_tokens_op", "estimate_skips_uncacheable",  # NativeKVCacheManager.estimate_cached_tokens
         # Applied before the core sees a value (the request hasher) or by KVCacheConfig's validation.
         "extra_keys_tagged", "mm_resume_from_first_feature", "single_spec_group_hybrid", "mamba_caching_needs_align",
         # The state-adding features: the core models none of them and declines a configuration that
@@ -301,6 +303,7 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
         """The hybrid coordinator's value of the last lookup that searched (:mod:`kvimpl.native_hint`)."""
         self.shared_prefix_boundary: dict[str, int] = {}
         """Non-zero ``shared_prefix_boundary`` of each request's latest lookup."""
+        self._estimate_groups = estimate_groups(config)
         self._clip_sizes = clip_block_sizes(config)
         """Per group, the cut of :meth:`get_block_ids_for_computed_tokens` (0: whole)."""
         self.device_tables: Any = None
@@ -356,6 +359,29 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
             )
         n = num_computed_tokens
         return tuple(t[: -(-n // bs)] if bs else t for t, bs in zip(tables, self._clip_sizes, strict=True))
+
+    def estimate_cached_tokens(self, request: Any) -> int:
+        """How many leading tokens the request's cached blocks stand for (see
+        the Python manager's method; the core runs no tail entries, so a
+        key's prefix length is its table position times the block size).
+
+        NOTE: reads every block's key out of the core (a copy of the pool's
+        key array): the scheduler asks once per request, when its prefill
+        ends, not per step.
+
+        Raises:
+            UnsupportedOperationError: Before vLLM 0.26.0.
+            InvalidRequestError: ``request`` is not a request.
+        """
+        if not self.config.profile.estimate_cached_tokens_op:
+            raise UnsupportedOperationError(f"estimate_cached_tokens: not in {self.config.profile.name}")
+        check_request(request)
+        tables = self.get_blocks(request.request_id)
+        keys = self._block_keys()
+        found = [
+            table_cached_tokens(tables[g], keys, None, self.config.groups[g].block_size) for g in self._estimate_groups
+        ]
+        return min(found, default=0)
 
     def get_prefix_hint(self, request: Any) -> int:
         """The scheduler's prefix hint (see the Python manager's ``get_prefix_hint``)."""

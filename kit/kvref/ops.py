@@ -66,6 +66,7 @@ FACADE_OPS = (
     "new_step_starts",
     "get_block_ids",
     "get_block_ids_for_computed_tokens",
+    "estimate_cached_tokens",
     "usage",
     "make_prefix_cache_stats",
 )
@@ -144,6 +145,12 @@ def _execute(a: KVCacheAdapter, book: RequestBook, op: Json) -> Json:
         if hint is None:
             raise UnsupportedOperationError(f"{a.name} has no get_prefix_hint")
         return hint(req)
+    if name == "estimate_cached_tokens":
+        assert req is not None
+        estimate = getattr(a, "estimate_cached_tokens", None)
+        if estimate is None:
+            raise UnsupportedOperationError(f"{a.name} has no estimate_cached_tokens")
+        return estimate(req)
     if name == "allocate_slots":
         assert req is not None
         # A key the operation leaves out is not passed: the adapter's default
@@ -296,8 +303,8 @@ def output_problem(op: str, out: Json) -> str | None:
     if op in ("pop_blocks_for_free", "take_new_block_ids", "get_num_common_prefix_blocks"):
         ok = isinstance(out, list) and all(_int(x) for x in out)
         return None if ok else f"{op} must return a sequence of ints, got {out!r}"
-    if op == "get_prefix_hint":
-        return None if _int(out) and out >= 0 else f"get_prefix_hint must return an int >= 0, got {out!r}"
+    if op in ("get_prefix_hint", "estimate_cached_tokens"):
+        return None if _int(out) and out >= 0 else f"{op} must return an int >= 0, got {out!r}"
     if op == "reset_prefix_cache":
         return None if isinstance(out, bool) else f"reset_prefix_cache must return a bool, got {out!r}"
     if op == "take_kv_cache_block_copies":

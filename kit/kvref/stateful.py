@@ -566,6 +566,14 @@ class SchedulerMachine(RuleBasedStateMachine):
         n = draw(data, st.one_of(st.just(computed), st.integers(-1, bound)))
         self._call({"op": "get_block_ids_for_computed_tokens", "rid": rid, "num_computed_tokens": n}, True)
 
+    @precondition(lambda self: self.live and bool(self.reqs))
+    @rule(data=st.data())
+    def estimate_cached(self, data: st.DataObject) -> None:
+        """The scheduler asks how many of a request's tokens its cached blocks
+        stand for (``estimate_cached_tokens``, reported when a prefill ends)."""
+        rid = draw(data, st.sampled_from(tuple(sorted(self.reqs))))
+        self._call({"op": "estimate_cached_tokens", "rid": rid}, True)
+
     # -- invalid operations: every side must reject them and change nothing ---
 
     @precondition(lambda self: self.live and bool(self.reqs))

@@ -341,6 +341,24 @@ class KVCacheManager:
             )
         return clip_to_computed(self.get_blocks(request_id), self.config.groups, num_computed_tokens)
 
+    def estimate_cached_tokens(self, request: Request) -> int:
+        """How many leading tokens ``request``'s cached blocks stand for, the
+        figure vLLM's scheduler reports when a prefill ends (vLLM 0.26.0 on:
+        switch ``estimate_cached_tokens_op``): per group the largest
+        ``hash_num_tokens`` of a block in its table, then the smallest over the
+        groups (:func:`estimate_from_tables`). Changes nothing.
+
+        Raises:
+            UnsupportedOperationError: Before vLLM 0.26.0.
+            InvalidRequestError: ``request`` is not a Request.
+        """
+        require_operation(self.config.profile, "estimate_cached_tokens")
+        check_request(request)
+        counts = self.block_pool.hash_num_tokens
+        tables = self.get_blocks(request.request_id)
+        per_group = [[counts[b] or 0 for b in table] for table in tables]
+        return estimate_from_tables(per_group, self.config.groups, self.config.profile.estimate_skips_uncacheable)
+
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Hash full blocks up to ``num_computed_tokens`` (after a delayed
         allocation); no-op with caching off.
@@ -544,6 +562,7 @@ OPERATION_SWITCHES = {
     "take_new_block_ids": "new_block_ids_list",
     "new_step_starts": "mamba_step_guard",
     "get_block_ids_for_computed_tokens": "computed_block_ids_op",
+    "estimate_cached_tokens": "estimate_cached_tokens_op",
 }
 """Facade operations that exist only with a profile switch on."""
 
@@ -554,9 +573,29 @@ def require_operation(profile: SemanticsProfile, op: str) -> None:
     (``free_blocks`` stays: the pool's method exists, and with nothing
     popped every block it is given is a double free), ``take_new_block_ids`` needs ``new_block_ids_list``,
     ``new_step_starts`` needs ``mamba_step_guard``, ``get_block_ids_for_computed_tokens``
-    needs ``computed_block_ids_op`` (all from vLLM 0.25.1)."""
+    needs ``computed_block_ids_op`` (all from vLLM 0.25.1), ``estimate_cached_tokens``
+    needs ``estimate_cached_tokens_op`` (from 0.26.0)."""
     if not getattr(profile, OPERATION_SWITCHES[op]):
         raise UnsupportedOperationError(f"{op}: not in {profile.name}")
+
+
+def estimate_from_tables(
+    counts: Sequence[Sequence[int]], kinds: Sequence[AttentionKind], skip_uncacheable: bool
+) -> int:
+    """The smallest over the groups of each group's largest per-block token
+    count (``counts[g]``: ``hash_num_tokens`` of each block of the request's
+    table, 0 where a block has no key). Cross-attention groups never count;
+    with ``skip_uncacheable`` neither do the ring kinds. 0 when no group counts.
+
+    pre: len(counts) == len(kinds)
+    post: __return__ >= 0
+    """
+    found = [
+        max(c, default=0)
+        for c, kind in zip(counts, kinds, strict=True)
+        if not isinstance(kind, CrossAttention) and (prefix_cacheable(kind) or not skip_uncacheable)
+    ]
+    return min(found, default=0)
 
 
 def clip_to_computed(tables: BlockIds, kinds: Sequence[AttentionKind], num_computed_tokens: int) -> BlockIds:

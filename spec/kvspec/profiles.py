@@ -166,6 +166,14 @@ class SemanticsProfile:
     """``get_block_ids_for_computed_tokens`` exists (the tables clipped to the
     computed tokens, which the scheduler hands a KV connector; new in 0.25.1):
     :func:`kvspec.kv_cache_manager.require_operation`."""
+    estimate_cached_tokens_op: bool = False
+    """``estimate_cached_tokens`` exists (the prefix length a request's cached
+    blocks stand for, which the scheduler reports in its prefill statistics;
+    new in 0.26.0): :func:`kvspec.kv_cache_manager.estimate_cached_tokens`."""
+    estimate_skips_uncacheable: bool = False
+    """``estimate_cached_tokens`` leaves out groups that are not prefix
+    cacheable (the ring kinds; before 0.30.0 a ring group, never hashed,
+    makes every estimate 0): :func:`kvspec.kv_cache_manager.estimate_cached_tokens`."""
     stats_at_lookup: bool = True
     """``get_computed_blocks`` records prefix-cache statistics; without it the
     scheduler calls ``record_prefix_cache_stats`` at admission."""
@@ -304,6 +312,7 @@ VLLM_0_26_0 = replace(
     partial_hash_hits=True,
     lookup_returns_boundary=True,
     cp_block_scaling="dcp",
+    estimate_cached_tokens_op=True,
 )
 """0.26.0: fresh-block ids are recorded only for models with a Mamba group;
 Mamba keeps no speculative slack when freeing skipped blocks and gets no EAGLE
@@ -311,7 +320,7 @@ look-ahead; coarse full-attention groups get partial-tail entries; Mamba
 align groups coarser than the hash block get fine-grained hits with
 copy-on-write; the lookup returns the shared-prefix boundary as the
 scheduler's prefix hint; PCP no longer scales block sizes, nor DCP a Mamba
-group's."""
+group's; ``estimate_cached_tokens`` is new."""
 
 VLLM_0_27_0 = replace(
     VLLM_0_26_0, name="vllm-0.27.0", release="0.27.0", stats_at_lookup=False, free_unhashed_needs_caching=True
@@ -360,10 +369,12 @@ VLLM_0_30_0 = replace(
     mamba_tail_eagle="group",
     kpool_tail_kind=True,
     cp_swa_mask_unscaled=False,
+    estimate_skips_uncacheable=True,
 )
 """0.30.0: SinkFull groups reserve no sink blocks (plain full attention); an
 EAGLE Mamba group's tail boundary is one hash unit lower; the ring kind
-``KpoolTail``; the window cache mask counts in the DCP-scaled block size."""
+``KpoolTail``; the window cache mask counts in the DCP-scaled block size;
+``estimate_cached_tokens`` leaves out the groups that are not prefix cacheable."""
 
 VLLM_0_31_0 = replace(
     VLLM_0_30_0,

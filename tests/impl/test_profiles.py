@@ -325,6 +325,11 @@ def mm_key(mgr: Any, h: RequestBlockHasher) -> object:
     return admit(mgr, h.new_request("a", [1] * 9, mm)).block_hashes
 
 
+def estimate(mgr: Any, h: RequestBlockHasher) -> object:
+    """The scheduler's estimate of ``a``'s cached tokens after its admission."""
+    return mgr.estimate_cached_tokens(admit(mgr, h.new_request("a", list(range(13)))))
+
+
 def prefix_hint(mgr: Any, h: RequestBlockHasher) -> object:
     """``a`` runs 8 then 9 tokens (Mamba states at 8 and 16); ``b`` shares 12:
     the hint is the uncached common prefix (4) or the boundary (12)."""
@@ -411,6 +416,8 @@ CASES = [
     ),
     Case("mamba_step_guard", VLLM_0_25_1, False, step_guard, {"groups": (Mamba(4, "all", 0),)}),
     Case("circular_buffer_kind", VLLM_0_29_0, False, hybrid_hit, {"groups": (FullAttention(4), CircularBuffer(2))}),
+    Case("estimate_cached_tokens_op", VLLM_0_26_0, False, estimate, {"groups": (FullAttention(4),)}),
+    Case("estimate_skips_uncacheable", VLLM_0_30_0, False, estimate, {"groups": (FullAttention(4), CircularBuffer(2))}),
     Case("kpool_tail_kind", VLLM_0_30_0, False, hybrid_hit, {"groups": (FullAttention(4), KpoolTail(2, 8))}),
     Case(
         "cp_block_scaling", VLLM_0_33_0, "dcp-pcp", hybrid_hit,

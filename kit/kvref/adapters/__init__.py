@@ -8,8 +8,10 @@ operation needs them (a missing one answers
 ``record_prefix_cache_stats(request, num_hits)`` (vLLM 0.27.0 on),
 ``get_prefix_hint(request)`` (the scheduler's prefix hint),
 ``get_block_ids_for_computed_tokens(request_id, num_computed_tokens)``
-(vLLM 0.25.1 on: the tables cut to the computed tokens, for a KV connector)
-and ``take_kv_cache_block_copies() -> (copies, retained)`` (vLLM 0.26.0 on:
+(vLLM 0.25.1 on: the tables cut to the computed tokens, for a KV connector),
+``estimate_cached_tokens(request)`` (vLLM 0.26.0 on: the prefix length the
+request's cached blocks stand for) and
+``take_kv_cache_block_copies() -> (copies, retained)`` (vLLM 0.26.0 on:
 ``(source, copy)`` block-id pairs and the retained ids, released by the
 caller with ``free_blocks``). The conformance kit
 drives several adapters with the same operations and compares every output

@@ -210,11 +210,14 @@ def check_device_tables(mgr: ImplAdapter) -> None:
         AssertionError: On the first disagreement.
     """
     groups = len(mgr.config.groups)
+    # A table entry covers the manager's block size: the context-parallel
+    # scaled one (kvspec's manager_groups), as the tables are counted in it.
+    sizes = [k.block_size for k in mgr.config.manager_groups()]
     holders = sorted({r for m in mgr.coordinator.managers for r in m.req_to_blocks})
     rows = mgr.device_tables.rows if mgr.device_tables is not None else {}
     _expect(sorted(rows) == holders, f"device rows {sorted(rows)} but requests holding tables {holders}")
     for g in range(groups):
-        bs = mgr.config.groups[g].block_size
+        bs = sizes[g]
         table = mgr.block_table(g).tolist()
         _expect(len(table) == len(holders), f"group {g}: {len(table)} device rows for {len(holders)} requests")
         rids, positions, want = [], [], []
@@ -239,7 +242,7 @@ def check_device_tables(mgr: ImplAdapter) -> None:
     if holders:
         rid = holders[0]
         held = len(mgr.get_blocks(rid)[0])
-        _raises(InvalidTokenCountError, lambda: mgr.slot_mapping([rid], [held * mgr.config.groups[0].block_size]))
+        _raises(InvalidTokenCountError, lambda: mgr.slot_mapping([rid], [held * sizes[0]]))
 
 
 def _check_step_slots(mgr: ImplAdapter, holders: list[str], rows: dict[str, int]) -> None:
@@ -251,7 +254,7 @@ def _check_step_slots(mgr: ImplAdapter, holders: list[str], rows: dict[str, int]
     for rid in holders:
         _expect(bt.row_of(rid) == rows[rid], f"row_of({rid!r}) != {rows[rid]}")
     _raises(UnknownRequestError, lambda: bt.row_of("no such request"))
-    bs = mgr.config.groups[0].block_size
+    bs = mgr.config.manager_groups()[0].block_size
     spans = [(rid, len(mgr.get_blocks(rid)[0]) * bs) for rid in holders]
     spans = [(rid, n) for rid, n in spans if n]
     if not spans:

@@ -35,7 +35,12 @@ def supports(config: KVCacheConfig) -> str | None:
 # block sizes by dcp_world_size / pcp_world_size (docs/writing-an-adapter.md, section 3).
 @declare(
     supports=supports,
-    unsupported={"op:record_prefix_cache_stats", "op:get_prefix_hint", "op:get_block_ids_for_computed_tokens"},
+    unsupported={
+        "op:record_prefix_cache_stats",
+        "op:get_prefix_hint",
+        "op:get_block_ids_for_computed_tokens",
+        "op:estimate_cached_tokens",
+    },
 )
 def make(config: KVCacheConfig) -> MyAdapter:
     """The factory kvref calls once per drawn configuration."""

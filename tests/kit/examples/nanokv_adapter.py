@@ -46,7 +46,8 @@ def supports(config: KVCacheConfig) -> str | None:
 
 @declare(supports=supports, unsupported={"external", "delay_cache_blocks", "op:pop_blocks_for_free",
                                          "op:free_blocks", "op:cache_blocks", "op:record_prefix_cache_stats",
-                                         "op:get_prefix_hint", "op:get_block_ids_for_computed_tokens"})
+                                         "op:get_prefix_hint", "op:get_block_ids_for_computed_tokens",
+                                         "op:estimate_cached_tokens"})
 def make(config: KVCacheConfig) -> NanoAdapter:
     """Factory: ``kvref check --target nanokv_adapter:make --against spec``."""
     return NanoAdapter(config)

@@ -284,6 +284,16 @@ class VllmAdapter:
         vreq = self._sync(request)
         return self.api.prefix_hint(self.manager, vreq)
 
+    def estimate_cached_tokens(self, request: Request) -> int:
+        """The prefix length ``request``'s cached blocks stand for.
+
+        Raises:
+            Unsupported: Before the 0.26 era.
+        """
+        if "estimate_cached_tokens" in self.api.missing_methods:
+            raise self.api.unsupported("KVCacheManager.estimate_cached_tokens")
+        return self.api.estimate_cached_tokens(self.manager, self._sync(request))
+
     def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
         """Record a lookup in the prefix-cache statistics, as vLLM's scheduler does at admission.
 

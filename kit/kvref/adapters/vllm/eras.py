@@ -225,7 +225,7 @@ class VllmApi:
     """The keywords ``allocate_slots(request, num_new_tokens, ...)`` accepts, with
     the value that means "not used" (a release lacking one accepts only that)."""
 
-    missing_methods: ClassVar[frozenset[str]] = frozenset()
+    missing_methods: ClassVar[frozenset[str]] = frozenset({"estimate_cached_tokens"})
     """``KVCacheManager`` facade methods the release does not have."""
 
     spec_classes: ClassVar[Mapping[str, str]] = _frozen(
@@ -778,6 +778,11 @@ class VllmApi:
         out = manager.get_block_ids_for_computed_tokens(request_id, num_computed_tokens)
         return tuple(tuple(int(i) for i in g) for g in out)
 
+    def estimate_cached_tokens(self, manager: Any, vreq: Any) -> int:
+        """``estimate_cached_tokens(request)`` (the 0.26 era on)."""
+        self._check_method("estimate_cached_tokens")
+        return int(manager.estimate_cached_tokens(vreq))
+
     def usage(self, manager: Any) -> float:
         """``KVCacheManager.usage``."""
         return float(manager.usage)
@@ -830,7 +835,13 @@ class VllmApi016(VllmApi):
         }
     )
     missing_methods = frozenset(
-        {"pop_blocks_for_free", "take_new_block_ids", "new_step_starts", "get_block_ids_for_computed_tokens"}
+        {
+            "pop_blocks_for_free",
+            "take_new_block_ids",
+            "new_step_starts",
+            "get_block_ids_for_computed_tokens",
+            "estimate_cached_tokens",
+        }
     )
     group_spec_fields = _frozen({**VllmApi.group_spec_fields, "is_eagle_group": None})
     request_args = _frozen({"eos_token_id": None})
@@ -865,6 +876,7 @@ class VllmApi026(VllmApi):
     era = "0.26"
     since = (0, 26, 0)
     verified: ClassVar[tuple[str, ...]] = ("0.26.0",)
+    missing_methods: ClassVar[frozenset[str]] = frozenset()
     manager_args = _frozen({**VllmApi.manager_args, "max_num_batched_tokens": "max_in_flight_tokens"})
     lookup_returns_boundary = True
     has_block_copies = True
