@@ -220,11 +220,10 @@ def features_needed(config: KVCacheConfig) -> list[str]:
     * ``context-parallelism``: ``dcp_world_size`` or ``pcp_world_size`` above 1
       (``cp_block_scaling``, ``cp_swa_mask_unscaled``).
 
-    NOTE: a group is coarser than the hash block in a hybrid, or alone under
-    a finer ``hash_block_size``; ``kvspec.profiles.features_used`` counts only
-    hybrids, but kvspec registers the tail entries of a lone group too
-    (``registers_partial_tail``, ``registers_mamba_tail``), so the native core
-    must decline it as well.
+    NOTE: only a hybrid has a group coarser than the hash block: one cached
+    group whose hash block differs from its block is a ConfigError (vLLM's
+    unitary coordinator asserts they are equal), so the test needs no group
+    count.
     """
     p = config.profile
     ring = ["ring-kinds"] if any(isinstance(k, RING_KINDS) for k in config.groups) else []

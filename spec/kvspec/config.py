@@ -313,6 +313,7 @@ def _validate(cfg: KVCacheConfig) -> None:
     if cfg.enable_caching and any(g.block_size % hbs for g in cfg.manager_groups() if prefix_cacheable(g)):
         raise ConfigError(f"hash_block_size {hbs} must divide every prefix-cacheable group block size when caching")
     validate_cp(cfg)
+    validate_unitary_hash_block(cfg)
     reason = unsupported_reason(cfg)
     if reason is not None:
         raise UnsupportedByProfileError(reason)
@@ -444,9 +445,7 @@ def validate_cp(cfg: KVCacheConfig) -> None:
     managers: a SinkFull group's ``sink_len`` is a multiple of its scaled
     block size (``SinkFullAttentionManager``); up to vLLM 0.25.1 several
     groups with prefix caching are refused (``HybridKVCacheCoordinator``:
-    "DCP not support hybrid attn now"); with prefix caching, one group's hash
-    block must be its manager block (``UnitaryKVCacheCoordinator`` asserts
-    ``hash_block_size == block_size``).
+    "DCP not support hybrid attn now").
 
     Raises:
         ConfigError: Naming the broken condition and the sizes.
@@ -465,11 +464,24 @@ def validate_cp(cfg: KVCacheConfig) -> None:
             f"(dcp_world_size={cfg.dcp_world_size}, pcp_world_size={cfg.pcp_world_size}: the hybrid "
             "coordinator supports neither)"
         )
+
+
+def validate_unitary_hash_block(cfg: KVCacheConfig) -> None:
+    """With prefix caching, one group's hash block must be its manager block,
+    in every release (vLLM's ``UnitaryKVCacheCoordinator`` asserts
+    ``hash_block_size == block_size``; a finer hash block needs two groups).
+
+    Raises:
+        ConfigError: Naming both sizes (and the context-parallel factor).
+    """
     if not cfg.enable_caching or len(cfg.groups) != 1:
         return
     bs, hbs = cfg.manager_groups()[0].block_size, cfg.resolved_hash_block_size()
-    if hbs != bs:
-        raise ConfigError(
-            f"hash_block_size {hbs} must equal the context-parallel manager block size {bs} "
-            f"(block_size {cfg.groups[0].block_size} x {bs // cfg.groups[0].block_size}) for one group with caching"
-        )
+    if hbs == bs:
+        return
+    factor = bs // cfg.groups[0].block_size
+    which = f"context-parallel manager block size {bs} (block_size {cfg.groups[0].block_size} x {factor})"
+    raise ConfigError(
+        f"hash_block_size {hbs} must equal the {which if factor > 1 else f'block size {bs}'} "
+        "for one group with caching"
+    )

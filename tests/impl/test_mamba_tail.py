@@ -20,10 +20,8 @@ import kvimpl.mamba_tail
 import kvspec.mamba_tail
 from kvimpl.block_pool import BlockPool, TailBlockPool
 from kvimpl.kv_cache_manager import KVCacheManager as ImplManager
-from kvimpl.native import native_unsupported
 from kvspec.block_pool import BlockId
 from kvspec.config import FullAttention, KVCacheConfig, Mamba, SlidingWindow
-from kvspec.errors import UnsupportedByProfileError
 from kvspec.events import BlockStored, KVCacheEvent
 from kvspec.hashing import make_key
 from kvspec.kv_cache_manager import KVCacheManager as SpecManager
@@ -170,21 +168,6 @@ def test_only_configurations_with_tails_get_the_tail_pool() -> None:
         cfg = KVCacheConfig(num_blocks=24, groups=groups, max_model_len=64, enable_caching=caching, profile=profile)
         pool = ImplManager(cfg).block_pool
         assert type(pool) is (TailBlockPool if tails else BlockPool), (groups, profile.name, caching)
-
-
-@pytest.mark.parametrize("profile", [VLLM_0_28_0, VLLM_0_33_0], ids=lambda p: str(p.name))
-def test_a_tail_inside_a_block_is_refused_by_name(profile: SemanticsProfile) -> None:
-    """One align group of 8 over hash blocks of 4: kvspec records its tail
-    entries inside a block as partial hits (fine-grained hits, not modelled
-    by kvimpl), so kvimpl's constructor refuses it and the native core
-    declines it (``kvimpl.config_rules.features_needed``)."""
-    cfg = KVCacheConfig(
-        num_blocks=24, groups=(Mamba(8, "align"),), max_model_len=64, hash_block_size=4, profile=profile
-    )
-    SpecManager(cfg)
-    with pytest.raises(UnsupportedByProfileError, match="kvimpl does not model partial-hash-hits"):
-        ImplManager(cfg)
-    assert "partial-hash-hits" in (native_unsupported(cfg) or "")
 
 
 def history(kv: Any, hasher: RequestBlockHasher, spare: int) -> list[Observed]:

@@ -10,7 +10,6 @@ a hit on a block that carries a partial entry included).
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import partial
 from types import ModuleType
 from typing import Any
 
@@ -20,7 +19,6 @@ import kvimpl.partial_tail
 import kvspec.partial_tail
 from kvimpl.block_pool import BlockPool, TailBlockPool
 from kvimpl.kv_cache_manager import KVCacheManager as ImplManager
-from kvimpl.native import create_manager, native_unsupported
 from kvspec.block_pool import BlockId
 from kvspec.config import MLA, FullAttention, KVCacheConfig, SinkFullAttention, SlidingWindow
 from kvspec.events import BlockRemoved, BlockStored, KVCacheEvent
@@ -289,28 +287,6 @@ def test_only_configurations_with_tails_get_the_tail_pool() -> None:
         pool = ImplManager(cfg).block_pool
         assert isinstance(pool, TailBlockPool) == tails, (groups, profile.name, caching)
         assert type(pool) is (TailBlockPool if tails else BlockPool)
-
-
-@pytest.mark.parametrize("profile", [VLLM_0_26_0, VLLM_0_33_0], ids=lambda p: str(p.name))
-def test_a_lone_group_under_a_finer_hash_block_registers_tails(profile: SemanticsProfile) -> None:
-    """One FA(8) group over hash blocks of 4 registers partial tails too: the
-    pure-Python manager agrees with kvspec, and the native core declines it."""
-    cfg = KVCacheConfig(
-        num_blocks=20, groups=(FullAttention(8),), max_model_len=64, hash_block_size=4,
-        enable_kv_cache_events=True, profile=profile,
-    )  # fmt: skip
-    assert "partial-tail-entries" in (native_unsupported(cfg) or "")
-    seen = []
-    for make in (SpecManager, ImplManager, partial(create_manager, native=True)):
-        kv, hasher = make(cfg), RequestBlockHasher.for_config(cfg)
-        a = hasher.new_request("a", list(range(13)))
-        assert kv.allocate_slots(a, 13) == ((1, 2),)
-        a = decode(kv, hasher, a, 16)
-        seen.append((type(kv).__name__, kv.block_pool.keys_of(BlockId(2)), kv.to_view(), kv.take_events()))
-    # Block 2 holds tokens 8-16: its full key h16, then the tail at the prompt's last hash boundary, h12.
-    assert seen[0][1] == [make_key(a.block_hashes[3], 0), make_key(a.block_hashes[2], 0)]
-    assert [s[0] for s in seen] == ["KVCacheManager"] * 3  # create_manager(native=True) fell back to Python
-    assert seen[1][1:] == seen[0][1:] and seen[2][1:] == seen[0][1:]
 
 
 def history(kv: Any, hasher: RequestBlockHasher) -> list[Observed]:

@@ -231,3 +231,13 @@ def test_hybrids_with_caching_refuse_context_parallelism_up_to_0_25(profile: Sem
     req = RequestBlockHasher.for_config(cfg).new_request("a", list(range(9)))
     assert m.allocate_slots(req, 9) == ((1, 2), (3, 4), (5, 6))
     m.check_invariants()
+
+
+@pytest.mark.parametrize("profile", [V016, V025, V033])
+@pytest.mark.parametrize("kind", [FullAttention(8), Mamba(8, "align")])
+def test_one_cached_group_needs_its_hash_block_to_be_its_block(profile: SemanticsProfile, kind: AttentionKind) -> None:
+    """Every release's unitary coordinator asserts ``hash_block_size ==
+    block_size`` with caching on: a finer hash block needs two groups."""
+    with pytest.raises(ConfigError, match="hash_block_size 4 must equal the block size 8 for one group with caching"):
+        _cfg(kind, profile, hash_block_size=4)
+    assert _cfg(kind, profile, hash_block_size=4, enable_caching=False).groups == (kind,)
