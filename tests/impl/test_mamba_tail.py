@@ -4,8 +4,9 @@ The scenarios of ``tests/spec/test_mamba_tail.py``, each run on kvspec and on
 kvimpl with the same pinned results, then longer histories (EAGLE, spare
 blocks, evictions of held states, same-step hits) driven through both
 managers call for call, comparing results, views and events after each
-call. kvimpl does not model the partial-hit records of a tail inside a
-block (feature ``partial-hash-hits``) and refuses such a group by name.
+call. A tail inside a block (a group coarser than the hash block) leaves a
+partial-hit record (feature ``partial-hash-hits``, ``kvimpl.partial_hits``):
+the pure-Python manager models it, the native core declines it by name.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from kvimpl.kv_cache_manager import KVCacheManager as ImplManager
 from kvimpl.native import native_unsupported
 from kvspec.block_pool import BlockId
 from kvspec.config import FullAttention, KVCacheConfig, Mamba, SlidingWindow
-from kvspec.errors import UnsupportedByProfileError
 from kvspec.events import BlockStored, KVCacheEvent
 from kvspec.hashing import make_key
 from kvspec.kv_cache_manager import KVCacheManager as SpecManager
@@ -173,18 +173,31 @@ def test_only_configurations_with_tails_get_the_tail_pool() -> None:
 
 
 @pytest.mark.parametrize("profile", [VLLM_0_28_0, VLLM_0_33_0], ids=lambda p: str(p.name))
-def test_a_tail_inside_a_block_is_refused_by_name(profile: SemanticsProfile) -> None:
+def test_a_tail_inside_a_block_is_modelled_in_python(profile: SemanticsProfile) -> None:
     """One align group of 8 over hash blocks of 4: kvspec records its tail
-    entries inside a block as partial hits (fine-grained hits, not modelled
-    by kvimpl), so kvimpl's constructor refuses it and the native core
-    declines it (``kvimpl.config_rules.features_needed``)."""
+    entries inside a block as partial hits, whose owner moves the entry to a
+    copy at its next allocation; the pure-Python manager agrees call for
+    call (copies included), and the native core declines the configuration
+    by name (``kvimpl.config_rules.features_needed``)."""
     cfg = KVCacheConfig(
-        num_blocks=24, groups=(Mamba(8, "align"),), max_model_len=64, hash_block_size=4, profile=profile
-    )
-    SpecManager(cfg)
-    with pytest.raises(UnsupportedByProfileError, match="kvimpl does not model partial-hash-hits"):
-        ImplManager(cfg)
+        num_blocks=24, groups=(Mamba(8, "align"),), max_model_len=64, hash_block_size=4,
+        enable_kv_cache_events=True, profile=profile,
+    )  # fmt: skip
     assert "partial-hash-hits" in (native_unsupported(cfg) or "")
+    seen = []
+    for kv in (SpecManager(cfg), ImplManager(cfg)):
+        hasher = RequestBlockHasher.for_config(cfg)
+        a = hasher.new_request("a", list(range(13)))
+        first = kv.allocate_slots(a, 12)  # a chunk up to the tail boundary, 12 in either release
+        kv.new_step_starts()
+        second = kv.allocate_slots(replace(a, num_computed_tokens=12, status=RequestStatus.RUNNING), 1)
+        copies = kv.take_kv_cache_block_copies()
+        kv.check_invariants()
+        kv.free_blocks(copies[1])
+        kv.check_invariants()
+        seen.append((first, second, copies, kv.to_view(), kv.take_events()))
+    assert seen[1] == seen[0]
+    assert seen[0][:3] == (((0, 1),), ((),), ([(1, 2)], [1, 2])), seen[0][:3]  # the entry moves to block 2
 
 
 def history(kv: Any, hasher: RequestBlockHasher, spare: int) -> list[Observed]:
