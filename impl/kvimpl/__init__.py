@@ -51,16 +51,16 @@ PROFILE_SWITCHES = frozenset(
         "mamba_tail_entries", "mamba_tail_skip_keyed", "mamba_tail_eagle",  # mamba_tail.cache_mamba_tail_block
         "cp_block_scaling",  # config_rules.cp_block_factor, dcp_scales_kind, cp_lookup_refusal
         "cp_swa_mask_unscaled",  # kv_cache_coordinator.KVCacheCoordinator (the managers' mask_kind)
+        "partial_hash_hits", "partial_hits_gated",  # partial_hits.partial_hash_hits_enabled (and
+        # mamba_tail.registers_mamba_tail, kv_cache_manager.KVCacheManager.take_kv_cache_block_copies)
+        "cache_mask_hit_alignment",  # kv_cache_coordinator.KVCacheCoordinator (the managers' cache_mask_alignment)
+        "mamba_early_return_allocated",  # single_type_kv_cache_manager.MambaManager._allocate_aligned
         # Applied before kvimpl sees a value: the request hasher (kvspec.request) hashes with them.
         # (mm_resume_from_first_feature also by partial_tail.partial_stored_event.)
         "extra_keys_tagged", "mm_resume_from_first_feature", "mm_key_with_offset", "prompt_embeds_digest",
         # Applied by KVCacheConfig's own validation (a configuration kvimpl is given already obeys them).
         "single_spec_group_hybrid", "mamba_caching_needs_align", "hybrid_rules_v025", "external_cap_any_skip",
         "circular_buffer_kind", "kpool_tail_kind",  # which release has which ring kind (config.validate_ring_kind)
-        # Features kvimpl does not model: a configuration that needs one is refused
-        # (kvimpl.config_rules.unmodelled_features), so kvimpl never runs with them on.
-        "partial_hash_hits",  # and mamba_tail.registers_mamba_tail, whose group is then refused
-        "partial_hits_gated", "cache_mask_hit_alignment", "mamba_early_return_allocated",
     }
 )  # fmt: skip
 """The fields of :class:`kvspec.profiles.SemanticsProfile` whose values kvimpl

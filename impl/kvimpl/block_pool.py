@@ -552,6 +552,21 @@ class TailBlockPool(BlockPool):
         else:
             ids.append(b)
 
+    def remove_keys(self, b: BlockId) -> list[BlockHashWithGroupId]:
+        """Uncache block ``b`` silently (no events); return its keys, primary
+        first (upstream ``_remove_cached_block_hashes``; a moved tail entry,
+        :func:`kvimpl.partial_hits.move_block_hashes`)."""
+        keys = self.keys_of(b)
+        for key in keys:
+            ids = self.cached[key]
+            if len(ids) == 1:
+                del self.cached[key]
+            else:
+                ids.remove(b)
+        self.block_hash[b], self.hash_num_tokens[b] = None, None
+        self.secondary.pop(b, None)
+        return keys
+
     def check_invariants(self) -> None:
         """As :meth:`BlockPool.check_invariants`, with the secondary keys in the cache map."""
         self._check_queue_and_counts()

@@ -192,7 +192,7 @@ def eagle_group_ids(config: KVCacheConfig) -> frozenset[int]:
 
 
 MODELLED_FEATURES: frozenset[str] = frozenset(
-    {"partial-tail-entries", "mamba-tail-entries", "ring-kinds", "context-parallelism"}
+    {"partial-tail-entries", "mamba-tail-entries", "ring-kinds", "context-parallelism", "partial-hash-hits"}
 )
 """The state-adding features of :func:`features_needed` that the pure-Python
 manager models (the native core models none of them: :mod:`kvimpl.native`

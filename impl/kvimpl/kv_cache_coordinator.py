@@ -30,6 +30,13 @@ from kvimpl.config_rules import (
     scheduler_block_size,
 )
 from kvimpl.mamba_tail import registers_mamba_tail
+from kvimpl.partial_hits import (
+    eagle_margin,
+    fine_full_attention_hit,
+    fine_grained,
+    fine_mamba_hit,
+    partial_hash_hits_enabled,
+)
 from kvimpl.partial_tail import registers_partial_tail
 from kvimpl.single_type_kv_cache_manager import find_longest_cache_hit, make_manager
 from kvspec.block_pool import BlockId
@@ -75,6 +82,15 @@ class KVCacheCoordinator:
         if config.profile.cp_swa_mask_unscaled:
             for m, engine_kind in zip(self.managers, config.groups, strict=True):
                 m.mask_kind = engine_kind
+        self.partial_hash_hits = partial_hash_hits_enabled(config)
+        """Hits may end on any hash boundary (:mod:`kvimpl.partial_hits`)."""
+        self.hit_alignment = self.hash_block_size if self.partial_hash_hits else self.scheduler_block_size
+        """Every hit length is a multiple of this (upstream ``_cache_hit_alignment_tokens``)."""
+        mask_alignment = self.hit_alignment if p.cache_mask_hit_alignment else self.scheduler_block_size
+        # The alignment sliding-window caching masks assume: the scheduler block, from vLLM 0.29.0
+        # on the hit alignment (profile switch cache_mask_hit_alignment).
+        for m in self.managers:
+            m.cache_mask_alignment = mask_alignment
         self.is_cross = tuple(isinstance(kind, CrossAttention) for kind in config.groups)
         # Only these kinds ever skip leading tokens; the others' remove_skipped_blocks is a no-op.
         self.skipping = tuple(m for m in self.managers if isinstance(m.kind, SlidingWindow | ChunkedLocal | Mamba))
@@ -95,8 +111,10 @@ class KVCacheCoordinator:
         num_tokens_main_model: int,
         apply_admission_cap: bool = False,
         num_external: int = 0,
+        num_local: int = 0,
     ) -> int:
-        """Sum over groups; cross attention is sized by the encoder tokens."""
+        """Sum over groups; cross attention is sized by the encoder tokens.
+        ``num_local`` (computed plus hit tokens) tells a partial hit."""
         total = 0
         for m, cross, hits in zip(self.managers, self.is_cross, new_computed_blocks, strict=True):
             if cross:
@@ -106,7 +124,7 @@ class KVCacheCoordinator:
             else:
                 total += m.get_num_blocks_to_allocate(
                     request_id, num_tokens, hits, total_computed_tokens, num_tokens_main_model, apply_admission_cap,
-                    num_external,
+                    num_external, num_local,
                 )  # fmt: skip
         return total
 
@@ -247,7 +265,9 @@ class HybridCoordinator(KVCacheCoordinator):
 
         Full-attention groups are looked up once and only trimmed afterwards
         (their hits are downward closed). An EAGLE spec group looks one block
-        further and drops it, once per candidate length.
+        further and drops it, once per candidate length. With fine-grained
+        hits (:mod:`kvimpl.partial_hits`) lengths are multiples of the hash
+        block, and a full-attention list keeps ``cdiv(hit, bs)`` blocks.
 
         NOTE: two deliberate departures from vLLM 0.25.1 (docs/divergences.md):
         Mamba groups never take the EAGLE look-ahead ("eagle-mamba-hit"; from
@@ -261,14 +281,15 @@ class HybridCoordinator(KVCacheCoordinator):
         for sg in self.spec_groups:
             if isinstance(sg.kind, FULL_TYPE_KINDS):
                 for gid in sg.group_ids:
-                    del hits[gid][hit // sg.kind.block_size :]
+                    del hits[gid][-(-hit // sg.kind.block_size) :]
         return tuple(hits), hit
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """Cache only up to a scheduler-block boundary (hits always end on one);
-        EAGLE groups one block further, the block their look-ahead needs."""
+        """Cache only up to a scheduler-block boundary (hits always end on one;
+        with fine-grained hits every token counts); EAGLE groups one block
+        further, the block their look-ahead needs."""
         sched = self.scheduler_block_size
-        aligned = num_tokens // sched * sched
+        aligned = num_tokens if self.partial_hash_hits else num_tokens // sched * sched
         for m in self.managers:
             n = aligned
             if m.use_eagle and aligned > 0:
@@ -292,34 +313,34 @@ def hybrid_hit_search_longest(
     spec-group lookup reached (vLLM's ``longest_hit_length``), at least the hit."""
     longest = 0
     hits: list[list[BlockId]] = [[] for _ in coord.managers]
-    looked_up: set[int] = set()
+    lengths: dict[int, int] = {}
     verified: set[int] = set()
     simple = len(coord.spec_groups) == 2 and isinstance(coord.spec_groups[0].kind, FULL_TYPE_KINDS)
     mamba_counts, hashed_cap = coord.mamba_eagle_counts_verified, coord.eagle_margin_hashed_cap
-    hashed = len(block_hashes) * coord.hash_block_size
+    hbs, fine = coord.hash_block_size, coord.partial_hash_hits
+    hashed = len(block_hashes) * hbs
     hit = max_len
     while True:
         cur = hit
         for idx, sg in enumerate(coord.spec_groups):
-            bs = sg.kind.block_size
-            if isinstance(sg.kind, FULL_TYPE_KINDS) and idx in looked_up:
-                cur = cur // bs * bs
+            if isinstance(sg.kind, FULL_TYPE_KINDS) and idx in lengths:
+                # Downward closed: any shorter candidate is still a hit of the first lookup.
+                n = lengths[idx]
+                cur = n if n < cur else cur
                 continue
             mamba = isinstance(sg.kind, Mamba)
             drop = sg.use_eagle and idx not in verified and (mamba_counts or not mamba)
-            limit = eagle_search_limit(cur, bs, max_len, hashed, hashed_cap) if drop and not mamba else cur
-            found = find_longest_cache_hit(
-                sg.kind, coord._hashes_for(sg.kind, block_hashes), limit, sg.group_ids,
-                coord.pool, drop, coord.scheduler_block_size,
-            )  # fmt: skip
-            new = len(found[0]) * bs
+            if drop and not mamba:
+                limit = eagle_search_limit(cur, eagle_margin(sg.kind, hbs, fine), max_len, hashed, hashed_cap)
+            else:
+                limit = cur
+            found, new = spec_group_hit(coord, sg, block_hashes, limit, drop)
             if drop:
                 verified.add(idx)
             elif new < cur:
                 verified.clear()
-            cur = new
+            cur = lengths[idx] = new
             longest = max(longest, cur)
-            looked_up.add(idx)
             for gid, blocks in zip(sg.group_ids, found, strict=True):
                 hits[gid] = blocks
         if cur >= hit:
@@ -329,16 +350,33 @@ def hybrid_hit_search_longest(
             return hit, hits, longest
 
 
-def eagle_search_limit(cur: int, block_size: int, max_len: int, hashed: int, hashed_cap: bool) -> int:
-    """How far an EAGLE group searches when its drop is not yet verified at
-    candidate length ``cur``: one block further, at most ``max_len``
-    (``num_tokens - 1``), or, from vLLM 0.32.0 on, at most the request's
-    hashed tokens (profile switch ``eagle_margin_hashed_cap``).
+def spec_group_hit(
+    coord: HybridCoordinator, sg: SpecGroup, block_hashes: Sequence[BlockHash], limit: int, drop: bool
+) -> tuple[list[list[BlockId]], int]:
+    """One spec group's hit of at most ``limit`` tokens: its lists per group
+    and its length, found at hash granularity where the group does
+    fine-grained lookups (:mod:`kvimpl.partial_hits`)."""
+    kind, align = sg.kind, coord.hit_alignment
+    if fine_grained(kind, align):
+        if isinstance(kind, Mamba):
+            return fine_mamba_hit(kind, block_hashes, limit, sg.group_ids, coord.pool, align)
+        return fine_full_attention_hit(kind, block_hashes, limit, sg.group_ids, coord.pool, drop, align)
+    hashes = coord._hashes_for(kind, block_hashes)
+    found = find_longest_cache_hit(kind, hashes, limit, sg.group_ids, coord.pool, drop, align)
+    return found, len(found[0]) * kind.block_size
 
-    pre: cur >= 0 and block_size >= 1
+
+def eagle_search_limit(cur: int, margin: int, max_len: int, hashed: int, hashed_cap: bool) -> int:
+    """How far an EAGLE group searches when its drop is not yet verified at
+    candidate length ``cur``: ``margin`` further (one block, or one hash unit
+    with fine-grained hits), at most ``max_len`` (``num_tokens - 1``), or,
+    from vLLM 0.32.0 on, at most the request's hashed tokens (profile switch
+    ``eagle_margin_hashed_cap``).
+
+    pre: cur >= 0 and margin >= 1
     post: __return__ >= 0
     """
-    limit = cur + block_size
+    limit = cur + margin
     cap = hashed if hashed_cap else max_len
     return limit if limit < cap else cap
 

@@ -60,7 +60,14 @@ from kvspec.errors import (
     UnsupportedOperationError,
 )
 from kvspec.events import BlockRemoved, BlockStored, KVCacheEvent
-from kvspec.hashing import BlockHash, coarse_block_hashes, external_block_hash, make_key, split_key
+from kvspec.hashing import (
+    BlockHash,
+    BlockHashWithGroupId,
+    coarse_block_hashes,
+    external_block_hash,
+    make_key,
+    split_key,
+)
 from kvspec.profiles import SemanticsProfile
 from kvspec.request import Request
 from kvspec.stats import PrefixCacheStats
@@ -71,7 +78,8 @@ class KVCacheManager(StepAPI):
     """Allocates, caches and frees the KV-cache blocks of requests.
 
     inv: every invariant of the pool and of each manager
-    inv: ref_cnt[b] == occurrences of b in all tables + in pending (popped) lists
+    inv: ref_cnt[b] == occurrences of b in all tables + in pending (popped or
+         retained) lists + in the managers' pending copies
     inv: a non-null block is in the tables of at most one group
     """
 
@@ -121,6 +129,8 @@ class KVCacheManager(StepAPI):
         """Profile switch read by :func:`allocation_without_tokens`."""
         self.common_prefix_zero = p.common_prefix == "zero"
         """Profile switch ``common_prefix``: ``get_num_common_prefix_blocks`` answers zeros."""
+        self.partial_hash_hits_op = p.partial_hash_hits
+        """Profile switch ``partial_hash_hits``: :meth:`take_kv_cache_block_copies` exists."""
         StepAPI.__init__(self, device)
 
     @property
@@ -271,7 +281,9 @@ class KVCacheManager(StepAPI):
         self._forget_quiet(rid)
         if full_sequence_must_fit:
             full = min(request.num_tokens, self.config.max_model_len)
-            need = coord.get_num_blocks_to_allocate(rid, full, hits, num_encoder_tokens, total, full, True)
+            need = coord.get_num_blocks_to_allocate(
+                rid, full, hits, num_encoder_tokens, total, full, True, num_local=local
+            )
             if need + wm > self.block_pool.get_num_free_blocks():
                 return None
         main = total + num_new_tokens
@@ -279,7 +291,7 @@ class KVCacheManager(StepAPI):
         coord.remove_skipped_blocks(rid, total)
         need = coord.get_num_blocks_to_allocate(
             rid, slots, hits, num_encoder_tokens, local + num_external_computed_tokens, main,
-            num_external=num_external_computed_tokens,
+            num_external=num_external_computed_tokens, num_local=local,
         )  # fmt: skip
         if need + wm > self.block_pool.get_num_free_blocks() - reserved_blocks:
             self._sync_device_row(rid)
@@ -315,8 +327,8 @@ class KVCacheManager(StepAPI):
         return blocks
 
     def free_blocks(self, ordered_block_ids: Sequence[int]) -> None:
-        """The deferred free of popped blocks (upstream: the scheduler calling
-        ``block_pool.free_blocks``). Null ids are ignored.
+        """The deferred free of popped or retained blocks (upstream: the
+        scheduler calling ``block_pool.free_blocks``). Null ids are ignored.
 
         Raises:
             InvalidBlockIdError: An id outside the pool.
@@ -480,6 +492,23 @@ class KVCacheManager(StepAPI):
         require_operation(self.config.profile, "take_new_block_ids")
         return [b for m in self.coordinator.managers for b in m.take_new_block_ids()]
 
+    def take_kv_cache_block_copies(self) -> tuple[list[tuple[BlockId, BlockId]], list[BlockId]]:
+        """Drain the copy-on-write copies of fine-grained hits (vLLM 0.26.0 on;
+        :mod:`kvimpl.partial_hits`): ``(source, copy)`` pairs in group order,
+        oldest first, and the retained blocks ``[source0, copy0, source1, ...]``.
+        Each retained block holds one reference until the caller releases it
+        with :meth:`free_blocks` (it is pending, like a popped block).
+
+        Raises:
+            UnsupportedOperationError: Before vLLM 0.26.0.
+        """
+        if not self.partial_hash_hits_op:
+            raise UnsupportedOperationError(f"take_kv_cache_block_copies: not in {self.config.profile.name}")
+        copies = [pair for m in self.coordinator.managers for pair in m.take_pending_copies()]
+        retained = [b for pair in copies for b in pair]
+        self.pending.update(retained)
+        return copies, retained
+
     def new_step_starts(self) -> None:
         """A scheduler step begins (Mamba may now use states cached earlier;
         UnsupportedOperationError before vLLM 0.25.1)."""
@@ -584,18 +613,23 @@ class KVCacheManager(StepAPI):
                 raise StaleHitError(
                     f"allocate_slots: the null block in group {g}'s hit: a full-attention hit never contains it"
                 )
-        hbs = self.coordinator.hash_block_size
+        hbs, partial_hits = self.coordinator.hash_block_size, self.coordinator.partial_hash_hits
         pool = self.block_pool
         fine, bh = request.block_hashes, pool.block_hash
         for g, (kind, ids) in enumerate(zip(self.kinds, hits, strict=True)):
             k = kind.block_size // hbs if kind.block_size % hbs == 0 else 0
             num_hashes = len(fine) // k if k else 0
             suffix = make_key(BlockHash(b""), g)  # make_key(h, g) == h + suffix, inlined below
+            last = len(ids) - 1
             for i, b in enumerate(ids):
                 if b == NULL_BLOCK or (i < num_hashes and bh[b] == fine[(i + 1) * k - 1] + suffix):
                     continue
-                # Not the primary key: a secondary one (kvimpl.block_pool.TailBlockPool) counts too.
-                if i >= num_hashes or fine[(i + 1) * k - 1] + suffix not in pool.keys_of(BlockId(b)):
+                # Not the primary key: a secondary one (kvimpl.block_pool.TailBlockPool) counts too,
+                # and the last block of a fine-grained hit may be cached at a hash boundary inside it.
+                keys = pool.keys_of(BlockId(b))
+                full = i < num_hashes and fine[(i + 1) * k - 1] + suffix in keys
+                inner = k > 0 and partial_hits and i == last and partial_hit_keyed(fine, k, i, suffix, keys)
+                if not full and not inner:
                     raise StaleHitError(
                         f"allocate_slots: hit block {b} (group {g}, index {i}) is no longer cached for "
                         f"request {rid!r}; it was evicted after get_computed_blocks"
@@ -614,11 +648,13 @@ _INT_ONLY = {int}
 
 def inv_ref_cnt_counts_holders(mgr: KVCacheManager) -> bool:
     """Every non-null block's ref_cnt equals its occurrences in all tables plus
-    its pending (popped, not yet freed) references."""
+    its pending (popped or retained, not yet freed) references plus one per
+    end of a copy not taken yet."""
     held: Counter[int] = Counter(mgr.pending)
     for m in mgr.coordinator.managers:
         for table in m.req_to_blocks.values():
             held.update(b for b in table if b != NULL_BLOCK)
+        held.update(b for pair in m.pending_copies for b in pair)
     ref = mgr.block_pool.ref_cnt
     return all(ref[b] == held[b] for b in range(1, len(ref)))
 
@@ -689,6 +725,19 @@ _OPERATION_SWITCHES = {
     "get_block_ids_for_computed_tokens": "computed_block_ids_op",
     "estimate_cached_tokens": "estimate_cached_tokens_op",
 }
+
+
+def partial_hit_keyed(
+    fine: Sequence[BlockHash], k: int, i: int, suffix: bytes, keys: Sequence[BlockHashWithGroupId]
+) -> bool:
+    """Whether the last hit block at table index ``i`` of a fine-grained hit
+    is cached under the key of a hash boundary inside it (``k`` hash units a
+    block, the group's key ``suffix``): kvspec's ``hit_keys`` with
+    ``partial``, less the full-block key the caller tried first.
+
+    pre: k >= 1 and i >= 0
+    """
+    return any(fine[j] + suffix in keys for j in range(i * k, min((i + 1) * k - 1, len(fine))))
 
 
 def table_cached_tokens(

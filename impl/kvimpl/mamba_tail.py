@@ -21,12 +21,10 @@ Two consequences kvimpl reproduces:
   request that hits it in the same step is refused; 0.33.0 skips such a
   block (profile switch ``mamba_tail_skip_keyed``).
 
-A boundary inside a block (a group coarser than the hash block) leaves a
-partial-hit record in kvspec, which belongs to fine-grained hits with
-copy-on-write (feature ``partial-hash-hits``). kvimpl does not model them:
-such a group is refused when its manager is built
-(:func:`refuse_partial_tail_records`), so here every boundary is a block
-boundary.
+Before vLLM 0.32.0 only a group coarser than the hash block has tail entries,
+and only for a boundary inside a block; such an entry is a partial one, and
+the request that registered it privatises it at its next allocation
+(:mod:`kvimpl.partial_hits`).
 
 Upstream: ``MambaManager._cache_partial_tail_block``
 (``vllm/v1/core/single_type_kv_cache_manager.py``) and
@@ -38,9 +36,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvimpl.block_pool import NULL_BLOCK, TailBlockPool
+from kvimpl.partial_hits import record_partial_hit
 from kvimpl.partial_tail import cache_partial_block
 from kvspec.config import Mamba
-from kvspec.errors import UnsupportedByProfileError
 from kvspec.hashing import BlockHashWithGroupId
 from kvspec.profiles import SemanticsProfile
 from kvspec.request import Request
@@ -95,39 +93,28 @@ def cache_mamba_tail_block(manager: MambaManager, request: Request, num_tokens: 
     """After an align-mode group cached up to ``num_tokens``: if that is the
     tail boundary, key the state block holding it there; return the key
     (None if nothing was keyed). Before vLLM 0.32.0 only a boundary inside a
-    block counts, which kvimpl never builds (:func:`refuse_partial_tail_records`)."""
+    block counts. A boundary inside a block leaves a partial-hit record: the
+    owner's next allocation moves the entry to a private copy
+    (:mod:`kvimpl.partial_hits`)."""
     pool = manager.pool
     assert isinstance(pool, TailBlockPool), "a group with tail entries needs a TailBlockPool"
     bs, hbs, newer = manager.block_size, pool.hash_block_size, manager.mamba_tail_newer
     boundary = mamba_tail_boundary(request.num_prompt_tokens, hbs, tail_eagle_shift(manager), newer)
     if num_tokens <= 0 or num_tokens % hbs or num_tokens != boundary:
         return None
-    assert num_tokens % bs == 0, f"group {manager.group_id}: a Mamba tail inside a block needs partial hits"
-    if not newer:
+    inside = num_tokens % bs != 0
+    if not newer and not inside:
         return None
-    table = manager.req_to_blocks.get(request.request_id, [])
+    rid = request.request_id
+    table = manager.req_to_blocks.get(rid, [])
     idx = -(-num_tokens // bs) - 1
     if idx >= len(table) or table[idx] == NULL_BLOCK:
         return None
     b = table[idx]
     if manager.mamba_tail_skip_keyed and pool.hash_num_tokens[b] == num_tokens:
         return None
-    return cache_partial_block(pool, request, b, num_tokens, manager.group_id)
-
-
-def refuse_partial_tail_records(kind: Mamba, profile: SemanticsProfile, hash_block_size: int, caching: bool) -> None:
-    """Refuse a cached Mamba group with tail entries whose block is coarser
-    than the hash block: its tail boundary can fall inside a block, whose
-    entry kvspec records as a partial hit (feature ``partial-hash-hits``).
-    In a hybrid :func:`kvimpl.config_rules.features_needed` names that
-    feature already; a single group reaches this only under a
-    ``hash_block_size`` finer than its block.
-
-    Raises:
-        UnsupportedByProfileError: Naming the group's sizes and the feature.
-    """
-    if caching and registers_mamba_tail(kind, profile, hash_block_size) and kind.block_size != hash_block_size:
-        raise UnsupportedByProfileError(
-            f"{profile.name}: a Mamba align group of block size {kind.block_size} over hash blocks of "
-            f"{hash_block_size} has tail entries inside its blocks; kvimpl does not model partial-hash-hits"
-        )
+    key = cache_partial_block(pool, request, b, num_tokens, manager.group_id)
+    if key is not None and inside:
+        record_partial_hit(manager, rid, idx, b)
+        manager.tail_owners.add(rid)
+    return key

@@ -16,10 +16,10 @@ again by the next registration). Eviction removes every key of a block, one
 Each partial entry has its own ``BlockStored`` of one hash unit
 (:func:`partial_stored_event`). A partial key stands for a prefix that is
 not a multiple of the group's block size, so the group's own lookups (block
-boundaries only) never find it; only fine-grained hits would, which kvimpl
-does not model (feature ``partial-hash-hits``). The entries still show in
-the cache map, the view and the event stream, and they change the free
-order and the eviction events.
+boundaries only) never find it; only fine-grained hits do
+(:mod:`kvimpl.partial_hits`, feature ``partial-hash-hits``). Without them
+the entries still show in the cache map, the view and the event stream, and
+they change the free order and the eviction events.
 
 Full-attention kinds (FullAttention, MLA, SinkFull) register a partial tail
 in every ``cache_blocks`` call (:func:`cache_partial_tail_block`);

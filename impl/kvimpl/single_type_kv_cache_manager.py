@@ -23,7 +23,8 @@ from typing import Any, cast
 from kvimpl.block_pool import NULL_BLOCK, BlockPool, TailBlockPool
 from kvimpl.config_rules import FULL_TYPE_KINDS, RING_KINDS, has_mamba
 from kvimpl.invariants import require
-from kvimpl.mamba_tail import cache_mamba_tail_block, refuse_partial_tail_records, registers_mamba_tail
+from kvimpl.mamba_tail import cache_mamba_tail_block, registers_mamba_tail
+from kvimpl.partial_hits import apply_cow, has_partial_local_hit, move_block_hashes, record_partial_hit
 from kvimpl.partial_tail import cache_partial_tail_block, registers_partial_tail
 from kvspec.block_pool import BlockId
 from kvspec.config import (
@@ -93,6 +94,17 @@ class SingleTypeKVCacheManager:
         self.req_to_blocks: dict[str, list[BlockId]] = {}
         self.num_cached_block: dict[str, int] = {}
         self.new_block_ids: list[BlockId] = []
+        self.cache_mask_alignment = scheduler_block_size
+        """Alignment of the caching mask (set by the coordinator, :mod:`kvimpl.partial_hits`)."""
+        self.partial_hit: dict[str, tuple[int, BlockId]] = {}
+        """Requests whose table entry (index, block) is shared and is privatised at
+        their next allocation (upstream ``_partial_hit_reqs``)."""
+        self.tail_owners: set[str] = set()
+        """The requests of :attr:`partial_hit` whose record is their own Mamba
+        tail entry (made when their blocks were cached), not a hit."""
+        self.pending_copies: list[tuple[BlockId, BlockId]] = []
+        """Copy-on-write pairs (source, copy) not taken yet, each end holding one
+        extra reference (upstream ``_pending_cow_copies``)."""
         self.track_holders = isinstance(kind, FULL_TYPE_KINDS)
         self.holders = [0] * pool.num_gpu_blocks if self.track_holders else []
         """Per block, its occurrences in this group's tables (full-type kinds only)."""
@@ -117,9 +129,12 @@ class SingleTypeKVCacheManager:
         num_tokens_main_model: int,
         apply_admission_cap: bool = False,
         num_external: int = 0,
+        num_local: int = 0,
     ) -> int:
         """Blocks an allocation would take from the free queue, counting hit
-        blocks that are currently free (touching removes them from the queue).
+        blocks that are currently free (touching removes them from the queue),
+        plus the private copy of a hit that ends inside a block (``num_local``:
+        computed plus hit tokens; :mod:`kvimpl.partial_hits`).
         ``num_external`` only matters to Mamba align (see there)."""
         cap = self.admission_cap if apply_admission_cap else None
         have = len(self.req_to_blocks.get(request_id, ()))
@@ -128,13 +143,15 @@ class SingleTypeKVCacheManager:
         skipped = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
         ref = self.pool.ref_cnt
         free = [b != NULL_BLOCK and ref[b] == 0 for b in new_computed_blocks]
-        return blocks_to_allocate(cdiv(num_tokens, self.block_size), cap, have, skipped, free, False)
+        cow = has_partial_local_hit(new_computed_blocks, num_local, self.block_size)
+        return blocks_to_allocate(cdiv(num_tokens, self.block_size), cap, have, skipped, free, False) + cow
 
     def add_local_computed_blocks(
         self, request_id: str, new_computed_blocks: Sequence[BlockId], num_local: int, num_external: int
     ) -> None:
         """Start the table of a new request with its prefix hits (touched), the
-        skipped leading positions replaced by null blocks."""
+        skipped leading positions replaced by null blocks; a hit that ends
+        inside a block leaves a partial-hit record (:mod:`kvimpl.partial_hits`)."""
         table = self.req_to_blocks.setdefault(request_id, [])
         assert not table, f"request {request_id} already has a table"
         skipped = self.get_num_skipped_tokens(num_local + num_external) // self.block_size
@@ -148,6 +165,8 @@ class SingleTypeKVCacheManager:
             for b in added:
                 h[b] += 1
         self.num_cached_block[request_id] = len(table)
+        if has_partial_local_hit(hits, num_local, self.block_size):
+            record_partial_hit(self, request_id, num_local // self.block_size, hits[-1])
 
     def allocate_external_computed_blocks(self, request_id: str, num_local: int, num_external: int) -> None:
         """Fresh blocks for connector-loaded tokens that attention still reads."""
@@ -161,9 +180,17 @@ class SingleTypeKVCacheManager:
         self._extend(table, cdiv(total, self.block_size) - len(table))
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[BlockId]:
-        """Grow the table to cover ``num_tokens`` slots; return the new blocks."""
+        """Privatise a partially hit block first (its copy comes first in the
+        result, and always among the fresh block ids), then grow the table to
+        cover ``num_tokens`` slots; return the new blocks."""
         table = self.req_to_blocks.setdefault(request_id, [])
-        return self._extend(table, cdiv(num_tokens, self.block_size) - len(table))
+        if request_id not in self.partial_hit:
+            return self._extend(table, cdiv(num_tokens, self.block_size) - len(table))
+        idx, src = self.partial_hit.pop(request_id)
+        cow = self.pool.get_new_blocks(1)
+        apply_cow(self, request_id, idx, src, cow[0])
+        self.new_block_ids += cow
+        return cow + self._extend(table, cdiv(num_tokens, self.block_size) - len(table))
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Hash the table's full blocks up to ``num_tokens`` that are not cached
@@ -173,7 +200,7 @@ class SingleTypeKVCacheManager:
         num_cached = self.num_cached_block.get(rid, 0)
         num_full = num_tokens // self.block_size
         if num_cached < num_full:
-            mask = reachable_block_mask(self.mask_kind, num_cached, num_full, self.scheduler_block_size, self.use_eagle)
+            mask = reachable_block_mask(self.mask_kind, num_cached, num_full, self.cache_mask_alignment, self.use_eagle)
             table = self.req_to_blocks.setdefault(rid, [])
             self.pool.cache_full_blocks(request, table, num_cached, num_full, self.block_size, self.group_id, mask)
             self.num_cached_block[rid] = num_full
@@ -219,6 +246,11 @@ class SingleTypeKVCacheManager:
         ids, self.new_block_ids = self.new_block_ids, []
         return ids
 
+    def take_pending_copies(self) -> list[tuple[BlockId, BlockId]]:
+        """Drain the copy-on-write pairs, oldest first; their references stay."""
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
+
     def new_step_starts(self) -> None:
         """A scheduler step begins (only Mamba cares)."""
 
@@ -227,10 +259,14 @@ class SingleTypeKVCacheManager:
         require(inv_uncached_tail(self), f"group {self.group_id}: hashed block past num_cached_block")
         require(inv_null_shape(self), f"group {self.group_id}: table has an impossible null pattern")
         require(inv_holders_count(self), f"group {self.group_id}: holder counts disagree with the tables")
+        require(self.tail_owners <= self.partial_hit.keys(), f"group {self.group_id}: tail owner without a record")
 
     def _forget(self, request_id: str) -> list[BlockId]:
-        """Drop the request's bookkeeping; return its whole table."""
+        """Drop the request's bookkeeping; return its whole table (pending
+        copies and their references stay)."""
         self.num_cached_block.pop(request_id, None)
+        self.partial_hit.pop(request_id, None)
+        self.tail_owners.discard(request_id)
         table = self.req_to_blocks.pop(request_id, [])
         if self.track_holders:
             h = self.holders
@@ -303,6 +339,7 @@ class CircularBufferManager(SingleTypeKVCacheManager):
         num_tokens_main_model: int,
         apply_admission_cap: bool = False,
         num_external: int = 0,
+        num_local: int = 0,
     ) -> int:
         """1 while the ring is unclaimed, then 0 (token counts and caps do not matter)."""
         return 0 if self.req_to_blocks.get(request_id) else 1
@@ -361,7 +398,8 @@ class MambaManager(SingleTypeKVCacheManager):
         """Profile switch ``mamba_align_estimate_capped`` (see :func:`mamba_align_new_blocks`)."""
         self.step_guard = p.mamba_step_guard
         """Profile switch ``mamba_step_guard``: a hit on a state cached in this step waits."""
-        refuse_partial_tail_records(kind, p, pool.hash_block_size, enable_caching)
+        self.early_return_allocated = p.mamba_early_return_allocated
+        """Profile switch ``mamba_early_return_allocated`` (see :meth:`_allocate_aligned`)."""
         self.mamba_tail = enable_caching and registers_mamba_tail(kind, p, pool.hash_block_size)
         """The group keys its state at the prompt's tail boundary (:mod:`kvimpl.mamba_tail`)."""
         self.mamba_tail_newer = p.mamba_tail_entries
@@ -385,9 +423,11 @@ class MambaManager(SingleTypeKVCacheManager):
         num_tokens_main_model: int,
         apply_admission_cap: bool = False,
         num_external: int = 0,
+        num_local: int = 0,
     ) -> int:
         """As the base, plus speculative blocks; a hit on a state cached in this
-        very step cannot be used yet (returns more than the pool holds).
+        very step cannot be used yet (returns more than the pool holds). In
+        align mode a partial hit or a pending tail move needs one more block.
 
         NOTE: in align mode vLLM 0.25.1 forgets the block that external
         (connector) tokens take for a new request, so its estimate can be one
@@ -405,15 +445,20 @@ class MambaManager(SingleTypeKVCacheManager):
         if self.mamba.mode != "align":
             return super().get_num_blocks_to_allocate(
                 request_id, num_tokens + self.block_size * spec, new_computed_blocks,
-                total_computed_tokens, num_tokens_main_model, apply_admission_cap,
+                total_computed_tokens, num_tokens_main_model, apply_admission_cap, num_local=num_local,
             )  # fmt: skip
         required = cdiv(num_tokens_main_model, self.block_size) + spec
         raw = required - len(new_computed_blocks) - len(self.req_to_blocks.get(request_id, ()))
-        new = mamba_align_new_blocks(raw, request_id in self.allocated_block_reqs, spec, self.estimate_capped)
+        allocated = request_id in self.allocated_block_reqs
+        partial = request_id in self.partial_hit or has_partial_local_hit(
+            new_computed_blocks, num_local, self.block_size
+        )
+        new = mamba_align_new_blocks(raw, allocated, spec, self.estimate_capped, partial)
         estimate = new + self._num_evictable(new_computed_blocks)
         if num_external <= 0:
             return estimate
-        return max(estimate, self._exact_with_external(new_computed_blocks, total_computed_tokens, required))
+        exact = self._exact_with_external(new_computed_blocks, total_computed_tokens, required, num_local)
+        return max(estimate, exact)
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[BlockId]:
         """Non-align: base plus speculative blocks. Align: see :meth:`_allocate_aligned`."""
@@ -461,26 +506,33 @@ class MambaManager(SingleTypeKVCacheManager):
         """States cached in earlier steps become usable."""
         self.cached_blocks_this_step.clear()
 
-    def _exact_with_external(self, hits: Sequence[BlockId], total: int, required: int) -> int:
+    def _exact_with_external(self, hits: Sequence[BlockId], total: int, required: int, num_local: int) -> int:
         """Blocks a new align-mode request with external tokens really takes:
-        the external state block, then the running state and spare blocks."""
+        the external state block, then the copy of a partial hit that
+        attention still reads, the running state and spare blocks."""
         spec = self.mamba.num_speculative_blocks
         skipped = max(total - 1, 0) // self.block_size
         have = max(skipped, len(hits))
         ext = max(cdiv(total, self.block_size) - have, 0)
         new = max(required - max(have + ext, required - spec - 1), 0)
-        return ext + new + self._num_evictable(hits[skipped:])
+        cow = has_partial_local_hit(hits[skipped:], num_local, self.block_size)
+        return ext + new + cow + self._num_evictable(hits[skipped:])
 
     def _allocate_aligned(self, request_id: str, num_tokens: int) -> list[BlockId]:
         """Align mode: the running state goes to index ``cdiv(T, bs) - 1``, padded
         with nulls; last step's spare blocks move there before new ones are taken.
         Returns the table from its previous length on (nulls and moved blocks
-        included)."""
+        included); a partial hit is privatised first (:meth:`_privatise`)."""
         spec = self.mamba.num_speculative_blocks
         table = self.req_to_blocks.setdefault(request_id, [])
         required = cdiv(num_tokens, self.block_size) + spec
         prev = len(table)
-        if required <= prev:
+        partial = self.partial_hit.pop(request_id, None)
+        owner = request_id in self.tail_owners
+        self.tail_owners.discard(request_id)
+        if required <= prev and partial is None:
+            if self.early_return_allocated:
+                self.allocated_block_reqs.add(request_id)
             return []
         allocated = request_id in self.allocated_block_reqs
         if allocated or prev > 0:
@@ -492,10 +544,39 @@ class MambaManager(SingleTypeKVCacheManager):
                 break
             table.append(table[idx])
             table[idx] = NULL_BLOCK
-        assert required - len(table) <= (1 if allocated else spec + 1)
-        table += self.pool.get_new_blocks(required - len(table))
+        fresh = max(required - len(table), 0) + (partial is not None)
+        assert fresh <= (1 if allocated else spec + 1) + (partial is not None)
+        new = self.pool.get_new_blocks(fresh)
+        returned = table[prev:]
+        if partial is not None:
+            # NOTE: the owner of a tail entry always keeps its block and moves the entry, even when it
+            # is not marked as allocated yet (kvspec's rule): its table was handed out by an earlier
+            # call, and a table handed out is append-only (vLLM 0.26.0 and 0.27.x differ: the
+            # divergence mamba-cow-owner in docs/divergences.md).
+            returned = self._privatise(request_id, partial, new.pop(0), allocated or owner) + returned
+        table += new
         self.allocated_block_reqs.add(request_id)
-        return table[prev:]
+        return returned + new
+
+    def _privatise(self, request_id: str, partial: tuple[int, BlockId], cow: BlockId, keeps: bool) -> list[BlockId]:
+        """Serve a partial-hit record with the fresh block ``cow``: a new request
+        takes ``cow`` into its table (returned); the owner of a tail entry keeps
+        its block and moves the entry to ``cow`` instead, which no table holds
+        and which counts as cached in this step (returns nothing). Either way
+        the copy is queued; see :mod:`kvimpl.partial_hits`. ``keeps``: the
+        request keeps its block (it is the owner, or already allocated)."""
+        idx, src = partial
+        if not keeps:
+            apply_cow(self, request_id, idx, src, cow)
+            return [cow]
+        assert self.req_to_blocks[request_id][idx] == src, f"request {request_id}: entry {idx} is not {src}"
+        move_block_hashes(self.pool, src, cow)
+        self.pending_copies.append((src, cow))
+        self.pool.ref_cnt[src] += 1
+        key = self.pool.block_hash[cow]
+        if key is not None:
+            self.cached_blocks_this_step.add(key)
+        return []
 
 
 def records_new_block_ids(kind: AttentionKind, config: KVCacheConfig) -> bool:
@@ -542,18 +623,21 @@ def trim_null_head(table: list[BlockId]) -> list[BlockId]:
     return table[first:]
 
 
-def mamba_align_new_blocks(raw: int, allocated: bool, spec: int, capped: bool) -> int:
+def mamba_align_new_blocks(raw: int, allocated: bool, spec: int, capped: bool, partial: bool = False) -> int:
     """Mamba align's estimate of fresh blocks for a request whose table lacks
     ``raw`` entries: a running state block, plus the speculative blocks for a
-    request not allocated yet; from vLLM 0.31.0 on never more than ``raw``
-    (profile switch ``mamba_align_estimate_capped``).
+    request not allocated yet, plus (``partial``) the copy of a partial hit,
+    which also counts as one more missing entry; from vLLM 0.31.0 on never
+    more than that need (profile switch ``mamba_align_estimate_capped``).
 
     pre: spec >= 0
-    post: raw > 0 or __return__ == raw
+    post: raw > 0 or partial or __return__ == raw
     """
+    if partial:
+        raw = (raw if raw > 0 else 0) + 1
     if raw <= 0:
         return raw
-    cap = 1 if allocated else 1 + spec
+    cap = (1 if allocated else 1 + spec) + partial
     return cap if not capped or cap < raw else raw
 
 

@@ -4,8 +4,9 @@ The scenarios of ``tests/spec/test_mamba_tail.py``, each run on kvspec and on
 kvimpl with the same pinned results, then longer histories (EAGLE, spare
 blocks, evictions of held states, same-step hits) driven through both
 managers call for call, comparing results, views and events after each
-call. kvimpl does not model the partial-hit records of a tail inside a
-block (feature ``partial-hash-hits``) and refuses such a group by name.
+call. A tail inside a block (a group coarser than the hash block) leaves a
+partial-hit record (feature ``partial-hash-hits``, ``kvimpl.partial_hits``):
+the pure-Python manager models it, the native core declines it by name.
 """
 
 from __future__ import annotations

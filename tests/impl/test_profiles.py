@@ -31,6 +31,7 @@ from kvref.adapters.impl import (
     make_impl_adapter,
     unread_switches,
 )
+from kvspec import profiles
 from kvspec.config import (
     AttentionKind,
     CircularBuffer,
@@ -42,7 +43,7 @@ from kvspec.config import (
     SinkFullAttention,
     SlidingWindow,
 )
-from kvspec.errors import ConfigError, KVCacheError, UnsupportedByProfileError
+from kvspec.errors import ConfigError, KVCacheError, UnsupportedByProfileError, UnsupportedOperationError
 from kvspec.hashing import ExtraKeySource, LoRA, MultiModalFeature
 from kvspec.kv_cache_manager import KVCacheManager as SpecManager
 from kvspec.profiles import (
@@ -340,6 +341,35 @@ def prefix_hint(mgr: Any, h: RequestBlockHasher) -> object:
     return mgr.get_computed_blocks(b), mgr.get_prefix_hint(b)
 
 
+def cow_hit(mgr: Any, h: RequestBlockHasher) -> object:
+    """``a`` (12 tokens, a Mamba tail inside block 2 of the Mamba group) runs
+    one more step, the copies are taken, ``b`` looks up the shared 12 tokens:
+    with fine-grained hits the entry moves to a copy and ``b`` hits 12."""
+    a = h.new_request("a", list(range(12)))
+    first = mgr.allocate_slots(a, 12)
+    mgr.new_step_starts()
+    second = mgr.allocate_slots(replace(h.with_output_tokens(a, [12]), num_computed_tokens=12), 1)
+    try:
+        copies: object = mgr.take_kv_cache_block_copies()
+    except UnsupportedOperationError:
+        copies = "no take_kv_cache_block_copies"
+    return first, second, copies, mgr.get_computed_blocks(h.new_request("b", [*range(12), 60]))
+
+
+def early_return(mgr: Any, h: RequestBlockHasher) -> object:
+    """17 of 20 tokens loaded by the connector: the Mamba allocation needs no
+    block and returns early; is the request marked as allocated?
+
+    NOTE: under kvspec's rule the owner of a tail entry always keeps its block
+    (docs/divergences.md, mamba-cow-owner), and a Mamba align group without
+    speculative blocks is the only one that meets this early return on a
+    first allocation, so the mark changes no later result; the scenario
+    reads the managers' bookkeeping, which both managers name alike."""
+    r = h.new_request("r", [0] * 20)
+    got = mgr.allocate_slots(r, 3, 0, None, 0, 17)
+    return got, sorted(mgr.coordinator.managers[1].allocated_block_reqs)
+
+
 def swa_mask(mgr: Any, h: RequestBlockHasher) -> object:
     """33 tokens in one step, no lookup (context-parallel SWA lookups refuse):
     which blocks the sliding-window cache mask lets through."""
@@ -349,6 +379,7 @@ def swa_mask(mgr: Any, h: RequestBlockHasher) -> object:
 EAGLE_HYBRID = {"groups": (FullAttention(4), SlidingWindow(4, 8)), "use_eagle": True}
 TAIL_HYBRID = {"groups": (FullAttention(8), SlidingWindow(4, 4)), "enable_kv_cache_events": True}
 MAMBA_TAILS = {"groups": (FullAttention(4), Mamba(4, "align", 0)), "enable_kv_cache_events": True}
+COW_HYBRID = {"groups": (FullAttention(4), Mamba(8, "align", 0)), "enable_kv_cache_events": True}
 MAMBA_HYBRID = {"groups": (FullAttention(4), SlidingWindow(4, 8), Mamba(4, "all", 0)), "enable_caching": False}
 CASES = [
     Case("partial_tail_entries", VLLM_0_26_0, False, partial_tail, TAIL_HYBRID),
@@ -406,9 +437,22 @@ CASES = [
         {"groups": (FullAttention(4), FullAttention(4))},
     ),
     Case("mamba_caching_needs_align", VLLM_0_33_0, False, hybrid_hit, {"groups": (Mamba(4, "all", 0),)}),
-    Case(  # a release whose fine-grained hits kvspec refuses too (0.26.0-0.29.0: kvspec models them, kvimpl not)
+    Case(  # a release whose fine-grained hits kvspec refuses (a ConfigError), the switch off runs
         "partial_hash_hits", VLLM_0_30_0, False, hybrid_hit,
         {"groups": (FullAttention(4), Mamba(8, "align", 0))},
+    ),
+    Case("partial_hash_hits", VLLM_0_26_0, False, cow_hit, COW_HYBRID),
+    Case(  # the gate off: kvspec refuses the release's assertion (a ConfigError); on: no fine-grained hits
+        "partial_hits_gated", VLLM_0_28_0, False, cow_hit,
+        {**COW_HYBRID, "groups": (FullAttention(4), SlidingWindow(8, 4), Mamba(8, "align", 0))},
+    ),
+    Case(
+        "cache_mask_hit_alignment", VLLM_0_29_0, False, swa_mask,
+        {"groups": (FullAttention(4), Mamba(8, "align", 0), SlidingWindow(4, 2))},
+    ),
+    Case(
+        "mamba_early_return_allocated", VLLM_0_28_0, False, early_return,
+        {"groups": (FullAttention(8), Mamba(8, "align", 0), SlidingWindow(4, 1)), "hash_block_size": 4},
     ),
     Case(
         "event_annotations", VLLM_0_25_1, False, events,
@@ -442,16 +486,20 @@ CASES = [
 ]  # fmt: skip
 
 FEATURE_CASES: dict[str, tuple[SemanticsProfile, dict[str, Any]]] = {
-    "partial-hash-hits": (VLLM_0_26_0, {"groups": (FullAttention(4), Mamba(8, "align", 0))}),
+    "partial-hash-hits": (VLLM_0_26_0, COW_HYBRID),
 }
-"""A configuration per state-adding feature kvspec models and kvimpl does not
-yet (fine-grained hits: kvspec models them for the releases of
-``PARTIAL_HASH_HITS_CHECKED``)."""
+"""A configuration per state-adding feature kvspec models only for some
+releases (fine-grained hits: those of ``PARTIAL_HASH_HITS_CHECKED``), which
+the pure-Python manager models too and the native core declines."""
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.switch}-{c.base.release}-{c.scenario.__name__}")
-def test_kvimpl_follows_the_switch(case: Case) -> None:
+def test_kvimpl_follows_the_switch(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
     assert getattr(case.base, case.switch) != case.value, "the case must flip its switch"
+    if case.base.name in profiles.PARTIAL_HASH_HITS_CHECKED:  # kvspec models the flipped release's hits too
+        monkeypatch.setattr(
+            profiles, "PARTIAL_HASH_HITS_CHECKED", profiles.PARTIAL_HASH_HITS_CHECKED | {case.flipped.name}
+        )
     seen = {}
     for profile in (case.base, case.flipped):
         want = outcome(SpecManager, case, profile)
@@ -467,18 +515,27 @@ def test_every_switch_has_a_case() -> None:
     switches = {f.name for f in fields(SemanticsProfile)} - {"name", "release"}
     assert switches == {c.switch for c in CASES} | REFUSED_FEATURE_SWITCHES
     assert switches == PROFILE_SWITCHES | REFUSED_FEATURE_SWITCHES
-    assert set(FEATURE_CASES) == (MODELLED_FEATURES | {"partial-hash-hits"}) - IMPL_FEATURES
+    assert (MODELLED_FEATURES | {"partial-hash-hits"}) - IMPL_FEATURES == set()
+    assert set(FEATURE_CASES) == {"partial-hash-hits"} - MODELLED_FEATURES
 
 
 @pytest.mark.parametrize("feature", sorted(FEATURE_CASES))
-def test_the_adapter_refuses_a_feature_kvimpl_does_not_model(feature: str) -> None:
-    """kvspec runs the configuration; the impl adapter refuses it, naming the feature."""
+def test_the_adapter_runs_a_feature_kvspec_models_for_some_releases(feature: str) -> None:
+    """kvspec runs the configuration; so do the impl adapter and both builds
+    of ``create_manager`` (the native core declines it by the feature's name
+    and hands it to the pure-Python manager), with kvspec's outcome."""
     profile, kw = FEATURE_CASES[feature]
     config = KVCacheConfig(profile=profile, num_blocks=32, max_model_len=64, **kw)
-    assert feature in features_used(config)
-    hybrid_hit(SpecManager(config), RequestBlockHasher.for_config(config))
-    with pytest.raises(UnsupportedByProfileError, match=f"kvimpl does not model {feature}"):
-        make_impl_adapter(config)
+    assert feature in features_used(config) and feature in IMPL_FEATURES
+    assert unmodelled_features(config) == []
+    assert feature in (native_unsupported(config) or "")
+    case = Case("", profile, None, cow_hit, kw)
+    want = outcome(SpecManager, case, profile)
+    assert isinstance(want, tuple) and want[0][2] == ([(4, 6)], [4, 6]), want  # the scenario reaches a copy
+    assert outcome(make_impl_adapter, case, profile) == want
+    for native in (True, False):
+        assert type(create_manager(config, native=native)) is ImplManager
+        assert outcome(partial(create_manager, native=native), case, profile) == want
 
 
 def test_the_adapter_follows_every_profile() -> None:

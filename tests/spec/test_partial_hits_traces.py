@@ -6,8 +6,8 @@ release at every step: lockstep runs of the shape
 directed script whose second and third requests hit inside a block, so the
 table copy and the owner's tail-entry move both happen
 (``traces/vllm-<release>/directed/cow-partial-hit.jsonl``). Only releases in
-``kvspec.profiles.PARTIAL_HASH_HITS_CHECKED`` have such traces; kvimpl
-refuses them.
+``kvspec.profiles.PARTIAL_HASH_HITS_CHECKED`` have such traces; kvimpl's
+replays of them are ``tests/impl/test_partial_hits_traces.py``.
 """
 
 from __future__ import annotations
@@ -48,9 +48,3 @@ def test_trace_replays_on_spec(path: Path) -> None:
     if path.name.startswith("cow-"):
         copies = [c for st in trace.steps if st["op"] == "take_kv_cache_block_copies" for c in st["expect"]["copies"]]
         assert len(copies) == 5, copies  # the owner's move, then two table copies each for b and c
-
-
-@pytest.mark.parametrize("path", TRACES[:1], ids=lambda p: p.name)
-def test_impl_refuses_them(path: Path) -> None:
-    result = replay(load(path), load_factory("impl"), str(path))
-    assert not result.ok and "partial-hash-hits" in result.skipped, result
