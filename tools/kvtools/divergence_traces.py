@@ -143,9 +143,11 @@ def scenarios(profile: SemanticsProfile = VLLM_0_25_1) -> dict[str, Scenario | s
     the reason it cannot be built under that profile)."""
     p = profile
     # NOTE: Mamba align groups with caching have tail entries from 0.32.0 on
-    # (kvspec.mamba_tail), which kvimpl does not model yet; the estimate defect
-    # shows with caching off too, so the traces of those releases turn caching
-    # off and every implementation that follows the profile can replay them.
+    # (kvspec.mamba_tail), which kvimpl's native core does not model (its
+    # pure-Python manager does); the estimate defect shows with caching off
+    # too, so the traces of those releases turn caching off and every
+    # implementation that follows the profile, a native core included, can
+    # replay them.
     mamba_caching = not p.mamba_tail_entries
     sink_why = (
         "sink blocks 1..2 are never free or handed out, usage > 0 without requests, reset always fails"
