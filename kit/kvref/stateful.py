@@ -552,25 +552,29 @@ class SchedulerMachine(RuleBasedStateMachine):
         """Read a request's block ids."""
         self._call({"op": "get_block_ids", "rid": draw(data, st.sampled_from(tuple(sorted(self.reqs))))})
 
-    @precondition(lambda self: self.live and bool(self.reqs))
+    @precondition(lambda self: self.live and bool(self.reqs) and self.cfg.profile.computed_block_ids_op)
     @rule(data=st.data())
     def read_computed_tables(self, data: st.DataObject) -> None:
         """A KV connector asks for a request's blocks up to a token count
-        (``get_block_ids_for_computed_tokens``): mostly its computed tokens,
-        as vLLM's scheduler passes, else any count up to a block past its
-        tokens (a cut inside, at or beyond the tables), or -1, which every
-        side must refuse."""
+        (``get_block_ids_for_computed_tokens``, where the profile's release
+        has it, as the scheduler of that release calls it): mostly its
+        computed tokens, as vLLM's scheduler passes, else any count up to a
+        block past its tokens (a cut inside, at or beyond the tables), or -1,
+        which every side must refuse."""
         rid = draw(data, st.sampled_from(tuple(sorted(self.reqs))))
         computed = self.reqs[rid].computed
         bound = self._num_tokens(rid) + max(k.block_size for k in self.cfg.groups)
         n = draw(data, st.one_of(st.just(computed), st.integers(-1, bound)))
         self._call({"op": "get_block_ids_for_computed_tokens", "rid": rid, "num_computed_tokens": n}, True)
 
-    @precondition(lambda self: self.live and bool(self.reqs))
+    @precondition(lambda self: self.live and bool(self.reqs) and self.cfg.profile.estimate_cached_tokens_op)
     @rule(data=st.data())
     def estimate_cached(self, data: st.DataObject) -> None:
         """The scheduler asks how many of a request's tokens its cached blocks
-        stand for (``estimate_cached_tokens``, reported when a prefill ends)."""
+        stand for (``estimate_cached_tokens``, reported when a prefill ends;
+        only where the profile's release has it, as its scheduler calls it
+        only there: a profile without the operation would otherwise end every
+        run against a newer release at this rule)."""
         rid = draw(data, st.sampled_from(tuple(sorted(self.reqs))))
         self._call({"op": "estimate_cached_tokens", "rid": rid}, True)
 
