@@ -17,6 +17,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from kvref.adapters import load_factory
+from kvref.cli import build_parser
 from kvref.drift import SWITCHES, attribute, differing_switches, introduced_in, with_switches
 from kvref.traces import Trace, TraceFormatError, load
 from kvspec.config import KVCacheConfig, Mamba
@@ -109,3 +110,12 @@ def test_a_configuration_the_release_refuses_is_explained_by_the_switch_that_ref
     # a crash that is not a refusal is not credited to a switch
     crash = Trace(config, [], {"failure": "constructing make_vllm_adapter crashed: RuntimeError: boom"})
     assert attribute(crash, SPEC, VLLM_0_25_1, VLLM_0_33_0) is None
+
+
+def test_drift_runs_the_ci_step_goal_by_default() -> None:
+    """``kvref drift`` runs the ci profile unless told otherwise: a dev-sized run
+    (2,000 steps) stops after the first class or two; ``kvref check`` keeps dev."""
+    parser = build_parser()
+    assert parser.parse_args(["drift"]).profile == "ci"
+    assert parser.parse_args(["drift", "--profile", "nightly"]).profile == "nightly"
+    assert parser.parse_args(["check"]).profile == "dev"
