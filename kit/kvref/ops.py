@@ -132,6 +132,19 @@ def execute(adapter: KVCacheAdapter, book: RequestBook, op: Json) -> Json:
         return {"error": type(exc).__name__}
 
 
+def _optional(a: KVCacheAdapter, name: str) -> Any:
+    """The adapter's optional method ``name`` (an operation some releases
+    lack).
+
+    Raises:
+        UnsupportedOperationError: The adapter has no such method.
+    """
+    method = getattr(a, name, None)
+    if method is None:
+        raise UnsupportedOperationError(f"{a.name} has no {name}")
+    return method
+
+
 def _execute(a: KVCacheAdapter, book: RequestBook, op: Json) -> Json:
     name = op["op"]
     req = book.requests.get(op.get("rid", ""))
@@ -141,15 +154,11 @@ def _execute(a: KVCacheAdapter, book: RequestBook, op: Json) -> Json:
         return {"blocks": ids_to_json(blocks), "num_tokens": n}
     if name == "get_prefix_hint":
         assert req is not None
-        hint = getattr(a, "get_prefix_hint", None)
-        if hint is None:
-            raise UnsupportedOperationError(f"{a.name} has no get_prefix_hint")
+        hint = _optional(a, "get_prefix_hint")
         return hint(req)
     if name == "estimate_cached_tokens":
         assert req is not None
-        estimate = getattr(a, "estimate_cached_tokens", None)
-        if estimate is None:
-            raise UnsupportedOperationError(f"{a.name} has no estimate_cached_tokens")
+        estimate = _optional(a, "estimate_cached_tokens")
         return estimate(req)
     if name == "allocate_slots":
         assert req is not None
@@ -166,15 +175,11 @@ def _execute(a: KVCacheAdapter, book: RequestBook, op: Json) -> Json:
         return None
     if name == "record_prefix_cache_stats":
         assert req is not None
-        record = getattr(a, "record_prefix_cache_stats", None)
-        if record is None:
-            raise UnsupportedOperationError(f"{a.name} has no record_prefix_cache_stats")
+        record = _optional(a, "record_prefix_cache_stats")
         record(req, op["num_hits"])
         return None
     if name == "take_kv_cache_block_copies":
-        take = getattr(a, "take_kv_cache_block_copies", None)
-        if take is None:
-            raise UnsupportedOperationError(f"{a.name} has no take_kv_cache_block_copies")
+        take = _optional(a, "take_kv_cache_block_copies")
         copies, retained = take()
         return {"copies": [[src, dst] for src, dst in copies], "retained": list(retained)}
     if name in ("free", "pop_blocks_for_free"):
@@ -215,9 +220,7 @@ def _execute_by_id(a: KVCacheAdapter, op: Json) -> Json:
     if name == "get_block_ids":
         return ids_to_json(a.get_block_ids(op["rid"]))
     if name == "get_block_ids_for_computed_tokens":
-        clipped = getattr(a, "get_block_ids_for_computed_tokens", None)
-        if clipped is None:
-            raise UnsupportedOperationError(f"{a.name} has no get_block_ids_for_computed_tokens")
+        clipped = _optional(a, "get_block_ids_for_computed_tokens")
         return ids_to_json(clipped(op["rid"], op["num_computed_tokens"]))
     if name == "usage":
         return round(a.usage, 9)
