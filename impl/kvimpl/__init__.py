@@ -39,13 +39,15 @@ PROFILE_SWITCHES = frozenset(
         "sink_blocks_reserved", "new_block_ids", "mamba_skip_spec_slack",  # single_type_kv_cache_manager
         "mamba_align_estimate_capped", "pop_drops_leading_nulls",
         "mamba_eagle_counts_verified", "eagle_margin_hashed_cap",  # kv_cache_coordinator.hybrid_hit_search
+        "hybrid_eagle_lookahead", "hybrid_cache_reachable_only",  # kv_cache_coordinator.HybridCoordinator
+        "coarse_hash_last_fine",  # block_pool.coarse_hash, kv_cache_coordinator.KVCacheCoordinator._hashes_for
         "eagle_flags_need_use_eagle", "eagle_group_flags",  # config_rules.eagle_group_ids
         "event_annotations",  # block_pool.BlockPool(annotated_events=...)
         "mamba_step_guard",  # single_type_kv_cache_manager.MambaManager, kv_cache_manager.require_operation
         "admission_controls", "deferred_free", "new_block_ids_list",  # kv_cache_manager
         "stats_at_lookup", "adopt_hit_without_new_tokens", "common_prefix",  # kv_cache_manager
         "lookup_returns_boundary",  # kv_cache_manager.get_prefix_hint
-        "computed_block_ids_op", "estimate_cached_tokens_op",  # kv_cache_manager.require_operation
+        "computed_block_ids_op", "estimate_cached_tokens_op", "prefix_hint_op",  # kv_cache_manager.require_operation
         "estimate_skips_uncacheable",  # config_rules.estimate_groups
         "partial_tail_entries", "fa_tail_below_last_token",  # partial_tail.registers_partial_tail, fa_tail_boundary
         "mamba_tail_entries", "mamba_tail_skip_keyed", "mamba_tail_eagle",  # mamba_tail.cache_mamba_tail_block
@@ -59,7 +61,7 @@ PROFILE_SWITCHES = frozenset(
         # (mm_resume_from_first_feature also by partial_tail.partial_stored_event.)
         "extra_keys_tagged", "mm_resume_from_first_feature", "mm_key_with_offset", "prompt_embeds_digest",
         # Applied by KVCacheConfig's own validation (a configuration kvimpl is given already obeys them).
-        "single_spec_group_hybrid", "mamba_caching_needs_align", "hybrid_rules_v025", "external_cap_any_skip",
+        "single_spec_group_hybrid", "mamba_caching_needs_align", "external_cap_any_skip",
         "circular_buffer_kind", "kpool_tail_kind",  # which release has which ring kind (config.validate_ring_kind)
     }
 )  # fmt: skip

@@ -157,6 +157,7 @@ class BlockPool:
         int_block_hashes: bool = True,
         unhashed_first: bool = True,
         annotated_events: bool = True,
+        coarse_hash_last_fine: bool = True,
     ) -> None:
         """An empty pool: every block but the null block is free, in id order.
 
@@ -164,8 +165,10 @@ class BlockPool:
         queue (else every freed block goes to the tail; see
         :func:`requeue_unhashed_first`). ``annotated_events``: events carry
         extra keys and the group index (profile switch ``event_annotations``;
-        before vLLM 0.25.1 those fields are None)."""
+        before vLLM 0.25.1 those fields are None). ``coarse_hash_last_fine``:
+        how a block coarser than the hash block is keyed (:func:`coarse_hash`)."""
         self.num_gpu_blocks = num_gpu_blocks
+        self.coarse_hash_last_fine = coarse_hash_last_fine
         self.annotated_events = annotated_events
         self.unhashed_first = unhashed_first
         self.enable_caching = enable_caching
@@ -337,6 +340,7 @@ class BlockPool:
         # Keys built inline (make_key(h, g) == h + suffix, the suffix once per call) and
         # the maps typed once here: a NewType call per block costs a third of a lookup.
         suffix = make_key(BlockHash(b""), group_id)
+        last_fine = self.coarse_hash_last_fine or k == 1
         bh, cached = cast(list[Any], self.block_hash), cast(dict[Any, list[BlockId]], self.cached)
         stored: list[int] = []
         for i in range(num_cached_blocks, num_full_blocks):
@@ -344,7 +348,7 @@ class BlockPool:
             if b == NULL_BLOCK or (block_mask is not None and not block_mask[i - num_cached_blocks]):
                 continue
             assert bh[b] is None, f"block {b} is hashed twice"
-            key = fine[(i + 1) * k - 1] + suffix
+            key = (fine[(i + 1) * k - 1] if last_fine else coarse_hash(fine, i, k, False)) + suffix
             bh[b] = key
             ids = cached.get(key)
             if ids is None:
@@ -640,6 +644,18 @@ def _check_free(ref: list[int], blocks: list[BlockId], n_blocks: int) -> None:
             )
 
 
+def coarse_hash(fine: Sequence[BlockHash], i: int, k: int, last_fine: bool) -> BlockHash:
+    """The hash of block ``i`` at ``k`` fine hashes a block: the last fine hash
+    inside it, or, without ``last_fine`` (vLLM 0.16.0, profile switch
+    ``coarse_hash_last_fine``), the concatenation of its fine hashes.
+
+    pre: k >= 1 and i >= 0 and (i + 1) * k <= len(fine)
+    """
+    if last_fine or k == 1:
+        return fine[(i + 1) * k - 1]
+    return BlockHash(b"".join(fine[i * k : (i + 1) * k]))
+
+
 def _stored_event(
     pool: BlockPool,
     request: Request,
@@ -652,7 +668,7 @@ def _stored_event(
 ) -> BlockStored:
     """The BlockStored event of one ``cache_full_blocks`` call (``k`` fine
     hashes per block)."""
-    as_int = pool.int_block_hashes
+    as_int, last_fine = pool.int_block_hashes, pool.coarse_hash_last_fine
     fine = request.block_hashes
     extra_keys, cursor = [], 0
     for i in stored:
@@ -660,8 +676,10 @@ def _stored_event(
         extra_keys.append(keys)
     lora = request.extra.lora
     return BlockStored(
-        block_hashes=tuple(external_block_hash(fine[(i + 1) * k - 1], as_int) for i in stored),
-        parent_block_hash=None if num_cached == 0 else external_block_hash(fine[num_cached * k - 1], as_int),
+        block_hashes=tuple(external_block_hash(coarse_hash(fine, i, k, last_fine), as_int) for i in stored),
+        parent_block_hash=(
+            None if num_cached == 0 else external_block_hash(coarse_hash(fine, num_cached - 1, k, last_fine), as_int)
+        ),
         token_ids=request.all_token_ids[num_cached * block_size : num_full * block_size],
         block_size=block_size,
         lora_id=lora.adapter_id if lora else None,

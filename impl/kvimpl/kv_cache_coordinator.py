@@ -38,9 +38,10 @@ from kvimpl.partial_hits import (
     partial_hash_hits_enabled,
 )
 from kvimpl.partial_tail import registers_partial_tail
-from kvimpl.single_type_kv_cache_manager import find_longest_cache_hit, make_manager
+from kvimpl.single_type_kv_cache_manager import eagle_window_hit_before_drop, find_longest_cache_hit, make_manager
 from kvspec.block_pool import BlockId
 from kvspec.config import AttentionKind, ChunkedLocal, CrossAttention, KVCacheConfig, Mamba, SlidingWindow
+from kvspec.errors import EagleAlignmentLookupError
 from kvspec.hashing import BlockHash, coarse_block_hashes
 from kvspec.request import Request
 
@@ -69,7 +70,7 @@ class KVCacheCoordinator:
         if has_tail_entries(config, self.hash_block_size):
             self.pool = TailBlockPool(*pool_args, mm_resume_from_first=p.mm_resume_from_first_feature)
         else:
-            self.pool = BlockPool(*pool_args)
+            self.pool = BlockPool(*pool_args, coarse_hash_last_fine=p.coarse_hash_last_fine)
         self.eagle_group_ids = eagle_group_ids(config)
         mnbt, mml = batched_tokens(config), config.max_model_len
         # NOTE: the managers run the context-parallel (scaled) kinds, but the admission cap counts
@@ -86,9 +87,12 @@ class KVCacheCoordinator:
         """Hits may end on any hash boundary (:mod:`kvimpl.partial_hits`)."""
         self.hit_alignment = self.hash_block_size if self.partial_hash_hits else self.scheduler_block_size
         """Every hit length is a multiple of this (upstream ``_cache_hit_alignment_tokens``)."""
-        mask_alignment = self.hit_alignment if p.cache_mask_hit_alignment else self.scheduler_block_size
+        mask_alignment: int | None = self.hit_alignment if p.cache_mask_hit_alignment else self.scheduler_block_size
         # The alignment sliding-window caching masks assume: the scheduler block, from vLLM 0.29.0
-        # on the hit alignment (profile switch cache_mask_hit_alignment).
+        # on the hit alignment (profile switch cache_mask_hit_alignment); vLLM 0.16.0 masks nothing
+        # (hybrid_cache_reachable_only off).
+        if not p.hybrid_cache_reachable_only:
+            mask_alignment = None
         for m in self.managers:
             m.cache_mask_alignment = mask_alignment
         self.is_cross = tuple(isinstance(kind, CrossAttention) for kind in config.groups)
@@ -190,7 +194,9 @@ class KVCacheCoordinator:
     def _hashes_for(self, kind: AttentionKind, block_hashes: Sequence[BlockHash]) -> Sequence[BlockHash]:
         if kind.block_size == self.hash_block_size:
             return block_hashes
-        return coarse_block_hashes(block_hashes, self.hash_block_size, kind.block_size)
+        return coarse_block_hashes(
+            block_hashes, self.hash_block_size, kind.block_size, self.config.profile.coarse_hash_last_fine
+        )
 
 
 class NoPrefixCacheCoordinator(KVCacheCoordinator):
@@ -257,6 +263,10 @@ class HybridCoordinator(KVCacheCoordinator):
         """Profile switch read by :func:`hybrid_hit_search`."""
         self.eagle_margin_hashed_cap = p.eagle_margin_hashed_cap
         """Profile switch read by :func:`eagle_search_limit` (through :func:`hybrid_hit_search`)."""
+        self.eagle_lookahead = p.hybrid_eagle_lookahead
+        """Profile switch ``hybrid_eagle_lookahead``: off, :func:`hybrid_hit_search_v016` runs."""
+        self.cache_reachable_only = p.hybrid_cache_reachable_only
+        """Profile switch ``hybrid_cache_reachable_only``, read by :meth:`cache_blocks`."""
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
@@ -269,6 +279,9 @@ class HybridCoordinator(KVCacheCoordinator):
         hits (:mod:`kvimpl.partial_hits`) lengths are multiples of the hash
         block, and a full-attention list keeps ``cdiv(hit, bs)`` blocks.
 
+        Without ``hybrid_eagle_lookahead`` (vLLM 0.16.0) the search is
+        :func:`hybrid_hit_search_v016`, which sets no uncached common prefix.
+
         NOTE: two deliberate departures from vLLM 0.25.1 (docs/divergences.md):
         Mamba groups never take the EAGLE look-ahead ("eagle-mamba-hit"; from
         vLLM 0.26.0 on vLLM agrees, and an EAGLE Mamba group counts its drop
@@ -276,8 +289,11 @@ class HybridCoordinator(KVCacheCoordinator):
         trimmed to the final length ("second-full-group"; vLLM agrees from
         0.29.0 on).
         """
-        hit, hits, longest = hybrid_hit_search_longest(self, block_hashes, max_cache_hit_length)
-        self.num_uncached_common_prefix_tokens = longest - hit
+        if self.eagle_lookahead:
+            hit, hits, longest = hybrid_hit_search_longest(self, block_hashes, max_cache_hit_length)
+            self.num_uncached_common_prefix_tokens = longest - hit
+        else:
+            hit, hits = hybrid_hit_search_v016(self, block_hashes, max_cache_hit_length)
         for sg in self.spec_groups:
             if isinstance(sg.kind, FULL_TYPE_KINDS):
                 for gid in sg.group_ids:
@@ -287,7 +303,11 @@ class HybridCoordinator(KVCacheCoordinator):
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Cache only up to a scheduler-block boundary (hits always end on one;
         with fine-grained hits every token counts); EAGLE groups one block
-        further, the block their look-ahead needs."""
+        further, the block their look-ahead needs. vLLM 0.16.0 (profile switch
+        ``hybrid_cache_reachable_only`` off) caches every full block."""
+        if not self.cache_reachable_only:
+            super().cache_blocks(request, num_tokens)
+            return
         sched = self.scheduler_block_size
         aligned = num_tokens if self.partial_hash_hits else num_tokens // sched * sched
         for m in self.managers:
@@ -348,6 +368,58 @@ def hybrid_hit_search_longest(
         hit = cur
         if simple:
             return hit, hits, longest
+
+
+def hybrid_hit_search_v016(
+    coord: HybridCoordinator, block_hashes: Sequence[BlockHash], max_len: int
+) -> tuple[int, list[list[BlockId]]]:
+    """vLLM 0.16.0's fixed point (profile switch ``hybrid_eagle_lookahead``
+    off; kvspec's ``hybrid_hit_search_v016``): every lookup drops its EAGLE
+    block, full attention is looked up once and then cut, a "simple" hybrid
+    (two spec groups, full attention first) stops after one pass. Returns the
+    hit length and untrimmed hit lists per group."""
+    hits: list[list[BlockId]] = [[] for _ in coord.managers]
+    searched: set[int] = set()
+    simple = len(coord.spec_groups) == 2 and isinstance(coord.spec_groups[0].kind, FULL_TYPE_KINDS)
+    hit = max_len
+    while True:
+        cur = hit
+        for idx, sg in enumerate(coord.spec_groups):
+            bs = sg.kind.block_size
+            if idx in searched and isinstance(sg.kind, FULL_TYPE_KINDS):
+                cur = cur // bs * bs
+                continue
+            found = v016_spec_group_hit(coord, sg, block_hashes, cur)
+            searched.add(idx)
+            cur = len(found[0]) * bs
+            for gid, blocks in zip(sg.group_ids, found, strict=True):
+                hits[gid] = blocks
+        if cur >= hit or simple:
+            return cur, hits
+        hit = cur
+
+
+def v016_spec_group_hit(
+    coord: HybridCoordinator, sg: SpecGroup, block_hashes: Sequence[BlockHash], limit: int
+) -> list[list[BlockId]]:
+    """One spec group's hit in vLLM 0.16.0's search: aligned to the scheduler
+    block, its EAGLE block dropped.
+
+    Raises:
+        EagleAlignmentLookupError: A sliding-window EAGLE group whose block is
+            not the scheduler block finds a hit (0.16.0 asserts there).
+    """
+    kind, align = sg.kind, coord.scheduler_block_size
+    hashes = coord._hashes_for(kind, block_hashes)
+    if isinstance(kind, SlidingWindow) and sg.use_eagle and kind.block_size != align:
+        if eagle_window_hit_before_drop(kind, hashes, limit, sg.group_ids, coord.pool, align):
+            raise EagleAlignmentLookupError(
+                f"get_computed_blocks: sliding-window group {sg.group_ids[0]} (block size {kind.block_size}) "
+                f"finds an EAGLE hit, but its block is not the scheduler block ({align}); "
+                f"vLLM {coord.config.profile.release} fails an assertion here"
+            )
+        return [[] for _ in sg.group_ids]
+    return find_longest_cache_hit(kind, hashes, limit, sg.group_ids, coord.pool, sg.use_eagle, align)
 
 
 def spec_group_hit(

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import cast
 
-from kvimpl.block_pool import NULL_BLOCK
+from kvimpl.block_pool import NULL_BLOCK, coarse_hash
 from kvimpl.checks import REQUEST_TYPES, check_request, check_request_id, is_int
 from kvimpl.config_rules import (
     FULL_TYPE_KINDS,
@@ -146,16 +146,20 @@ class KVCacheManager(StepAPI):
         Raises:
             ContextParallelLookupError: A sliding-window, chunked-local or Mamba
                 group under context parallelism (:func:`kvimpl.config_rules.cp_lookup_refusal`).
+            EagleAlignmentLookupError: vLLM 0.16.0's assertion on a sliding-window
+                EAGLE hit in a group whose block is not the scheduler block
+                (:func:`kvimpl.kv_cache_coordinator.v016_spec_group_hit`).
         """
         check_request(request)
         if self.enable_caching and not request.skip_reading_prefix_cache and len(self.kinds) == 1:
             refusal = cp_lookup_refusal(self.config.groups[0], self.config)
             if refusal is not None:
                 raise ContextParallelLookupError(f"get_computed_blocks: {refusal}")
-        self.shared_prefix_boundary.pop(request.request_id, None)
         if not self.enable_caching or request.skip_reading_prefix_cache:
+            self.shared_prefix_boundary.pop(request.request_id, None)
             return self._ids(tuple([] for _ in self.config.groups)), 0
         blocks, n = self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
+        self.shared_prefix_boundary.pop(request.request_id, None)
         uncached = self.coordinator.num_uncached_common_prefix_tokens
         if uncached:
             self.shared_prefix_boundary[request.request_id] = n + uncached
@@ -168,7 +172,12 @@ class KVCacheManager(StepAPI):
         lookup (kvspec's ``KVCacheManager.get_prefix_hint``): the coordinator's
         ``num_uncached_common_prefix_tokens`` up to vLLM 0.25.1, the request's
         ``shared_prefix_boundary`` from 0.26.0 on. Changes nothing.
+
+        Raises:
+            UnsupportedOperationError: In vLLM 0.16.0 (switch ``prefix_hint_op``).
+            InvalidRequestError: ``request`` is not a Request.
         """
+        require_operation(self.config.profile, "get_prefix_hint")
         check_request(request)
         if self.lookup_returns_boundary:
             return self.shared_prefix_boundary.get(request.request_id, 0)
@@ -615,19 +624,19 @@ class KVCacheManager(StepAPI):
                 )
         hbs, partial_hits = self.coordinator.hash_block_size, self.coordinator.partial_hash_hits
         pool = self.block_pool
-        fine, bh = request.block_hashes, pool.block_hash
+        fine, bh, last_fine = request.block_hashes, pool.block_hash, pool.coarse_hash_last_fine
         for g, (kind, ids) in enumerate(zip(self.kinds, hits, strict=True)):
             k = kind.block_size // hbs if kind.block_size % hbs == 0 else 0
             num_hashes = len(fine) // k if k else 0
             suffix = make_key(BlockHash(b""), g)  # make_key(h, g) == h + suffix, inlined below
             last = len(ids) - 1
             for i, b in enumerate(ids):
-                if b == NULL_BLOCK or (i < num_hashes and bh[b] == fine[(i + 1) * k - 1] + suffix):
+                if b == NULL_BLOCK or (i < num_hashes and bh[b] == coarse_hash(fine, i, k, last_fine) + suffix):
                     continue
                 # Not the primary key: a secondary one (kvimpl.block_pool.TailBlockPool) counts too,
                 # and the last block of a fine-grained hit may be cached at a hash boundary inside it.
                 keys = pool.keys_of(BlockId(b))
-                full = i < num_hashes and fine[(i + 1) * k - 1] + suffix in keys
+                full = i < num_hashes and coarse_hash(fine, i, k, last_fine) + suffix in keys
                 inner = k > 0 and partial_hits and i == last and partial_hit_keyed(fine, k, i, suffix, keys)
                 if not full and not inner:
                     raise StaleHitError(
@@ -683,7 +692,7 @@ def inv_hash_content(mgr: KVCacheManager) -> bool:
             req = mgr.requests.get(rid)
             if req is None or m.block_size % hbs:
                 continue
-            hashes = coarse_block_hashes(req.block_hashes, hbs, m.block_size)
+            hashes = coarse_block_hashes(req.block_hashes, hbs, m.block_size, mgr.block_pool.coarse_hash_last_fine)
             for i, b in enumerate(table[: m.num_cached_block.get(rid, 0)]):
                 key = mgr.block_pool.block_hash[b]
                 if b != NULL_BLOCK and key is not None and key != make_key(hashes[i], g):
@@ -724,6 +733,7 @@ _OPERATION_SWITCHES = {
     "new_step_starts": "mamba_step_guard",
     "get_block_ids_for_computed_tokens": "computed_block_ids_op",
     "estimate_cached_tokens": "estimate_cached_tokens_op",
+    "get_prefix_hint": "prefix_hint_op",
 }
 
 

@@ -79,6 +79,7 @@ NATIVE_SWITCHES = frozenset(
         "eagle_margin_hashed_cap", "eagle_flags_need_use_eagle", "stats_at_lookup", "adopt_hit_without_new_tokens",
         "common_prefix", "pop_drops_leading_nulls", "lookup_returns_boundary",
         "computed_block_ids_op",  # NativeKVCacheManager.get_block_ids_for_computed_tokens (in Python)
+        "prefix_hint_op",  # NativeKVCacheManager.get_prefix_hint (in Python)
         "estimate_cached_tokens_op", "estimate_skips_uncacheable",  # NativeKVCacheManager.estimate_cached_tokens
         # Applied before the core sees a value (the request hasher) or by KVCacheConfig's validation.
         "extra_keys_tagged", "mm_resume_from_first_feature", "single_spec_group_hybrid", "mamba_caching_needs_align",
@@ -384,7 +385,13 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
         return min(found, default=0)
 
     def get_prefix_hint(self, request: Any) -> int:
-        """The scheduler's prefix hint (see the Python manager's ``get_prefix_hint``)."""
+        """The scheduler's prefix hint (see the Python manager's ``get_prefix_hint``).
+
+        Raises:
+            UnsupportedOperationError: In vLLM 0.16.0 (switch ``prefix_hint_op``).
+        """
+        if not self.config.profile.prefix_hint_op:
+            raise UnsupportedOperationError(f"get_prefix_hint: not in {self.config.profile.name}")
         self.get_blocks(request.request_id)  # the request-id check of the Python manager's check_request
         if self.config.profile.lookup_returns_boundary:
             return self.shared_prefix_boundary.get(request.request_id, 0)

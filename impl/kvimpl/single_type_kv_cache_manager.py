@@ -94,8 +94,8 @@ class SingleTypeKVCacheManager:
         self.req_to_blocks: dict[str, list[BlockId]] = {}
         self.num_cached_block: dict[str, int] = {}
         self.new_block_ids: list[BlockId] = []
-        self.cache_mask_alignment = scheduler_block_size
-        """Alignment of the caching mask (set by the coordinator, :mod:`kvimpl.partial_hits`)."""
+        self.cache_mask_alignment: int | None = scheduler_block_size
+        """Alignment of the caching mask, None for no mask (set by the coordinator)."""
         self.partial_hit: dict[str, tuple[int, BlockId]] = {}
         """Requests whose table entry (index, block) is shared and is privatised at
         their next allocation (upstream ``_partial_hit_reqs``)."""
@@ -200,7 +200,10 @@ class SingleTypeKVCacheManager:
         num_cached = self.num_cached_block.get(rid, 0)
         num_full = num_tokens // self.block_size
         if num_cached < num_full:
-            mask = reachable_block_mask(self.mask_kind, num_cached, num_full, self.cache_mask_alignment, self.use_eagle)
+            align = self.cache_mask_alignment
+            mask = None
+            if align is not None:
+                mask = reachable_block_mask(self.mask_kind, num_cached, num_full, align, self.use_eagle)
             table = self.req_to_blocks.setdefault(rid, [])
             self.pool.cache_full_blocks(request, table, num_cached, num_full, self.block_size, self.group_id, mask)
             self.num_cached_block[rid] = num_full
@@ -885,6 +888,23 @@ def cached_in_group(
         else:
             out.append(None)
     return out
+
+
+def eagle_window_hit_before_drop(
+    kind: SlidingWindow,
+    block_hashes: Sequence[BlockHash],
+    max_length: int,
+    group_ids: Sequence[int],
+    pool: BlockPool,
+    alignment: int,
+) -> bool:
+    """Whether vLLM 0.16.0's sliding-window search under EAGLE finds a hit
+    before it drops the EAGLE block (kvspec's ``eagle_window_hit_before_drop``):
+    where the block is not ``alignment``, 0.16.0 then fails an assertion."""
+    max_blocks = max(max_length, 0) // kind.block_size
+    present = [pool.get_cached_block(h, group_ids) is not None for h in block_hashes[:max_blocks]]
+    need = contiguous_blocks_for_hit(kind.window, kind.block_size, True)
+    return sliding_window_hit(present, need, False, kind.block_size, alignment)[1] > 0
 
 
 def reachable_block_mask(

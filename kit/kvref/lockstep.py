@@ -545,7 +545,8 @@ class EventLog:
         self.counts: dict[tuple[Json, Json], int] = {}
         self.consumed = 0
         self.parents: dict[tuple[Json, Json], Json] = {}
-        """``(hash, group) -> parent hash`` as the events told it (kept across clears)."""
+        """``(hash, group) -> parent hash`` as the events told it (kept across
+        clears); without group indices ``(hash, block size)``."""
 
     def consume(self, events: list[Json]) -> str:
         """Apply events (as :func:`kvref.ops.event_to_json` writes them);
@@ -588,11 +589,16 @@ class EventLog:
         hashes, block_size = event.get("block_hashes", []), event.get("block_size") or 0
         if not hashes or not block_size or len(event.get("token_ids", [])) != len(hashes) * block_size:
             return ""
+        # Without group indices (before vLLM 0.25.1) a block's granularity is
+        # told by its block size alone: a group coarser than the hash block
+        # reports its blocks under their last fine hash's 64 bits, which a
+        # finer group reports too, with another parent.
+        scope = f"group {group}" if self.grouped else f"block size {block_size}"
         for parent, h in zip([event.get("parent_block_hash"), *hashes[:-1]], hashes, strict=True):
-            known = self.parents.setdefault((h, group), parent)
+            known = self.parents.setdefault((h, scope), parent)
             if known != parent:
                 return (
-                    f"event #{self.consumed} stores hash {h!r} of group {group} with parent {parent!r}, "
+                    f"event #{self.consumed} stores hash {h!r} ({scope}) with parent {parent!r}, "
                     f"an earlier event gave it parent {known!r} (a block hash has one parent)"
                 )
         return ""

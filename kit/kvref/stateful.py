@@ -417,7 +417,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         hit = 0
         looked_up = st_.computed == 0
         if looked_up:
-            found = self._call({"op": "get_computed_blocks", "rid": rid})
+            found = self._lookup(rid)
+            if found is None:
+                return  # the release fails this lookup (nothing changed); the request stays waiting
             hit = found["num_tokens"]
             assert self.lock is not None
             if hit:
@@ -425,7 +427,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             # NOTE: the hint can only be non-zero for a cached hybrid (one
             # coordinator computes it); elsewhere reading it would lengthen
             # every history and its shrunk traces for a constant 0.
-            if len(self.cfg.groups) > 1 and self.cfg.enable_caching:
+            if len(self.cfg.groups) > 1 and self.cfg.enable_caching and self.cfg.profile.prefix_hint_op:
                 if self._sched.read_hint(rid):
                     self.lock.stats.prefix_hints += 1
                 self.lock.stats.prefix_hint_reads += 1
@@ -606,11 +608,18 @@ class SchedulerMachine(RuleBasedStateMachine):
         else:
             if rid not in self.running:
                 return
-            found = self._call({"op": "get_computed_blocks", "rid": rid})
-            if not any(found["blocks"]):
+            found = self._lookup(rid)
+            if found is None or not any(found["blocks"]):
                 return
             op["new_computed_blocks"] = found["blocks"]
         self._call(op, expect_unchanged=True)
+
+    def _lookup(self, rid: str) -> Json | None:
+        """``get_computed_blocks`` of ``rid``; None where the release fails the
+        lookup with a typed error (context parallelism, vLLM 0.16.0's EAGLE
+        alignment assertion), which changes nothing."""
+        found = self._call({"op": "get_computed_blocks", "rid": rid})
+        return None if isinstance(found, dict) and "error" in found else found
 
     def _stale_hit(self) -> None:
         """Hits evicted between lookup and allocation must be rejected."""
@@ -619,7 +628,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         rid = self.waiting[0]
         if self.reqs[rid].computed:
             return
-        found = self._call({"op": "get_computed_blocks", "rid": rid})
+        found = self._lookup(rid)
+        if found is None:
+            return
         real = sorted({b for g in found["blocks"] for b in g if b != 0})
         if not real:
             return
@@ -635,7 +646,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         rid = self.waiting[0]
         if self.reqs[rid].computed:
             return
-        found = self._call({"op": "get_computed_blocks", "rid": rid})
+        found = self._lookup(rid)
+        if found is None:
+            return
         slots = [(g, i) for g, ids in enumerate(found["blocks"]) for i, b in enumerate(ids) if b != 0]
         if not slots:
             return

@@ -297,7 +297,9 @@ class BlockPool:
     def _hashes_at(self, request: Request, block_size: int) -> Sequence[BlockHash]:
         if block_size == self.hash_block_size:
             return request.block_hashes
-        return coarse_block_hashes(request.block_hashes, self.hash_block_size, block_size)
+        return coarse_block_hashes(
+            request.block_hashes, self.hash_block_size, block_size, self.profile.coarse_hash_last_fine
+        )
 
 
 def requeue_unhashed_first(pool: BlockPool) -> bool:

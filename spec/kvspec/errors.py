@@ -98,3 +98,11 @@ class ContextParallelLookupError(KVCacheError):
     """A prefix-cache lookup of a kind that refuses decode/prefill context
     parallelism (sliding window, chunked local, Mamba with a DCP or PCP size
     above 1; vLLM asserts at ``find_longest_cache_hit``). Nothing changes."""
+
+
+class EagleAlignmentLookupError(KVCacheError):
+    """A prefix-cache lookup vLLM 0.16.0 fails: in a cached hybrid under EAGLE,
+    a sliding-window group whose block size is not the scheduler block size
+    finds a hit (0.16.0's sliding-window search asserts that the two sizes are
+    equal before it drops the EAGLE block; profile switch
+    ``hybrid_eagle_lookahead`` off). Nothing changes."""

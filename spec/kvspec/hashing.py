@@ -199,17 +199,24 @@ def extend_block_hashes(
     return tuple(hashes)
 
 
-def coarse_block_hashes(fine: Sequence[BlockHash], hash_block_size: int, block_size: int) -> tuple[BlockHash, ...]:
+def coarse_block_hashes(
+    fine: Sequence[BlockHash], hash_block_size: int, block_size: int, last_fine: bool = True
+) -> tuple[BlockHash, ...]:
     """View fine hashes at a coarser ``block_size`` (a multiple of the fine size).
 
     Coarse block ``j`` is the last fine hash inside it, which already chains
-    the whole prefix (upstream: ``BlockHashListWithBlockSize``).
+    the whole prefix; without ``last_fine`` (vLLM 0.16.0, profile switch
+    ``coarse_hash_last_fine``) the concatenation of the fine hashes inside it,
+    in order (upstream: ``BlockHashListWithBlockSize``). Either way a 64-bit
+    event hash, the key's low 64 bits, is that of the last fine hash.
 
     pre: hash_block_size > 0 and block_size > 0 and block_size % hash_block_size == 0
     post: len(__return__) == len(fine) // (block_size // hash_block_size)
     """
     k = block_size // hash_block_size
-    return tuple(fine[(j + 1) * k - 1] for j in range(len(fine) // k))
+    if last_fine:
+        return tuple(fine[(j + 1) * k - 1] for j in range(len(fine) // k))
+    return tuple(BlockHash(b"".join(fine[j * k : (j + 1) * k])) for j in range(len(fine) // k))
 
 
 def make_key(block_hash: BlockHash, group_id: int) -> BlockHashWithGroupId:

@@ -22,9 +22,11 @@ from kvspec.config import (
     CrossAttention,
     KVCacheConfig,
     Mamba,
+    SlidingWindow,
     admission_cap,
     prefix_cacheable,
 )
+from kvspec.errors import EagleAlignmentLookupError
 from kvspec.hashing import BlockHash, coarse_block_hashes
 from kvspec.partial_hits import (
     eagle_margin,
@@ -34,7 +36,12 @@ from kvspec.partial_hits import (
     partial_hash_hits_enabled,
 )
 from kvspec.request import Request
-from kvspec.single_type_kv_cache_manager import MambaManager, find_longest_cache_hit, make_manager
+from kvspec.single_type_kv_cache_manager import (
+    MambaManager,
+    eagle_window_hit_before_drop,
+    find_longest_cache_hit,
+    make_manager,
+)
 
 GroupBlocks = tuple[list[BlockId], ...]
 
@@ -83,10 +90,13 @@ class KVCacheCoordinator:
             if config.profile.cp_swa_mask_unscaled:
                 m.mask_kind = engine_kind
 
-    def cache_mask_alignment(self) -> int:
+    def cache_mask_alignment(self) -> int | None:
         """The alignment sliding-window caching masks assume: the scheduler
         block, from vLLM 0.29.0 on the hit alignment (profile switch
-        ``cache_mask_hit_alignment``)."""
+        ``cache_mask_hit_alignment``); None, no mask, in vLLM 0.16.0
+        (``hybrid_cache_reachable_only`` off)."""
+        if not self.config.profile.hybrid_cache_reachable_only:
+            return None
         return self.hit_alignment if self.config.profile.cache_mask_hit_alignment else self.scheduler_block_size
 
     def find_longest_cache_hit(
@@ -186,7 +196,9 @@ class KVCacheCoordinator:
     def _hashes_for(self, kind: AttentionKind, block_hashes: Sequence[BlockHash]) -> Sequence[BlockHash]:
         if kind.block_size == self.hash_block_size:
             return block_hashes
-        return coarse_block_hashes(block_hashes, self.hash_block_size, kind.block_size)
+        return coarse_block_hashes(
+            block_hashes, self.hash_block_size, kind.block_size, self.config.profile.coarse_hash_last_fine
+        )
 
 
 class NoPrefixCacheCoordinator(KVCacheCoordinator):
@@ -260,6 +272,9 @@ class HybridCoordinator(KVCacheCoordinator):
         hits (:mod:`kvspec.partial_hits`) lengths are multiples of the hash
         block, and a full-attention list keeps ``cdiv(hit, bs)`` blocks.
 
+        Without ``hybrid_eagle_lookahead`` (vLLM 0.16.0) the search is
+        :func:`hybrid_hit_search_v016`, which sets no uncached common prefix.
+
         NOTE: two deliberate departures from vLLM 0.25.1 (docs/divergences.md):
         Mamba groups never take the EAGLE look-ahead ("eagle-mamba-hit"; from
         vLLM 0.26.0 on vLLM agrees, and an EAGLE Mamba group counts its drop
@@ -267,8 +282,11 @@ class HybridCoordinator(KVCacheCoordinator):
         trimmed to the final length ("second-full-group"; vLLM agrees from
         0.29.0 on).
         """
-        hit, hits, longest = hybrid_hit_search_longest(self, block_hashes, max_cache_hit_length)
-        self.num_uncached_common_prefix_tokens = longest - hit
+        if self.config.profile.hybrid_eagle_lookahead:
+            hit, hits, longest = hybrid_hit_search_longest(self, block_hashes, max_cache_hit_length)
+            self.num_uncached_common_prefix_tokens = longest - hit
+        else:
+            hit, hits = hybrid_hit_search_v016(self, block_hashes, max_cache_hit_length)
         for sg in self.spec_groups:
             if isinstance(sg.kind, FULL_TYPE_KINDS):
                 for gid in sg.group_ids:
@@ -278,7 +296,11 @@ class HybridCoordinator(KVCacheCoordinator):
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Cache only up to a scheduler-block boundary (hits always end on one;
         with fine-grained hits every token counts); EAGLE groups one block
-        further, the block their look-ahead needs."""
+        further, the block their look-ahead needs. vLLM 0.16.0 (profile switch
+        ``hybrid_cache_reachable_only`` off) caches every full block."""
+        if not self.config.profile.hybrid_cache_reachable_only:
+            super().cache_blocks(request, num_tokens)
+            return
         sched = self.scheduler_block_size
         aligned = num_tokens if self.partial_hash_hits else num_tokens // sched * sched
         for m in self.managers:
@@ -336,6 +358,63 @@ def hybrid_hit_search_longest(
         hit = cur
         if simple:
             return hit, hits, longest
+
+
+def hybrid_hit_search_v016(
+    coord: HybridCoordinator, block_hashes: Sequence[BlockHash], max_len: int
+) -> tuple[int, list[list[BlockId]]]:
+    """vLLM 0.16.0's fixed point (profile switch ``hybrid_eagle_lookahead``
+    off): the hit length and untrimmed hit lists per group.
+
+    Each pass asks every spec group in turn for its hit within the current
+    length; a full-attention group is looked up once and afterwards only cut
+    to the length. Under EAGLE every lookup drops its last block, with no
+    look-ahead, so a sliding-window group loses a block on every pass until a
+    pass changes nothing (often at 0); a "simple" hybrid, two spec groups with
+    full attention first, stops after one pass. A sliding-window EAGLE hit in
+    a group whose block is not the scheduler block raises (:func:`v016_spec_group_hit`).
+    """
+    hits: list[list[BlockId]] = [[] for _ in coord.managers]
+    searched: set[int] = set()
+    simple = len(coord.spec_groups) == 2 and isinstance(coord.spec_groups[0].kind, FULL_TYPE_KINDS)
+    hit = max_len
+    while True:
+        cur = hit
+        for idx, sg in enumerate(coord.spec_groups):
+            if isinstance(sg.kind, FULL_TYPE_KINDS) and idx in searched:
+                cur = cur // sg.kind.block_size * sg.kind.block_size
+                continue
+            found = v016_spec_group_hit(coord, sg, block_hashes, cur)
+            searched.add(idx)
+            cur = len(found[0]) * sg.kind.block_size
+            for gid, blocks in zip(sg.group_ids, found, strict=True):
+                hits[gid] = blocks
+        if cur >= hit or simple:
+            return cur, hits
+        hit = cur
+
+
+def v016_spec_group_hit(
+    coord: HybridCoordinator, sg: SpecGroup, block_hashes: Sequence[BlockHash], limit: int
+) -> list[list[BlockId]]:
+    """One spec group's hit of at most ``limit`` tokens in vLLM 0.16.0's
+    search: aligned to the scheduler block, its EAGLE block dropped.
+
+    Raises:
+        EagleAlignmentLookupError: A sliding-window EAGLE group whose block is
+            not the scheduler block finds a hit (0.16.0 asserts there).
+    """
+    kind, align = sg.kind, coord.scheduler_block_size
+    hashes = coord._hashes_for(kind, block_hashes)
+    if isinstance(kind, SlidingWindow) and sg.use_eagle and kind.block_size != align:
+        if eagle_window_hit_before_drop(kind, hashes, limit, sg.group_ids, coord.pool, align):
+            raise EagleAlignmentLookupError(
+                f"get_computed_blocks: sliding-window group {sg.group_ids[0]} (block size {kind.block_size}) "
+                f"finds an EAGLE hit, but its block is not the scheduler block ({align}); "
+                f"vLLM {coord.config.profile.release} fails an assertion here"
+            )
+        return [[] for _ in sg.group_ids]
+    return find_longest_cache_hit(kind, hashes, limit, sg.group_ids, coord.pool, sg.use_eagle, align)
 
 
 def spec_group_hit(

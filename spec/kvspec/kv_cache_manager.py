@@ -98,16 +98,20 @@ class KVCacheManager:
         Raises:
             ContextParallelLookupError: A sliding-window, chunked-local or Mamba
                 group under context parallelism (:func:`kvspec.config.cp_lookup_refusal`).
+            EagleAlignmentLookupError: vLLM 0.16.0's assertion on a sliding-window
+                EAGLE hit in a group whose block is not the scheduler block
+                (:func:`kvspec.kv_cache_coordinator.v016_spec_group_hit`).
         """
         check_request(request)
         if self.enable_caching and not request.skip_reading_prefix_cache:
             refusal = cp_lookup_refusal(self.config.groups[0], self.config) if len(self.kinds) == 1 else None
             if refusal is not None:
                 raise ContextParallelLookupError(f"get_computed_blocks: {refusal}")
-        self.shared_prefix_boundary.pop(request.request_id, None)
         if not self.enable_caching or request.skip_reading_prefix_cache:
+            self.shared_prefix_boundary.pop(request.request_id, None)
             return self._ids(tuple([] for _ in self.config.groups)), 0
         blocks, n = self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
+        self.shared_prefix_boundary.pop(request.request_id, None)
         uncached = self.coordinator.num_uncached_common_prefix_tokens
         if uncached:
             self.shared_prefix_boundary[request.request_id] = n + uncached
@@ -124,7 +128,13 @@ class KVCacheManager:
         that searched, whichever request), from 0.26.0 on the request's
         ``shared_prefix_boundary`` (0 without an uncached shared prefix).
         Changes nothing.
+
+        Raises:
+            UnsupportedOperationError: In vLLM 0.16.0, whose scheduler reads no
+                hint (switch ``prefix_hint_op``).
+            InvalidRequestError: ``request`` is not a Request.
         """
+        require_operation(self.config.profile, "get_prefix_hint")
         check_request(request)
         return prefix_hint(
             self.config.profile.lookup_returns_boundary,
@@ -509,12 +519,14 @@ class KVCacheManager:
                     f"allocate_slots: the null block in group {g}'s hit: a full-attention hit never contains it"
                 )
         hbs, fine = self.coordinator.hash_block_size, self.coordinator.partial_hash_hits
+        last_fine = self.config.profile.coarse_hash_last_fine
         for g, (kind, ids) in enumerate(zip(self.kinds, hits, strict=True)):
             for i, b in enumerate(ids):
                 if kind.block_size % hbs:
                     expected = []
                 else:
-                    expected = hit_keys(request.block_hashes, hbs, kind.block_size, g, i, fine and i == len(ids) - 1)
+                    partial = fine and i == len(ids) - 1
+                    expected = hit_keys(request.block_hashes, hbs, kind.block_size, g, i, partial, last_fine)
                 if b != NULL_BLOCK and not set(expected) & set(self.block_pool.keys_of(BlockId(b))):
                     raise StaleHitError(
                         f"allocate_slots: hit block {b} (group {g}, index {i}) is no longer cached for "
@@ -563,6 +575,7 @@ OPERATION_SWITCHES = {
     "new_step_starts": "mamba_step_guard",
     "get_block_ids_for_computed_tokens": "computed_block_ids_op",
     "estimate_cached_tokens": "estimate_cached_tokens_op",
+    "get_prefix_hint": "prefix_hint_op",
 }
 """Facade operations that exist only with a profile switch on."""
 
@@ -574,7 +587,8 @@ def require_operation(profile: SemanticsProfile, op: str) -> None:
     popped every block it is given is a double free), ``take_new_block_ids`` needs ``new_block_ids_list``,
     ``new_step_starts`` needs ``mamba_step_guard``, ``get_block_ids_for_computed_tokens``
     needs ``computed_block_ids_op`` (all from vLLM 0.25.1), ``estimate_cached_tokens``
-    needs ``estimate_cached_tokens_op`` (from 0.26.0)."""
+    needs ``estimate_cached_tokens_op`` (from 0.26.0), ``get_prefix_hint``
+    needs ``prefix_hint_op`` (0.25.1 on)."""
     if not getattr(profile, OPERATION_SWITCHES[op]):
         raise UnsupportedOperationError(f"{op}: not in {profile.name}")
 
@@ -666,17 +680,27 @@ def inv_group_exclusive(mgr: KVCacheManager) -> bool:
 
 
 def hit_keys(
-    fine: Sequence[BlockHash], hash_block_size: int, block_size: int, group_id: int, i: int, partial: bool
+    fine: Sequence[BlockHash],
+    hash_block_size: int,
+    block_size: int,
+    group_id: int,
+    i: int,
+    partial: bool,
+    last_fine: bool = True,
 ) -> list[BlockHashWithGroupId]:
     """The keys under which the hit block at table index ``i`` may be cached
-    for a request with hashes ``fine``: its full-block key; with ``partial``
-    (the last block of a fine-grained hit) also the key of any hash boundary
-    inside the block (:mod:`kvspec.partial_hits`).
+    for a request with hashes ``fine``: its full-block key (the coarse hash of
+    :func:`kvspec.hashing.coarse_block_hashes`, ``last_fine`` as there); with
+    ``partial`` (the last block of a fine-grained hit) also the key of any
+    hash boundary inside the block (:mod:`kvspec.partial_hits`).
 
     pre: hash_block_size >= 1 and block_size % hash_block_size == 0 and i >= 0
     """
     k = block_size // hash_block_size
-    keys = [make_key(fine[(i + 1) * k - 1], group_id)] if (i + 1) * k <= len(fine) else []
+    keys = []
+    if (i + 1) * k <= len(fine):
+        whole = fine[(i + 1) * k - 1] if last_fine else BlockHash(b"".join(fine[i * k : (i + 1) * k]))
+        keys.append(make_key(whole, group_id))
     if partial:
         keys += [make_key(fine[j], group_id) for j in range(i * k, min((i + 1) * k - 1, len(fine)))]
     return keys
@@ -717,7 +741,7 @@ def inv_hash_content(mgr: KVCacheManager) -> bool:
             req = mgr.requests.get(rid)
             if req is None or m.block_size % hbs:
                 continue
-            hashes = coarse_block_hashes(req.block_hashes, hbs, m.block_size)
+            hashes = coarse_block_hashes(req.block_hashes, hbs, m.block_size, mgr.config.profile.coarse_hash_last_fine)
             for i, b in enumerate(table[: m.num_cached_block.get(rid, 0)]):
                 key = mgr.block_pool.block_hash[b]
                 if b != NULL_BLOCK and key is not None and key != make_key(hashes[i], g):

@@ -162,6 +162,10 @@ class SemanticsProfile:
     new_block_ids_list: bool = True
     """``take_new_block_ids`` exists (before 0.25.1 there is no zeroing list):
     :func:`kvspec.kv_cache_manager.require_operation`."""
+    prefix_hint_op: bool = True
+    """The scheduler reads a prefix hint after each lookup (0.16.0's
+    coordinator has no ``num_uncached_common_prefix_tokens`` and its scheduler
+    reads none): :func:`kvspec.kv_cache_manager.require_operation`."""
     computed_block_ids_op: bool = True
     """``get_block_ids_for_computed_tokens`` exists (the tables clipped to the
     computed tokens, which the scheduler hands a KV connector; new in 0.25.1):
@@ -195,14 +199,26 @@ class SemanticsProfile:
     coordinator's last ``num_uncached_common_prefix_tokens``:
     :func:`kvspec.kv_cache_manager.prefix_hint`."""
 
-    # -- rules of 0.16.0's cached hybrids and degenerate windows (not modelled yet) ---------
-    hybrid_rules_v025: bool = True
-    """Cached hybrids follow 0.25.1's rules: coarse hashes are the last fine
-    hash (0.16.0: the concatenation), caching is aligned to the scheduler
-    block (plus one for EAGLE) and masked to SWA-reachable blocks, the hybrid
-    EAGLE search looks one block ahead, hits are touched before external
-    tokens take blocks. Without it (0.16.0) kvspec refuses cached hybrids:
-    :func:`unsupported_reason`."""
+    # -- rules of cached hybrids that changed between 0.16.0 and 0.25.1 --------------------
+    coarse_hash_last_fine: bool = True
+    """A group coarser than the hash block keys each block by the last fine
+    hash inside it, which already chains the whole prefix (0.16.0: by the
+    concatenation of its fine hashes): :func:`kvspec.hashing.coarse_block_hashes`."""
+    hybrid_cache_reachable_only: bool = True
+    """A cached hybrid caches its blocks only up to a scheduler-block boundary
+    (an EAGLE group one block further) and a sliding-window group only the
+    blocks a hit can reach (0.16.0: every group caches all its full blocks):
+    :meth:`kvspec.kv_cache_coordinator.HybridCoordinator.cache_blocks`."""
+    hybrid_eagle_lookahead: bool = True
+    """The hybrid hit search lets an EAGLE group look one block past the
+    candidate length and drop that block, once per candidate (0.16.0: every
+    lookup drops a block, so sliding-window groups lose one on every pass of
+    the fixed point, which a "simple" hybrid of full attention and one other
+    kind cuts to one pass; and a sliding-window EAGLE hit in a group whose
+    block is not the scheduler block fails an assertion):
+    :func:`kvspec.kv_cache_coordinator.hybrid_hit_search_v016`."""
+
+    # -- a rule of 0.16.0's degenerate windows (not modelled yet) ---------------------------
     external_cap_any_skip: bool = True
     """The external-token cap applies whenever tokens are skipped (0.16.0:
     only when a whole block is), which differs only for a sliding window of 1
@@ -258,7 +274,10 @@ VLLM_0_16_0 = SemanticsProfile(
     deferred_free=False,
     new_block_ids_list=False,
     computed_block_ids_op=False,
-    hybrid_rules_v025=False,
+    prefix_hint_op=False,
+    coarse_hash_last_fine=False,
+    hybrid_cache_reachable_only=False,
+    hybrid_eagle_lookahead=False,
     external_cap_any_skip=False,
     cp_swa_mask_unscaled=False,
 )
@@ -270,8 +289,10 @@ freeing skipped blocks, and a state cached this step is usable at once; no
 watermark, admission arguments, deferred free, zeroing list or clipped
 tables for a connector; context
 parallelism scales every group's block size by DCP x PCP and the window
-cache mask uses the scaled size. Cached hybrids and degenerate windows are
-refused (not modelled yet)."""
+cache mask uses the scaled size. Cached hybrids key coarse blocks by the
+concatenated fine hashes, cache every full block, and drop an EAGLE block at
+every lookup of the hit search. Degenerate windows are refused (not modelled
+yet)."""
 
 VLLM_0_25_1 = replace(
     VLLM_0_16_0,
@@ -288,7 +309,10 @@ VLLM_0_25_1 = replace(
     deferred_free=True,
     new_block_ids_list=True,
     computed_block_ids_op=True,
-    hybrid_rules_v025=True,
+    prefix_hint_op=True,
+    coarse_hash_last_fine=True,
+    hybrid_cache_reachable_only=True,
+    hybrid_eagle_lookahead=True,
     external_cap_any_skip=True,
     cp_swa_mask_unscaled=True,
 )
@@ -569,20 +593,12 @@ def unsupported_reason(config: KVCacheConfig) -> str | None:
 
 
 def unmodelled_v016_rules(config: KVCacheConfig) -> str | None:
-    """Which 0.16.0 rule kvspec would need for ``config`` and lacks, or None.
-
-    * Without ``hybrid_rules_v025``: a hybrid with prefix caching (0.16.0's
-      concatenated coarse hashes, unaligned and unmasked caching, the hybrid
-      EAGLE search without look-ahead and the per-group touch order);
-    * without ``external_cap_any_skip``: a sliding window of 1 token or a
-      chunk shorter than the block (where 0.16.0's external-token cap differs).
-    """
+    """Which 0.16.0 rule kvspec would need for ``config`` and lacks, or None:
+    without ``external_cap_any_skip``, a sliding window of 1 token or a chunk
+    shorter than the block (where 0.16.0's external-token cap differs)."""
     from kvspec.config import ChunkedLocal, SlidingWindow  # noqa: PLC0415 - config imports this module
 
-    p = config.profile
-    if not p.hybrid_rules_v025 and config.enable_caching and len(config.groups) > 1:
-        return "its rules for hybrids with prefix caching are not modelled"
-    if not p.external_cap_any_skip:
+    if not config.profile.external_cap_any_skip:
         for kind in config.manager_groups():  # block sizes as the managers run them
             if (isinstance(kind, SlidingWindow) and kind.window == 1) or (
                 isinstance(kind, ChunkedLocal) and kind.chunk < kind.block_size

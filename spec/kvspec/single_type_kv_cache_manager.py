@@ -87,8 +87,9 @@ class SingleTypeKVCacheManager:
         self.req_to_blocks: dict[str, list[BlockId]] = {}
         self.num_cached_block: dict[str, int] = {}
         self.new_block_ids: list[BlockId] = []
-        self.cache_mask_alignment = scheduler_block_size
-        """Alignment of the caching mask (set by the coordinator, :mod:`kvspec.partial_hits`)."""
+        self.cache_mask_alignment: int | None = scheduler_block_size
+        """Alignment of the caching mask, None for no mask (set by the
+        coordinator, :meth:`kvspec.kv_cache_coordinator.KVCacheCoordinator.cache_mask_alignment`)."""
         self.partial_hit: dict[str, tuple[int, BlockId]] = {}
         """Requests whose table entry (index, block) is shared and is privatised at
         their next allocation (upstream ``_partial_hit_reqs``)."""
@@ -178,7 +179,10 @@ class SingleTypeKVCacheManager:
         num_cached = self.num_cached_block.get(rid, 0)
         num_full = num_tokens // self.block_size
         if num_cached < num_full:
-            mask = reachable_block_mask(self.mask_kind, num_cached, num_full, self.cache_mask_alignment, self.use_eagle)
+            align = self.cache_mask_alignment
+            mask = None
+            if align is not None:
+                mask = reachable_block_mask(self.mask_kind, num_cached, num_full, align, self.use_eagle)
             table = self.req_to_blocks.setdefault(rid, [])
             self.pool.cache_full_blocks(request, table, num_cached, num_full, self.block_size, self.group_id, mask)
             self.num_cached_block[rid] = num_full
@@ -753,6 +757,24 @@ def find_longest_cache_hit(
     else:
         first, length = 0, full_attention_hit(present, drop_eagle, bs, alignment)
     return [[NULL_BLOCK if i < first else found[i][g] for i in range(length)] for g in range(len(group_ids))]
+
+
+def eagle_window_hit_before_drop(
+    kind: SlidingWindow,
+    block_hashes: Sequence[BlockHash],
+    max_length: int,
+    group_ids: Sequence[int],
+    pool: BlockPool,
+    alignment: int,
+) -> bool:
+    """Whether vLLM 0.16.0's sliding-window search under EAGLE finds a hit
+    before it drops the EAGLE block: a run of one block more than the window
+    needs whose end is aligned, or an aligned run from block 0. Where the
+    block is not ``alignment``, 0.16.0 then fails an assertion. Changes nothing."""
+    max_blocks = max(max_length, 0) // kind.block_size
+    present = [pool.get_cached_block(h, group_ids) is not None for h in block_hashes[:max_blocks]]
+    need = contiguous_blocks_for_hit(kind.window, kind.block_size, True)
+    return sliding_window_hit(present, need, False, kind.block_size, alignment)[1] > 0
 
 
 def reachable_block_mask(

@@ -234,6 +234,14 @@ def hybrid_hit(mgr: Any, h: RequestBlockHasher) -> object:
     return mgr.get_computed_blocks(h.new_request("b", [1] * 17))
 
 
+def prefix_hint(mgr: Any, h: RequestBlockHasher) -> object:
+    """The prefix hint after a hybrid hit (vLLM 0.16.0's scheduler reads none)."""
+    admit(mgr, h.new_request("a", [1] * 17))
+    b = h.new_request("b", [1] * 17)
+    mgr.get_computed_blocks(b)
+    return mgr.get_prefix_hint(b)
+
+
 def events(mgr: Any, h: RequestBlockHasher) -> object:
     """A salted request's stored events: with or without extra keys and group."""
     admit(mgr, h.new_request("a", [1] * 9, ExtraKeySource(cache_salt="s")))
@@ -481,7 +489,17 @@ CASES = [
     ),
     Case("mm_key_with_offset", VLLM_0_25_1, False, mm_key, {"groups": (FullAttention(4),)}),
     Case("prompt_embeds_digest", VLLM_0_25_1, False, mm_key, {"groups": (FullAttention(4),)}),
-    Case("hybrid_rules_v025", VLLM_0_25_1, False, hybrid_hit, {"groups": (FullAttention(4), SlidingWindow(4, 8))}),
+    Case("coarse_hash_last_fine", VLLM_0_25_1, False, hybrid_hit, {"groups": (FullAttention(4), SlidingWindow(8, 8))}),
+    Case(
+        "hybrid_cache_reachable_only", VLLM_0_25_1, False, hybrid_hit,
+        {"groups": (FullAttention(8), SlidingWindow(4, 4))},
+    ),
+    Case("hybrid_eagle_lookahead", VLLM_0_25_1, False, hybrid_hit, EAGLE_HYBRID),
+    Case(  # the window's block is not the scheduler block: 0.16.0's assertion
+        "hybrid_eagle_lookahead", VLLM_0_25_1, False, hybrid_hit,
+        {"groups": (FullAttention(8), SlidingWindow(4, 8)), "use_eagle": True},
+    ),
+    Case("prefix_hint_op", VLLM_0_25_1, False, prefix_hint, {"groups": (FullAttention(4), SlidingWindow(4, 8))}),
     Case("external_cap_any_skip", VLLM_0_25_1, False, hybrid_hit, {"groups": (SlidingWindow(4, 1),)}),
 ]  # fmt: skip
 

@@ -75,10 +75,6 @@ def test_fine_grained_hits_are_refused_where_unchecked(profile: SemanticsProfile
     """Fine-grained hits (a coarse Mamba align group) are modelled for the
     releases they were checked against, refused for the others."""
     groups = (FullAttention(4), Mamba(8, "align"))
-    if not profile.hybrid_rules_v025:  # vLLM 0.16.0: cached hybrids are refused as a whole
-        with pytest.raises(UnsupportedByProfileError, match="hybrids with prefix caching"):
-            config(groups, profile)
-        return
     if not profile.partial_hash_hits or profile.name in PARTIAL_HASH_HITS_CHECKED:
         config(groups, profile)
         return

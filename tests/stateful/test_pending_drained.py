@@ -31,7 +31,7 @@ def test_parent_chain_is_consistent() -> None:
 def test_a_second_parent_is_reported() -> None:
     log = EventLog(int_block_hashes=True)
     problem = log.consume([chain([1, 2], None), chain([2], 7)])
-    assert "hash 2 of group 0 with parent 7" in problem and "parent 1" in problem
+    assert "hash 2 (group 0) with parent 7" in problem and "parent 1" in problem
 
 
 def test_a_call_that_skipped_blocks_tells_no_parent() -> None:

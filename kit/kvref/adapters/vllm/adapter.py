@@ -39,6 +39,7 @@ from kvspec.errors import (
     CacheBeyondAllocationError,
     ContextParallelLookupError,
     DoubleFreeError,
+    EagleAlignmentLookupError,
     ExceedsMaxModelLenError,
     GroupCountError,
     InvalidBlockIdError,
@@ -262,12 +263,17 @@ class VllmAdapter:
         Raises:
             ContextParallelLookupError: Where vLLM's lookup asserts that the
                 kind does not support DCP or PCP (it asserts before any change).
+            EagleAlignmentLookupError: Where vLLM 0.16.0's sliding-window
+                lookup asserts that an EAGLE hit's group has the scheduler
+                block size (before any change).
         """
         self.apply_globals()
         vreq = self._sync(request)
         try:
             blocks, num_tokens = self.api.get_computed_blocks(self.manager, vreq)
         except AssertionError as exc:
+            if str(exc).startswith("aligned_length is not compatible with eagle"):
+                raise EagleAlignmentLookupError(f"get_computed_blocks: {exc}") from exc
             if not str(exc).startswith(("DCP not support", "PCP not support")):
                 raise
             raise ContextParallelLookupError(f"get_computed_blocks: {exc}") from exc
