@@ -234,14 +234,6 @@ def hybrid_hit(mgr: Any, h: RequestBlockHasher) -> object:
     return mgr.get_computed_blocks(h.new_request("b", [1] * 17))
 
 
-def prefix_hint(mgr: Any, h: RequestBlockHasher) -> object:
-    """The prefix hint after a hybrid hit (vLLM 0.16.0's scheduler reads none)."""
-    admit(mgr, h.new_request("a", [1] * 17))
-    b = h.new_request("b", [1] * 17)
-    mgr.get_computed_blocks(b)
-    return mgr.get_prefix_hint(b)
-
-
 def events(mgr: Any, h: RequestBlockHasher) -> object:
     """A salted request's stored events: with or without extra keys and group."""
     admit(mgr, h.new_request("a", [1] * 9, ExtraKeySource(cache_salt="s")))
