@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from kvref.exits import InputError
-from kvspec.config import FULL_TYPE_KINDS, KVCacheConfig, Mamba, SlidingWindow
+from kvspec.config import FULL_TYPE_KINDS, ChunkedLocal, CrossAttention, KVCacheConfig, Mamba, SlidingWindow
+from kvspec.view import KVView
 
 Json = Any
 Matcher = Callable[[KVCacheConfig, Json, Json, Json, bool], bool]
@@ -248,6 +249,71 @@ def _mamba_cow_owner(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Jso
     ]
     differing = [g for g, (v, s) in enumerate(zip(vllm_out, spec_out, strict=True)) if v != s]
     return bool(rewritten) and rewritten == differing
+
+
+def _hits_touched_per_group(cfg: KVCacheConfig, op: Json, before: KVView, num_computed: int) -> bool:
+    """Before vLLM 0.25.1 each group touches its hits and then takes its
+    blocks for connector tokens before the next group touches its own (kvspec
+    touches every group's hits first; vLLM issue #33775). Whether, at this
+    ``allocate_slots`` from state ``before``, an earlier group's connector
+    blocks would include a later group's hit that is still in the free queue:
+    exactly when the two orders differ."""
+    external = op.get("num_external_computed_tokens", 0)
+    hits = op.get("new_computed_blocks") or []
+    if op["op"] != "allocate_slots" or external <= 0 or len(cfg.groups) < 2 or len(hits) != len(cfg.groups):
+        return False
+    total = num_computed + op.get("num_new_computed_tokens", 0) + external
+    kinds = cfg.manager_groups()
+    skipped = [_skipped_tokens(kind, total) // kind.block_size for kind in kinds]
+    kept = [set(ids[n:]) for ids, n in zip(hits, skipped, strict=True)]
+    queue = list(before.free_queue)
+    for g, kind in enumerate(kinds):
+        queue = [b for b in queue if b not in kept[g]]
+        if isinstance(kind, CrossAttention):
+            continue
+        need = max(0, -(-total // kind.block_size) - max(skipped[g], len(hits[g])))
+        popped, queue = set(queue[:need]), queue[need:]
+        if any(popped & later for later in kept[g + 1 :]):
+            return True
+    return False
+
+
+def _skipped_tokens(kind: object, total: int) -> int:
+    """Leading tokens a group's attention no longer reads after ``total``
+    computed tokens (0.16.0's ``get_num_skipped_tokens``)."""
+    if isinstance(kind, SlidingWindow):
+        return max(0, total - kind.window + 1)
+    if isinstance(kind, ChunkedLocal):
+        return total // kind.chunk * kind.chunk
+    if isinstance(kind, Mamba):
+        return max(0, total - 1)
+    return 0
+
+
+StateTrigger = Callable[[KVCacheConfig, Json, KVView, int], bool]
+"""``trigger(config, op, view_before, num_computed_tokens) -> bool``: whether
+``op``, run from the state ``view_before`` (for a request with that many
+computed tokens), meets the documented situation. For divergences that show
+in the state rather than the output: the lockstep asks, on any difference at
+``op``, whether the trigger holds; the two behaviours agree whenever it does
+not, so nothing else is explained away."""
+
+TRIGGERS: dict[str, StateTrigger] = {
+    "hits-touched-per-group": _hits_touched_per_group,
+}
+
+
+def explain_state(
+    cfg: KVCacheConfig, op: Json, before: KVView, num_computed: int, release: str | None = None
+) -> str | None:
+    """The id of the known divergence of ``release`` (default: the profile's)
+    whose trigger holds for ``op`` from state ``before``, or None."""
+    registry = load_registry()
+    release = release or cfg.profile.release
+    for div_id, trigger in TRIGGERS.items():
+        if registry[div_id].applies_to(release) and trigger(cfg, op, before, num_computed):
+            return div_id
+    return None
 
 
 MATCHERS: dict[str, Callable[[KVCacheConfig, Json, Json, Json, bool], bool]] = {

@@ -96,3 +96,41 @@ def test_mamba_cow_owner_only_where_it_was_not_fixed_and_only_the_copy() -> None
     assert explain(cfg, op, [[7], [5], [6]], spec_out, False) is None
     assert explain(cfg, op, [[], [6, 5], [6]], spec_out, False) is None
     assert explain(cfg, op, [[], [], [5]], spec_out, False) is None
+
+
+def _state_before(path: Path, step: int) -> tuple[KVCacheConfig, dict[str, Any], Any]:
+    """The trace's config, its step ``step`` and kvspec's view right before it."""
+    from kvref.adapters.spec import make_spec_adapter  # noqa: PLC0415 - only these tests need it
+    from kvref.ops import REQUEST_OPS, RequestBook, execute  # noqa: PLC0415
+
+    trace = load(path)
+    adapter: Any = make_spec_adapter(trace.config)  # kvspec's ids are BlockId, the protocol says int
+    book = RequestBook(trace.config)
+    for op in trace.steps[:step]:
+        clean = {k: v for k, v in op.items() if k not in ("expect", "view")}
+        if clean["op"] in REQUEST_OPS:
+            book.apply(clean)
+        else:
+            execute(adapter, book, clean)
+    return trace.config, trace.steps[step], adapter.to_view()
+
+
+HITS_TOUCHED = ROOT / "traces/vllm-0.16.0/divergences/hits-touched-per-group.jsonl"
+
+
+def test_state_trigger_holds_on_its_trace_and_only_where_the_orders_differ() -> None:
+    """hits-touched-per-group shows in the state, not the output (both return
+    no new blocks): its trigger holds at the divergence step of its trace,
+    from the state before it, under 0.16.0 only; without connector tokens,
+    or with a free block ahead of the sliding-window hit, the two touch
+    orders give the same blocks and nothing is explained."""
+    from kvref.divergences import explain_state  # noqa: PLC0415
+
+    cfg, op, before = _state_before(HITS_TOUCHED, load(HITS_TOUCHED).meta["divergence_step"])
+    assert before.free_queue == (2, 1, 4, 3, 5, 6)
+    assert explain_state(cfg, op, before, 0) == "hits-touched-per-group"
+    assert explain_state(cfg, op, before, 0, "0.25.1") is None  # fixed there
+    assert explain_state(cfg, {**op, "num_external_computed_tokens": 0}, before, 0) is None
+    roomier = replace(before, free_queue=(7, *before.free_queue))  # FA's connector block is 7, not SWA's hit
+    assert explain_state(cfg, op, roomier, 0) is None
+    assert explain_state(cfg, {**op, "op": "get_computed_blocks"}, before, 0) is None

@@ -4,17 +4,20 @@ few representative mutants quickly (dev profile, no timing assertions)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from kvref.adapters import load_factory
+from kvref.adapters import DeclaredSemantics, load_factory
 from kvref.cli import main
 from kvref.lockstep import Lockstep, LockstepFailure, RunStats
+from kvref.ops import REQUEST_OPS
 from kvref.traces import load, replay
 from kvspec.config import CrossAttention, FullAttention, KVCacheConfig, Mamba, SlidingWindow
 from kvspec.profiles import VLLM_0_25_1
 from kvtools.zoo import ZOO
 from kvtools.zoo.base import ENTRIES
+from kvtools.zoo.coordinator import hits_touched_per_group
 from kvtools.zoo.runner import run_entry
 
 CONFIGS = (
@@ -126,3 +129,40 @@ def test_directed_traces_kill(name: str) -> None:
     paths = sorted((Path(__file__).resolve().parents[2] / "traces" / "vllm-0.25.1" / "directed").glob("*.jsonl"))
     factory = load_factory(f"kvtools.zoo:{name}")
     assert any(not replay(load(p), factory, str(p)).ok for p in paths), f"no directed trace catches {name}"
+
+
+def test_the_touch_order_mutant_declared_as_vllm_0_16_0_meets_the_known_divergence(tmp_path: Path) -> None:
+    """kvimpl with 0.16.0's touch order (the zoo's hits_touched_per_group),
+    declared as upstream vLLM 0.16.0, against kvspec on the divergence
+    trace's scenario: the lockstep counts the known divergence and stops
+    comparing instead of failing; declared as following kvspec, it fails."""
+    trace = load(Path(__file__).resolve().parents[2] / "traces/vllm-0.16.0/divergences/hits-touched-per-group.jsonl")
+
+    class Declared:
+        """The mutant with a declared semantics (upstream or kvspec's)."""
+
+        def __init__(self, config: KVCacheConfig, upstream: bool) -> None:
+            self.inner = hits_touched_per_group(config)
+            self.semantics = DeclaredSemantics(config.profile.name, upstream)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.inner, name)
+
+    def run(upstream: bool) -> RunStats:
+        stats = RunStats()
+        def declared(config: KVCacheConfig) -> Any:  # a wrapper the protocol cannot type
+            return Declared(config, upstream)
+
+        lock = Lockstep(trace.config, [declared, load_factory("spec")], stats, tmp_path)
+        for op in trace.steps:
+            clean = {k: v for k, v in op.items() if k not in ("expect", "view")}
+            if clean["op"] in REQUEST_OPS:
+                lock.request_op(clean)
+            else:
+                lock.call(clean)
+        return stats
+
+    stats = run(True)
+    assert stats.known["hits-touched-per-group"] == 1 and stats.unexplained == 0
+    with pytest.raises(LockstepFailure, match="views differ after allocate_slots"):
+        run(False)

@@ -46,8 +46,7 @@ RELEASES = (VLLM_0_25_1, NEWEST, VLLM_0_16_0)
 """The profiles that get a divergence corpus: the baseline, the newest and the
 oldest release (an entry that applies to none of them is recorded under the
 release that introduced it, see :func:`profiles_for`). An entry whose scenario
-the profile refuses (under 0.16.0, every cached hybrid) is listed as not
-recorded, with the reason."""
+the profile refuses is listed as not recorded, with the reason."""
 
 
 def profiles_for(entry: Divergence) -> list[SemanticsProfile]:
@@ -258,6 +257,32 @@ def scenarios(profile: SemanticsProfile = VLLM_0_25_1) -> dict[str, Scenario | s
                 ),
                 [_add("a", list(range(8))), _alloc("a", 7, num_external_computed_tokens=1)],
                 1,
+            ),
+            _divergence(
+                "hits-touched-per-group",
+                "FA(4) + SWA(4, window 8), 7 blocks: a caches blocks 1-2 (FA) and 3-4 (SWA), c takes 5-6, both "
+                "are freed (free queue 2 1 4 3 5 6). b hits 8 tokens (FA 1 2, SWA 3 4; SWA's block 3 is skipped) and "
+                "loads 3 tokens from a connector. vLLM 0.16.0 touches FA's hits, gives FA's connector block the "
+                "queue's head, block 4, still free and SWA's hit, then SWA touches block 4 too: one block in both "
+                "tables (ref_cnt 2). kvspec touches both groups' hits first (FA gets block 3, SWA block 5)",
+                lambda: KVCacheConfig(
+                    profile=p, num_blocks=7, groups=(FullAttention(4), SlidingWindow(4, 8)), max_model_len=32
+                ),
+                [
+                    _add("a", list(range(8))),
+                    _alloc("a", 8),
+                    _add("c", [100, 101, 102]),
+                    _alloc("c", 3),
+                    {"op": "free", "rid": "a"},
+                    {"op": "free", "rid": "c"},
+                    _add("b", [*range(8), 50, 51, 52, 53]),
+                    {"op": "get_computed_blocks", "rid": "b"},
+                    _alloc(
+                        "b", 1, num_new_computed_tokens=8, new_computed_blocks=[[1, 2], [3, 4]],
+                        num_external_computed_tokens=3,
+                    ),
+                ],
+                8,
             ),
             _divergence(
                 "mamba-cow-owner",
