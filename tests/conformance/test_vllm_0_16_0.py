@@ -11,7 +11,7 @@ import pytest
 from kvimpl.kv_cache_manager import KVCacheManager as ImplManager
 from kvimpl.request import RequestHasher
 from kvspec.config import ChunkedLocal, FullAttention, KVCacheConfig, Mamba, SlidingWindow
-from kvspec.errors import UnsupportedByProfileError, UnsupportedOperationError
+from kvspec.errors import EagleAlignmentLookupError, UnsupportedByProfileError, UnsupportedOperationError
 from kvspec.events import BlockRemoved, BlockStored
 from kvspec.hashing import ExtraKeySource, MultiModalFeature, block_extra_keys
 from kvspec.kv_cache_manager import KVCacheManager as SpecManager
@@ -131,7 +131,6 @@ def test_admission_arguments_are_refused(side: str, kw: dict[str, Any]) -> None:
         {"watermark": 0.1},
         {"max_num_batched_tokens": 8},
         {"eagle_groups": (0,)},
-        {"groups": (FullAttention(4), SlidingWindow(4, 8))},
         {"groups": (SlidingWindow(4, 1),)},
         {"groups": (ChunkedLocal(4, 2),), "enable_caching": False},
     ],
@@ -145,7 +144,7 @@ def test_configurations_refused(kw: dict[str, Any]) -> None:
 
 
 def test_hybrid_without_caching_is_modelled() -> None:
-    """Only cached hybrids follow rules kvspec lacks; without caching they build."""
+    """A hybrid without caching takes its blocks group by group."""
     cfg = KVCacheConfig(
         num_blocks=20, groups=(FullAttention(4), SlidingWindow(4, 8)), max_model_len=64,
         enable_caching=False, profile=VLLM_0_16_0,
@@ -153,6 +152,90 @@ def test_hybrid_without_caching_is_modelled() -> None:
     for side in SIDES:
         mgr, hasher = build(side, cfg)
         assert mgr.allocate_slots(hasher.new_request("a", list(range(17))), 17) == ((1, 2, 3, 4, 5), (6, 7, 8, 9, 10))
+
+
+def hybrid(*groups: Any, **kw: Any) -> KVCacheConfig:
+    """A cached hybrid of 24 blocks under 0.16.0."""
+    return KVCacheConfig(profile=VLLM_0_16_0, num_blocks=24, groups=groups, max_model_len=64, **kw)
+
+
+def _hit_after_17(side: str, cfg: KVCacheConfig) -> tuple[Any, Any]:
+    """``a`` (17 tokens) is allocated and cached; the lookup of ``b``, which
+    shares those 17 tokens and has one more, and the manager."""
+    mgr, hasher = build(side, cfg)
+    mgr.allocate_slots(hasher.new_request("a", list(range(17))), 17)
+    return mgr.get_computed_blocks(hasher.new_request("b", [*range(17), 99])), mgr
+
+
+@pytest.mark.parametrize("side", ALL_SIDES)
+def test_coarse_block_key_is_the_concatenation_of_its_fine_hashes(side: str) -> None:
+    """FA(4) + SWA(8): the hash block is 4, so each SWA block covers two fine
+    hashes; 0.16.0 keys it by both, concatenated (0.25.1: by the second)."""
+    cfg = hybrid(FullAttention(4), SlidingWindow(8, 8))
+    mgr, hasher = build(side, cfg)
+    a = hasher.new_request("a", list(range(17)))
+    assert mgr.allocate_slots(a, 17) == ((1, 2, 3, 4, 5), (6, 7, 8))
+    cached = dict(mgr.to_view().cached)
+    h = a.block_hashes
+    assert cached[h[0] + h[1] + (1).to_bytes(4, "big")] == (6,)
+    assert cached[h[2] + h[3] + (1).to_bytes(4, "big")] == (7,)
+    assert h[1] + (1).to_bytes(4, "big") not in cached
+
+
+@pytest.mark.parametrize("side", ALL_SIDES)
+def test_every_full_block_of_a_window_group_is_cached(side: str) -> None:
+    """FA(8) + SWA(4, window 4): 0.16.0 caches all four full SWA blocks of a
+    17-token prompt (0.25.1 only the two a hit ending on the scheduler block
+    of 8 can use); the hit of 16 tokens needs only the last one."""
+    (hit, n), mgr = _hit_after_17(side, hybrid(FullAttention(8), SlidingWindow(4, 4)))
+    assert (hit, n) == (((1, 2), (0, 0, 0, 7)), 16)
+    window_entries = sorted(ids for key, ids in mgr.to_view().cached if key[-4:] == (1).to_bytes(4, "big"))
+    assert window_entries == [(4,), (5,), (6,), (7,)]
+
+
+@pytest.mark.parametrize("side", ALL_SIDES)
+def test_eagle_in_a_simple_hybrid_drops_once(side: str) -> None:
+    """FA(4) + SWA(4, window 8) under EAGLE: full attention finds 16 tokens and
+    drops one block (12); the window group, searching within 12, drops its
+    last block too (8); a two-kind hybrid with full attention first stops
+    after one pass (0.25.1's look-ahead keeps 12)."""
+    (hit, n), _ = _hit_after_17(side, hybrid(FullAttention(4), SlidingWindow(4, 8), use_eagle=True))
+    assert (hit, n) == (((1, 2), (6, 7)), 8)
+
+
+@pytest.mark.parametrize("side", ALL_SIDES)
+def test_eagle_in_a_three_kind_hybrid_spirals_to_no_hit(side: str) -> None:
+    """FA + SWA + Mamba under EAGLE: every pass asks the window group again
+    and it drops a block each time, so the fixed point is 0 tokens (16
+    without EAGLE)."""
+    kinds = (FullAttention(4), SlidingWindow(4, 8), Mamba(4, "all"))
+    (hit, n), _ = _hit_after_17(side, hybrid(*kinds))
+    assert (hit, n) == (((1, 2, 3, 4), (0, 0, 8, 9), (0, 0, 0, 14)), 16)
+    (hit, n), _ = _hit_after_17(side, hybrid(*kinds, use_eagle=True))
+    assert (hit, n) == (((), (), ()), 0)
+
+
+@pytest.mark.parametrize("side", ALL_SIDES)
+def test_eagle_window_hit_off_the_scheduler_block_fails(side: str) -> None:
+    """FA(8) + SWA(4, window 8) under EAGLE: the window group finds a hit but
+    its block (4) is not the scheduler block (8); 0.16.0 fails an assertion,
+    a typed error here, and nothing changes."""
+    mgr, hasher = build(side, hybrid(FullAttention(8), SlidingWindow(4, 8), use_eagle=True))
+    mgr.allocate_slots(hasher.new_request("a", list(range(17))), 17)
+    before = mgr.to_view()
+    with pytest.raises(EagleAlignmentLookupError):
+        mgr.get_computed_blocks(hasher.new_request("b", [*range(17), 99]))
+    assert mgr.to_view() == before
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_no_prefix_hint(side: str) -> None:
+    """0.16.0's scheduler reads no prefix hint: the operation does not exist."""
+    mgr, hasher = build(side, hybrid(FullAttention(4), SlidingWindow(4, 8)))
+    b = hasher.new_request("b", list(range(9)))
+    mgr.get_computed_blocks(b)
+    with pytest.raises(UnsupportedOperationError):
+        mgr.get_prefix_hint(b)
 
 
 @pytest.mark.parametrize("side", ALL_SIDES)
