@@ -16,7 +16,7 @@ import pytest
 
 from kvimpl.kv_cache_manager import KVCacheManager as ImplManager
 from kvimpl.request import RequestHasher
-from kvspec.config import AttentionKind, ChunkedLocal, FullAttention, KVCacheConfig, SlidingWindow
+from kvspec.config import AttentionKind, ChunkedLocal, FullAttention, KVCacheConfig, Mamba, SlidingWindow
 from kvspec.kv_cache_manager import KVCacheManager as SpecManager
 from kvspec.profiles import VLLM_0_16_0
 from kvspec.request import RequestBlockHasher
@@ -107,11 +107,36 @@ def test_full_attention_hit_scans_from_the_left(side: str) -> None:
     assert (tuple(map(tuple, hit)), n) == (((1, 2),), 8)
 
 
+@pytest.mark.parametrize("side", SIDES)
+def test_full_attention_hit_in_a_hybrid_drops_eagle_then_aligns_to_the_lcm(side: str) -> None:
+    """Full attention in a hybrid, under EAGLE: the left-to-right scan finds
+    four blocks of 4 (16 tokens), the EAGLE block is dropped (12) and the hit
+    is cut to a multiple of the LCM of the block sizes, 8; the Mamba group
+    (block 8) then finds its state at 8 tokens."""
+    config = KVCacheConfig(
+        num_blocks=16, groups=(FullAttention(4), Mamba(8, "all")), max_model_len=64, use_eagle=True,
+        profile=VLLM_0_16_0,
+    )  # fmt: skip
+    if side == "spec":
+        mgr: Any = SpecManager(config)
+        hasher: Any = RequestBlockHasher.for_config(config)
+    elif side == "impl":
+        mgr, hasher = ImplManager(config), RequestHasher.for_config(config, native=False)
+    else:
+        from kvref.adapters.vllm import make_vllm_adapter  # noqa: PLC0415 - only with vLLM installed
+
+        mgr, hasher = make_vllm_adapter(config), RequestBlockHasher.for_config(config)
+    mgr.allocate_slots(hasher.new_request("a", list(range(17))), 17)
+    hit, n = mgr.get_computed_blocks(hasher.new_request("b", [*range(17), 99]))
+    assert (tuple(map(tuple, hit)), n) == (((1, 2), (6,)), 8)
+
+
 EXAMPLES: list[Callable[..., None]] = [
     test_sliding_window_skips_tokens_outside_the_window,
     test_sliding_window_hit_scans_from_the_right,
     test_chunked_local_hit_starts_at_the_current_chunk,
     test_full_attention_hit_scans_from_the_left,
+    test_full_attention_hit_in_a_hybrid_drops_eagle_then_aligns_to_the_lcm,
 ]
 
 if __name__ == "__main__":
