@@ -604,10 +604,10 @@ class KVCacheManager(StepAPI):
             )
         if hits is None or not has_hits:
             return self._no_hits
-        self._validate_hits(request, hits)
+        self._validate_hits(request, hits, n_hit)
         return cast(tuple[tuple[BlockId, ...], ...], tuple(tuple(g) for g in hits))
 
-    def _validate_hits(self, request: Request, hits: BlockIds) -> None:
+    def _validate_hits(self, request: Request, hits: BlockIds, n_hit: int) -> None:
         rid, n_blocks = request.request_id, self.config.num_blocks
         for ids in hits:
             for b in ids:
@@ -621,6 +621,13 @@ class KVCacheManager(StepAPI):
             if isinstance(kind, FULL_TYPE_KINDS) and NULL_BLOCK in hits[g]:
                 raise StaleHitError(
                     f"allocate_slots: the null block in group {g}'s hit: a full-attention hit never contains it"
+                )
+        for g, kind in enumerate(self.kinds):
+            need = -(-n_hit // kind.block_size)
+            if prefix_cacheable(kind) and len(hits[g]) != need:
+                raise StaleHitError(
+                    f"allocate_slots: group {g}'s hit has {len(hits[g])} blocks, but {n_hit} hit tokens take {need} "
+                    f"(block size {kind.block_size}): get_computed_blocks never returns such a hit"
                 )
         hbs, partial_hits = self.coordinator.hash_block_size, self.coordinator.partial_hash_hits
         pool = self.block_pool

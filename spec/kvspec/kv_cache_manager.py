@@ -501,10 +501,10 @@ class KVCacheManager:
                 "tokens are only accepted on a request's first allocation"
             )
         if any(hits):
-            self._validate_hits(request, hits)
+            self._validate_hits(request, hits, n_hit)
         return tuple(tuple(BlockId(b) for b in g) for g in hits)
 
-    def _validate_hits(self, request: Request, hits: BlockIds) -> None:
+    def _validate_hits(self, request: Request, hits: BlockIds, n_hit: int) -> None:
         rid = request.request_id
         for b in (b for ids in hits for b in ids):
             if not 0 <= b < self.config.num_blocks:
@@ -517,6 +517,13 @@ class KVCacheManager:
             if isinstance(kind, FULL_TYPE_KINDS) and NULL_BLOCK in hits[g]:
                 raise StaleHitError(
                     f"allocate_slots: the null block in group {g}'s hit: a full-attention hit never contains it"
+                )
+        for g, kind in enumerate(self.kinds):
+            need = -(-n_hit // kind.block_size)
+            if prefix_cacheable(kind) and len(hits[g]) != need:
+                raise StaleHitError(
+                    f"allocate_slots: group {g}'s hit has {len(hits[g])} blocks, but {n_hit} hit tokens take {need} "
+                    f"(block size {kind.block_size}): get_computed_blocks never returns such a hit"
                 )
         hbs, fine = self.coordinator.hash_block_size, self.coordinator.partial_hash_hits
         last_fine = self.config.profile.coarse_hash_last_fine

@@ -34,7 +34,7 @@ from kvspec.config import (
     SinkFullAttention,
     SlidingWindow,
 )
-from kvspec.errors import ConfigError, InvalidTokenCountError, UnexpectedPrefixHitError
+from kvspec.errors import ConfigError, InvalidTokenCountError, StaleHitError, UnexpectedPrefixHitError
 from kvspec.events import AllBlocksCleared, BlockStored
 from kvspec.hashing import external_block_hash
 from kvspec.profiles import VLLM_0_25_1
@@ -236,6 +236,20 @@ def test_running_request_with_prefix_hits_is_a_caller_error(target: str) -> None
     before = kv.a.to_view()
     with pytest.raises(UnexpectedPrefixHitError):
         kv.a.allocate_slots(a, 1, 4, ((1,),))
+    assert kv.a.to_view() == before
+
+
+@pytest.mark.parametrize(("n_hit", "hits"), [(4, ((1, 2),)), (8, ((1,),)), (6, ((1,),))])
+def test_hit_lists_must_cover_exactly_the_hit_tokens(target: str, n_hit: int, hits: tuple[tuple[int, ...]]) -> None:
+    """A hit list of other than cdiv(hit tokens, block size) blocks is a
+    caller error: no lookup returns one. vLLM accepts it (then counts tokens
+    no hit block holds as computed); kvspec, kvimpl and the vLLM adapter
+    raise StaleHitError and change nothing."""
+    kv = make_kv(target, FullAttention(4))
+    kv.a.allocate_slots(kv.req("a", range(12)), 12)
+    before = kv.a.to_view()
+    with pytest.raises(StaleHitError, match="hit tokens take"):
+        kv.a.allocate_slots(kv.req("b", [*range(12), 5]), 2, n_hit, hits)
     assert kv.a.to_view() == before
 
 

@@ -263,7 +263,7 @@ static int slot_holds(Core *c, Py_ssize_t slot) {
     return 0;
 }
 
-static int validate_hits(Core *c, ReqView *rv, HitArgs *ha) {
+static int validate_hits(Core *c, ReqView *rv, HitArgs *ha, Py_ssize_t n_hit) {
     if (!c->caching) {
         PyErr_Format(G_.StaleHitError, "allocate_slots: prefix caching is off, so request %R can have no hit",
                      rv->rid);
@@ -280,6 +280,16 @@ static int validate_hits(Core *c, ReqView *rv, HitArgs *ha) {
                              g);
                 return -1;
             }
+    }
+    for (int g = 0; g < c->G; g++) {
+        Py_ssize_t bs = c->groups[g].bs, need = (n_hit + bs - 1) / bs;
+        if (ha->h[g].n != need) {
+            PyErr_Format(G_.StaleHitError,
+                         "allocate_slots: group %d's hit has %zd blocks, but %zd hit tokens take %zd (block size %zd): "
+                         "get_computed_blocks never returns such a hit",
+                         g, ha->h[g].n, n_hit, need, bs);
+            return -1;
+        }
     }
     Py_ssize_t nfine = rv_num_hashes(rv);
     if (nfine < 0)
@@ -382,7 +392,7 @@ static int validate_allocation(Core *c, ReqView *rv, PyObject **v, AllocArgs *a,
                      rv->rid);
         goto fail;
     }
-    if (a->has_hits && validate_hits(c, rv, ha) < 0)
+    if (a->has_hits && validate_hits(c, rv, ha, a->n_hit) < 0)
         goto fail;
 done:
     a->delay = truth(v[6], 0);

@@ -338,7 +338,7 @@ class VllmAdapter:
             num_encoder_tokens,
             reserved_blocks,
         )
-        self._check_allocate_hits(vreq, rid, hits)
+        self._check_allocate_hits(vreq, rid, hits, num_new_computed_tokens)
         ncb: Any = None
         if hits is not None and any(hits):
             last = self._last_hits.get(rid)
@@ -413,7 +413,7 @@ class VllmAdapter:
                 "are only accepted on its first allocation"
             )
 
-    def _check_allocate_hits(self, vreq: Any, rid: str, hits: BlockIds | None) -> None:
+    def _check_allocate_hits(self, vreq: Any, rid: str, hits: BlockIds | None, n_hit: int) -> None:
         """Caller errors of the hits passed to ``allocate_slots`` (after :meth:`_check_allocate`)."""
         if hits is None or not any(hits):
             return
@@ -427,6 +427,15 @@ class VllmAdapter:
         for g, kind in enumerate(self.config.groups):
             if isinstance(kind, FULL_TYPE_KINDS) and 0 in hits[g]:
                 raise StaleHitError(f"request {rid!r}: the null block in group {g}'s full-attention hit")
+        # vLLM accepts hit lists that do not cover the hit tokens (it then counts tokens no block
+        # holds as computed); no lookup returns one, so the protocol makes it a caller error.
+        for g, (kind, bs) in enumerate(zip(self.config.groups, self._block_sizes, strict=True)):
+            need = -(-n_hit // bs)
+            if prefix_cacheable(kind) and len(hits[g]) != need:
+                raise StaleHitError(
+                    f"request {rid!r}: group {g}'s hit has {len(hits[g])} blocks, but {n_hit} hit tokens take {need} "
+                    f"(block size {bs}): get_computed_blocks never returns such a hit"
+                )
         blocks = self.api.pool_blocks(self._pool)
         fine = list(self.api.block_hashes(vreq, self._hbs, self._hbs))
         for g, group in enumerate(hits):
