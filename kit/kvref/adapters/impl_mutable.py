@@ -139,6 +139,8 @@ def _probe(probe: str, hasher: Any, mreq: Any, request: Request) -> None:
     try:
         calls[probe]()
     except InvalidRequestError:
+        if mreq.num_tokens != request.num_prompt_tokens:
+            raise AssertionError(f"impl-mutable: {probe} ({rid!r}) was refused but changed the request") from None
         return
     raise AssertionError(f"impl-mutable: {probe} ({rid!r}): kvimpl's request API did not raise InvalidRequestError")
 
