@@ -15,8 +15,8 @@ the pure-Python build and for token ids of 2**63 and more) and
 ``sha256_cbor`` blocks without extra keys natively, anything else through
 :func:`block_hasher`). :class:`RequestHasher` makes either; both managers
 also accept kvspec's immutable values, so the conformance kit drives them
-with either kind (the impl adapter keeps one mutable request per request and
-advances it to match each value it is given).
+with either kind (its ``impl-mutable`` target keeps one mutable request per
+request and advances it to match each value it is given).
 
 Hashes are byte-identical to kvspec's: each append is one call of
 ``kvspec.hashing.extend_block_hashes`` (same parent chain, same extra keys,

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
+
+from kvref.adapters.impl import IMPL_PROFILES
 from kvref.branches import Unreachable, build_report, function_lines, load_unreachable, package_relative
-from kvtools.coverage import merge_runs, parse_seeds
+from kvspec.profiles import NEWEST, VLLM_0_25_1
+from kvtools.coverage import Run, ci_runs, main, parse_profiles, parse_seeds, source_lines
+from kvtools.coverage_gate import KnownGap, gaps_of, gate, load_gaps, merge_runs, write_gaps
 
 SOURCE = """\
 import os
@@ -98,3 +104,102 @@ def test_merge_runs_keeps_what_no_run_took() -> None:
     assert merged["totals"] == {"outcomes": 10, "taken": 7, "import_time": 1, "unreachable": 1, "gaps": 1, "stale": 1}
     assert (merged["exit"], merged["seconds"]) == (1, 3.0)
     assert merge_runs([impl]) is impl
+
+
+def test_merge_over_profiles_takes_an_outcome_any_profile_took() -> None:
+    """Three profiles' runs, each missing a different outcome of a shared pair: only the outcome
+    all three miss stays a gap, and a stale entry of one profile's run is stale in the merge."""
+    old = _run([[3, 4], [5, 6]], [[1, 2]], [], 0)
+    mid = _run([[3, 4], [7, 8]], [[1, 2]], ["kvimpl/m.py:1->2 (x): taken in this run"], 0)
+    new = _run([[3, 4], [5, 6], [7, 8]], [[1, 2]], [], 0)
+    merged = merge_runs([old, mid, new])
+    assert merged["files"]["kvimpl/m.py"]["gaps"] == [[3, 4]]
+    assert merged["totals"]["taken"] == 7 and merged["totals"]["stale"] == 1
+    assert merged["seconds"] == 4.5
+
+
+SRC = {"kvimpl/m.py": ["def f(a):", "    if a:", "        return 1", "    while a:", "        a -= 1"]}
+
+
+def _lines(name: str) -> list[str]:
+    return SRC.get(name, [])
+
+
+def _report(gaps: list[list[int]], stale: list[str] = [], exit_code: int = 0) -> dict[str, object]:  # noqa: B006
+    return _run(gaps, [], stale, exit_code)
+
+
+def test_gate_passes_when_the_gaps_are_the_known_ones() -> None:
+    report = _report([[2, 3], [4, -1]])
+    known = gaps_of(report, _lines)
+    assert known == [KnownGap("kvimpl/m.py", 2, 3, "if a:"), KnownGap("kvimpl/m.py", 4, -1, "while a:")]
+    assert gate(report, known, _lines) == []
+
+
+def test_gate_fails_on_a_new_gap() -> None:
+    known = [KnownGap("kvimpl/m.py", 2, 3, "if a:")]
+    problems = gate(_report([[2, 3], [4, 5]]), known, _lines)
+    assert problems == ["new gap kvimpl/m.py:4->5  while a:: take it or argue it unreachable"]
+
+
+def test_gate_fails_on_a_known_gap_now_taken() -> None:
+    known = [KnownGap("kvimpl/m.py", 2, 3, "if a:"), KnownGap("kvimpl/m.py", 4, -1, "while a:")]
+    problems = gate(_report([[2, 3]]), known, _lines)
+    assert len(problems) == 1 and problems[0].startswith("known gap closed kvimpl/m.py:4->exit")
+
+
+def test_gate_fails_on_a_known_gap_whose_line_moved() -> None:
+    known = [KnownGap("kvimpl/m.py", 2, 3, "if b:")]
+    problems = gate(_report([[2, 3]]), known, _lines)
+    assert problems == ["stale known gap kvimpl/m.py:2->3  if b:: line 2 now reads 'if a:' (regenerate the list)"]
+
+
+def test_gate_fails_on_a_stale_unreachable_entry_or_a_failed_run() -> None:
+    problems = gate(_report([], ["kvimpl/m.py:2->3 (if a:): taken in this run"], exit_code=1), [], _lines)
+    assert len(problems) == 2
+    assert "exited 1" in problems[0] and "unreachable_branches.toml" in problems[1]
+
+
+def test_known_gaps_round_trip(tmp_path: Path) -> None:
+    gaps = [KnownGap("kvspec/a.py", 9, -3, 'if x == "a\\b" or y:'), KnownGap("kvimpl/b.py", 1, 2, "for é in s:")]
+    path = tmp_path / "gaps.toml"
+    write_gaps(gaps, path)
+    assert load_gaps(path) == sorted(gaps)
+    assert load_gaps(tmp_path / "absent.toml") == []
+
+
+def test_merge_mode_checks_reports_against_the_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--merge A B --check``: exit 0 when the merged gaps are the list, 1 after one more gap."""
+    import kvtools.coverage as cov  # noqa: PLC0415
+
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_report([[2, 3], [4, 5]])))
+    b.write_text(json.dumps(_report([[2, 3]])))
+    gaps_file = tmp_path / "gaps.toml"
+    write_gaps([KnownGap("kvimpl/m.py", 2, 3, "if a:")], gaps_file)
+    monkeypatch.setattr(cov, "source_lines", _lines)
+    monkeypatch.setattr(cov, "load_gaps", lambda: load_gaps(gaps_file))
+    assert main(["--merge", str(a), str(b), "--check"]) == 0
+    b.write_text(json.dumps(_report([[2, 3], [4, 5]])))
+    assert main(["--merge", str(a), str(b), "--check"]) == 1
+
+
+def test_ci_runs_cover_every_profile() -> None:
+    runs = ci_runs()
+    assert {r.profile for r in runs if r.target == "impl" and r.native} == IMPL_PROFILES
+    assert Run(VLLM_0_25_1.name, "impl", native=False) in runs
+    assert Run(NEWEST.name, "impl-mutable") in runs
+    assert parse_profiles("newest") == [NEWEST.name]
+    assert set(parse_profiles("all")) == IMPL_PROFILES
+    with pytest.raises(SystemExit):
+        parse_profiles("vllm-9.9.9")
+
+
+def test_known_gaps_file_quotes_its_lines() -> None:
+    """Every committed known gap names a decision whose source line still reads as recorded,
+    and none is also listed unreachable."""
+    listed = {(e.file, e.line, e.to) for e in load_unreachable()}
+    for g in load_gaps():
+        src = source_lines(g.file)
+        assert 0 < g.line <= len(src) and src[g.line - 1].strip() == g.code, g
+        assert (g.file, g.line, g.to) not in listed, g

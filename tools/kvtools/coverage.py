@@ -1,41 +1,82 @@
 """``python -m kvtools coverage``: branch coverage of kvspec and kvimpl under the ci lockstep.
 
-Runs ``kvref check --target T --against spec --profile ci --coverage`` once
-per seed and target (``--targets``, default ``impl`` as CI runs it and
-``impl-batch``, the pure-Python manager driven through its batch API, with
-device tables, :mod:`kvref.adapters.impl_batch`) and merges each seed's
-runs (an outcome is taken if any run took it); each run in its own process,
-so that every seed starts from the same state and takes the same steps as it
-does in CI. Then it writes
-docs/reports/coverage.md and coverage.json: per seed the outcomes, taken,
-listed unreachable (kit/kvref/unreachable_branches.toml) and gaps, and every
-gap with its decision's source line.
+Runs ``kvref check --target T --against spec --profile ci --semantics P
+--coverage`` once per seed, semantics profile P (``--profiles``: ``all``, the
+default, every profile kvimpl follows; ``newest``; or a list) and target T
+(``--targets``, default ``impl`` as CI runs it, ``impl-batch``, the
+pure-Python manager driven through its batch API with device tables,
+:mod:`kvref.adapters.impl_batch`, and ``impl-mutable``, kvimpl with its own
+mutable requests, :mod:`kvref.adapters.impl_mutable`), each in its own process
+so that every run starts from the same state and takes the same steps as it
+does in CI, and merges each seed's runs: an outcome is taken if any
+profile's or target's run took it (so code that only an older release runs
+counts once some profile runs it). Then it writes docs/reports/coverage.md
+and coverage.json: per seed the outcomes, taken, listed unreachable
+(kit/kvref/unreachable_branches.toml) and gaps, the same per profile at the
+first seed, and every merged gap with its decision's source line.
 
-``--check`` exits 1 when a seed leaves a gap or the list has a stale entry
-(the target; see docs/reports/coverage.md for how far it is).
+``--ci`` runs what CI's lockstep runs instead (:func:`ci_runs`; ``--ci-runs``
+prints them one a line, which ``ci/test.sh`` reads). ``--merge FILE...``
+runs nothing: it merges branch reports that ``kvref check --coverage-json``
+wrote (CI's). ``--check`` exits 1 when the merged first seed fails the
+ratchet of :mod:`kvtools.coverage_gate` (a gap not in
+tools/kvtools/coverage_gaps.toml, a listed gap closed or moved, a stale
+unreachable entry, a run that did not exit 0); ``--write-gaps`` rewrites
+that list from the merged first seed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvref.branches import PACKAGES
+from kvtools.coverage_gate import GAPS_FILE, gaps_of, gate, load_gaps, merge_runs, write_gaps
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORT_DIR = ROOT / "docs" / "reports"
-DEFAULT_TARGETS = "impl,impl-batch"
-"""What CI's lockstep runs (``impl``: the native core where it applies) and the batch API with device tables."""
+DEFAULT_TARGETS = "impl,impl-batch,impl-mutable"
+"""What CI's lockstep runs (``impl``: the native core where it applies), the batch API with device
+tables, and kvimpl's own mutable requests."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One lockstep run: a semantics profile, a target, and whether the native core may be used."""
+
+    profile: str
+    target: str
+    native: bool = True
+    """False: ``KVREF_NATIVE=0`` (the pure-Python build)."""
+
+    @property
+    def label(self) -> str:
+        """``vllm-0.33.0/impl`` (``+pure-python`` for ``KVREF_NATIVE=0``)."""
+        return f"{self.profile}/{self.target}" + ("" if self.native else "+pure-python")
+
+
+def ci_runs() -> list[Run]:
+    """The impl-vs-spec locksteps ``ci/test.sh`` runs (each at seed 0 with ``--profile ci``):
+    ``impl`` under every profile kvimpl follows, the pure-Python build under the
+    baseline profile, and kvimpl's mutable requests under the newest."""
+    from kvref.adapters.impl import IMPL_PROFILES  # noqa: PLC0415 - imports kvimpl
+    from kvspec.profiles import NEWEST, VLLM_0_25_1  # noqa: PLC0415
+
+    runs = [Run(p, "impl") for p in sorted(IMPL_PROFILES)]
+    return [*runs, Run(VLLM_0_25_1.name, "impl", native=False), Run(NEWEST.name, "impl-mutable")]
 
 
 def main(argv: list[str]) -> int:
-    """Run the seeds, write the reports; with ``--check`` exit 1 on a gap."""
+    """Run (or merge) the seeds, write the reports; with ``--check`` exit 1 when the gate fails."""
     parser = argparse.ArgumentParser(prog="python -m kvtools coverage")
     parser.add_argument("--seeds", default="0-4", help="seeds, e.g. 0-4 or 0,2 (default 0-4)")
     parser.add_argument(
@@ -43,27 +84,91 @@ def main(argv: list[str]) -> int:
         default=DEFAULT_TARGETS,
         help=f"kvimpl targets, comma-separated, merged per seed (default {DEFAULT_TARGETS})",
     )
-    parser.add_argument("--semantics", default=None, help="semantics profile (default: the newest)")
+    parser.add_argument("--profiles", default="all", help="semantics profiles: all (default), newest, or P,Q")
+    parser.add_argument("--ci", action="store_true", help="run what CI's lockstep runs (see --ci-runs)")
+    parser.add_argument("--ci-runs", action="store_true", help="print CI's runs (profile target native), then exit")
+    parser.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON",
+                        help="run nothing: merge these kvref check --coverage-json reports (one seed)")  # fmt: skip
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
     parser.add_argument("--min-steps", type=int, default=None, help="override the ci profile's step goal")
-    parser.add_argument("--out", type=Path, default=REPORT_DIR, help="where coverage.md and coverage.json go")
-    parser.add_argument("--check", action="store_true", help="exit 1 when a seed leaves a gap or an entry is stale")
+    parser.add_argument("--out", type=Path, default=None, help="where coverage.md and coverage.json go "
+                        "(default docs/reports; none with --merge)")  # fmt: skip
+    parser.add_argument("--check", action="store_true", help="exit 1 when the first seed fails the gap ratchet")
+    parser.add_argument("--write-gaps", action="store_true", help=f"rewrite {GAPS_FILE.name} from the first seed")
     args = parser.parse_args(argv)
-    seeds = parse_seeds(args.seeds)
-    runs: dict[int, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for seed in seeds:
-            per_target = [
-                run_seed(seed, Path(tmp), args.semantics, args.min_steps, target) for target in args.targets.split(",")
-            ]
-            runs[seed] = merge_runs(per_target)
-            t = runs[seed]["totals"]
-            print(f"seed {seed}: {t['taken']}/{t['outcomes']} taken, {t['gaps']} gaps ({runs[seed]['seconds']:.0f} s)")
-    args.out.mkdir(parents=True, exist_ok=True)
-    summary = {"command": command_line(args), "seeds": {str(s): r for s, r in runs.items()}}
-    (args.out / "coverage.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (args.out / "coverage.md").write_text(render_markdown(runs, command_line(args)))
-    bad = [s for s, r in runs.items() if r["totals"]["gaps"] or r["totals"]["stale"] or r["exit"]]
-    return 1 if args.check and bad else 0
+    if args.ci_runs:
+        for r in ci_runs():
+            print(r.profile, r.target, "native" if r.native else "pure-python")
+        return 0
+    if args.merge is not None:
+        reports = [_read_report(p) for p in args.merge]
+        runs = {0: merge_runs(reports)}
+        per_profile: dict[int, dict[str, dict[str, Any]]] = {}
+        print(_summary_line(0, runs[0]))
+    else:
+        runs, per_profile = run_all(args, plan(args))
+    out = args.out if args.out is not None or args.merge is not None else REPORT_DIR
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        profiles = {str(s): {p: r["totals"] for p, r in d.items()} for s, d in per_profile.items()}
+        summary = {"command": command_line(args), "seeds": {str(s): r for s, r in runs.items()}, "profiles": profiles}
+        (out / "coverage.json").write_text(json.dumps(summary, indent=1) + "\n")
+        (out / "coverage.md").write_text(render_markdown(runs, per_profile, command_line(args)))
+    first = runs[min(runs)]
+    if args.write_gaps:
+        found = gaps_of(first, source_lines)
+        write_gaps(found)
+        print(f"wrote {len(found)} known gaps to {GAPS_FILE.relative_to(ROOT)}")
+    if not args.check:
+        return 0
+    problems = gate(first, load_gaps(), source_lines)
+    for p in problems:
+        print(f"coverage gate: {p}")
+    known = len(load_gaps())
+    verdict = f"{len(problems)} problem(s)" if problems else "passed"
+    print(f"coverage gate: {verdict} ({first['totals']['gaps']} gaps, {known} known)")
+    return 1 if problems else 0
+
+
+def plan(args: argparse.Namespace) -> list[Run]:
+    """The runs of each seed: CI's, or every chosen profile times every target."""
+    if args.ci:
+        return ci_runs()
+    return [Run(p, t) for p in parse_profiles(args.profiles) for t in args.targets.split(",")]
+
+
+def parse_profiles(text: str) -> list[str]:
+    """``all`` -> every profile kvimpl follows (oldest first); ``newest``; else ``P,Q`` as given."""
+    from kvref.adapters.impl import IMPL_PROFILES  # noqa: PLC0415 - imports kvimpl
+    from kvspec.profiles import NEWEST, PROFILES  # noqa: PLC0415
+
+    if text == "all":
+        return [p for p in PROFILES if p in IMPL_PROFILES]
+    if text == "newest":
+        return [NEWEST.name]
+    names = text.split(",")
+    unknown = [n for n in names if n not in PROFILES]
+    if unknown:
+        raise SystemExit(f"unknown semantics profile(s) {', '.join(unknown)}; known: {', '.join(PROFILES)}")
+    return names
+
+
+def run_all(
+    args: argparse.Namespace, runs: list[Run]
+) -> tuple[dict[int, dict[str, Any]], dict[int, dict[str, dict[str, Any]]]]:
+    """Every seed's runs: merged per seed, and per profile (its targets merged)."""
+    merged: dict[int, dict[str, Any]] = {}
+    per_profile: dict[int, dict[str, dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        for seed in parse_seeds(args.seeds):
+            reports = list(pool.map(lambda r, s=seed: run_seed(s, Path(tmp), r, args.min_steps), runs))
+            by_profile: dict[str, list[dict[str, Any]]] = {}
+            for r, rep in zip(runs, reports, strict=True):
+                by_profile.setdefault(r.profile, []).append(rep)
+            per_profile[seed] = {p: merge_runs(reps) for p, reps in by_profile.items()}
+            merged[seed] = merge_runs(reports)
+            print(_summary_line(seed, merged[seed]))
+    return merged, per_profile
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -75,86 +180,66 @@ def parse_seeds(text: str) -> list[int]:
     return out
 
 
-def merge_runs(reports: list[dict[str, Any]]) -> dict[str, Any]:
-    """One seed's reports of several targets as one: an outcome is a gap (or a
-    listed outcome) only if no run took it, an entry is stale if any run found
-    it stale; exit codes and seconds add up."""
-    if len(reports) == 1:
-        return reports[0]
-    files: dict[str, dict[str, Any]] = {}
-    for name in sorted({n for r in reports for n in r["files"]}):
-        per = [r["files"][name] for r in reports if name in r["files"]]
-        common = [{tuple(a) for a in d["gaps"]} for d in per]
-        listed = [{tuple(a) for a in d["unreachable"]} for d in per]
-        gaps, unreachable = set.intersection(*common), set.intersection(*listed)
-        total, import_time = per[0]["outcomes"], min(d["import_time"] for d in per)
-        files[name] = {
-            "outcomes": total,
-            "taken": total - import_time - len(gaps) - len(unreachable),
-            "import_time": import_time,
-            "unreachable": [list(a) for a in sorted(unreachable)],
-            "gaps": [list(a) for a in sorted(gaps)],
-        }
-    stale = sorted({s for r in reports for s in r["stale"]})
-    fs = files.values()
-    totals = {
-        "outcomes": sum(f["outcomes"] for f in fs),
-        "taken": sum(f["taken"] for f in fs),
-        "import_time": sum(f["import_time"] for f in fs),
-        "unreachable": sum(len(f["unreachable"]) for f in fs),
-        "gaps": sum(len(f["gaps"]) for f in fs),
-        "stale": len(stale),
-    }
-    return {
-        "totals": totals,
-        "stale": stale,
-        "files": files,
-        "exit": max(r["exit"] for r in reports),
-        "seconds": round(sum(r["seconds"] for r in reports), 1),
-    }
-
-
-def run_seed(
-    seed: int, tmp: Path, semantics: str | None, min_steps: int | None, target: str = "impl"
-) -> dict[str, Any]:
+def run_seed(seed: int, tmp: Path, run: Run, min_steps: int | None) -> dict[str, Any]:
     """One ``kvref check --coverage`` run; its branch report, exit code and seconds."""
-    out = tmp / f"seed-{seed}-{target}.json"
-    cmd = [sys.executable, "-m", "kvref", "check", "--target", target, "--against", "spec", "--profile", "ci",
-           "--seed", str(seed), "--coverage-json", str(out)]  # fmt: skip
-    if semantics:
-        cmd += ["--semantics", semantics]
+    out = tmp / f"seed-{seed}-{run.profile}-{run.target}-{'n' if run.native else 'p'}.json"
+    cmd = [sys.executable, "-m", "kvref", "check", "--target", run.target, "--against", "spec", "--profile", "ci",
+           "--seed", str(seed), "--semantics", run.profile, "--coverage-json", str(out)]  # fmt: skip
     if min_steps:
         cmd += ["--min-steps", str(min_steps)]
+    env = dict(os.environ, **({} if run.native else {"KVREF_NATIVE": "0"}))
     start = time.monotonic()
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=tmp)
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=tmp, env=env)
     seconds = time.monotonic() - start
     if not out.exists():
-        raise SystemExit(f"seed {seed}: kvref check wrote no branch report (exit {done.returncode}):\n{done.stderr}")
+        raise SystemExit(f"seed {seed} {run.label}: kvref check wrote no branch report (exit {done.returncode}):\n"
+                         f"{done.stderr}")  # fmt: skip
     report: dict[str, Any] = json.loads(out.read_text())
     report.update(exit=done.returncode, seconds=round(seconds, 1))
+    print(f"  seed {seed} {run.label}: {report['totals']['gaps']} gaps, exit {done.returncode} ({seconds:.0f} s)")
     return report
+
+
+def _read_report(path: Path) -> dict[str, Any]:
+    """A ``kvref check --coverage-json`` report (exit 0 and no seconds: CI checks each run's exit itself)."""
+    report: dict[str, Any] = json.loads(path.read_text())
+    report.setdefault("exit", 0)
+    report.setdefault("seconds", 0.0)
+    return report
+
+
+def _summary_line(seed: int, r: dict[str, Any]) -> str:
+    t = r["totals"]
+    return f"seed {seed}: {t['taken']}/{t['outcomes']} taken, {t['gaps']} gaps ({r['seconds']:.0f} s)"
 
 
 def command_line(args: argparse.Namespace) -> str:
     """How to regenerate the report."""
-    extra = f" --targets {args.targets}" if args.targets != DEFAULT_TARGETS else ""
-    extra += f" --semantics {args.semantics}" if args.semantics else ""
+    if args.merge is not None:
+        return "python -m kvtools coverage --merge " + " ".join(p.name for p in args.merge)
+    if args.ci:
+        extra = " --ci"
+    else:
+        extra = f" --profiles {args.profiles}" if args.profiles != "all" else ""
+        extra += f" --targets {args.targets}" if args.targets != DEFAULT_TARGETS else ""
     extra += f" --min-steps {args.min_steps}" if args.min_steps else ""
     return f"python -m kvtools coverage --seeds {args.seeds}{extra}"
 
 
-def render_markdown(runs: dict[int, dict[str, Any]], command: str) -> str:
+def render_markdown(
+    runs: dict[int, dict[str, Any]], per_profile: dict[int, dict[str, dict[str, Any]]], command: str
+) -> str:
     """docs/reports/coverage.md."""
     lines = [
         "# Branch coverage of kvspec and kvimpl under the ci lockstep",
         "",
-        f"Generated by `{command}` (kvimpl against kvspec, `--profile ci`, one process per seed and",
-        "target: `impl` as CI runs it, and `impl-batch`, the batch API and device tables; a seed's runs merged).",
+        f"Generated by `{command}` (kvimpl against kvspec, `--profile ci`, one process per seed,",
+        "semantics profile and target; a seed's runs merged: an outcome counts as taken if any run took it).",
         "An *outcome* is one arc out of a decision, as coverage.py (branch=True) counts them. *At import*:",
         "decisions at module or class level, which ran before measurement started. *Listed*: outcomes",
         "argued unreachable through the public API in `kit/kvref/unreachable_branches.toml`. A *gap* is",
-        "an outcome inside a function that the run did not take and nobody showed unreachable: a fault",
-        "behind it is invisible to this run.",
+        "an outcome inside a function that no run took and nobody showed unreachable: a fault",
+        "behind it is invisible to the lockstep.",
         "",
         "| seed | outcomes | taken | at import | listed | gaps | stale entries | exit | seconds |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -166,25 +251,43 @@ def render_markdown(runs: dict[int, dict[str, Any]], command: str) -> str:
     first = min(runs)
     gap_sets = [{(f, tuple(a)) for f, d in r["files"].items() for a in d["gaps"]} for r in runs.values()]
     everywhere = set.intersection(*gap_sets) if gap_sets else set()
-    lines += ["", f"Gaps at every seed: {len(everywhere)}.", "", f"## Gaps at seed {first}, by file", ""]
+    lines += ["", f"Gaps at every seed: {len(everywhere)}."]
+    lines += _profile_table(runs[first], per_profile.get(first, {}), first)
+    lines += ["", f"## Gaps at seed {first}, by file", ""]
     lines += ["| file | outcomes | taken | gaps |", "|---|---:|---:|---:|"]
     files = runs[first]["files"]
     for name, d in sorted(files.items()):
         if d["gaps"]:
             lines.append(f"| {name} | {d['outcomes']} | {d['taken']} | {len(d['gaps'])} |")
     lines += ["", "Every gap (`line -> to`; `exit` = leaves the function), with its decision:", "", "```"]
-    for name, d in sorted(files.items()):
-        src = _source(name)
-        for a, b in sorted(d["gaps"]):
-            code = src[a - 1].strip() if 0 < a <= len(src) else ""
-            lines.append(f"{name}:{a} -> {b if b > 0 else 'exit'}  {code}")
+    for g in gaps_of(runs[first], source_lines):
+        lines.append(f"{g.file}:{g.line} -> {g.to if g.to > 0 else 'exit'}  {g.code}")
     lines += ["```", ""]
     for r in runs.values():
         lines += [f"stale: {s}" for s in r["stale"]]
     return "\n".join(lines) + "\n"
 
 
-def _source(name: str) -> list[str]:
+def _profile_table(merged: dict[str, Any], profiles: dict[str, dict[str, Any]], seed: int) -> list[str]:
+    """Per profile at ``seed``: taken and gaps alone, and how many outcomes only that profile takes."""
+    if not profiles:
+        return []
+    gaps = {p: {(f, tuple(a)) for f, d in r["files"].items() for a in d["gaps"]} for p, r in profiles.items()}
+    lines = ["", f"## Per semantics profile at seed {seed} (its targets merged)", "",
+             "*Only here*: outcomes that this profile's runs take and no other profile's do.", "",
+             "| profile | taken | gaps alone | only here | seconds |", "|---|---:|---:|---:|---:|"]  # fmt: skip
+    for p, r in profiles.items():
+        others = [g for q, g in gaps.items() if q != p]
+        only = len(set.intersection(*others) - gaps[p]) if others else 0
+        t = r["totals"]
+        lines.append(f"| {p} | {t['taken']} | {t['gaps']} | {only} | {r['seconds']:.0f} |")
+    t = merged["totals"]
+    lines.append(f"| merged | {t['taken']} | {t['gaps']} | | {merged['seconds']:.0f} |")
+    return lines
+
+
+def source_lines(name: str) -> list[str]:
+    """The source lines of a package-relative file (``kvimpl/block_pool.py``)."""
     root = {"kvspec": ROOT / "spec", "kvimpl": ROOT / "impl"}
     pkg = name.split("/", 1)[0]
     path = root[pkg] / name if pkg in PACKAGES else Path(name)

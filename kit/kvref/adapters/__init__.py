@@ -219,7 +219,7 @@ AdapterFactory = Callable[[KVCacheConfig], KVCacheAdapter]
 
 def load_factory(target: str) -> AdapterFactory:
     """Resolve ``spec``, ``impl`` (``impl-native``, ``impl-python``: one build; ``impl-batch``:
-    through the batch API and device tables), ``vllm`` or
+    through the batch API and device tables; ``impl-mutable``: with kvimpl's own mutable requests), ``vllm`` or
     ``module:factory`` to a factory.
 
     A module is looked up on ``sys.path`` and then in the working folder (as
@@ -237,6 +237,7 @@ def load_factory(target: str) -> AdapterFactory:
         "impl-native": "kvref.adapters.impl:make_impl_native_adapter",
         "impl-python": "kvref.adapters.impl:make_impl_python_adapter",
         "impl-batch": "kvref.adapters.impl_batch:make_impl_batch_adapter",
+        "impl-mutable": "kvref.adapters.impl_mutable:make_impl_mutable_adapter",
     }
     path = builtin.get(target, target)
     if ":" not in path:

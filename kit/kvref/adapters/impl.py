@@ -32,6 +32,7 @@ from kvimpl.block_pool import BlockPool, requeue_unhashed_first
 from kvimpl.config_rules import MODELLED_FEATURES
 from kvimpl.kv_cache_manager import KVCacheManager
 from kvimpl.native import NativeKVCacheManager, native_enabled, native_unsupported, notice_if_missing
+from kvimpl.request import RequestHasher
 from kvref.capabilities import OPT_IN_FEATURES, declare
 from kvref.layers.pool import pool_view
 from kvspec.block_pool import BlockId
@@ -87,11 +88,21 @@ def make_impl_adapter(config: KVCacheConfig) -> Any:
         UnsupportedByProfileError: For a profile kvimpl does not follow (see
             the module docstring).
     """
+    return impl_adapter_class(config)(config)
+
+
+def impl_adapter_class(config: KVCacheConfig) -> type[ImplAdapter] | type[NativeImplAdapter]:
+    """The class ``--target impl`` builds for ``config`` (the native core where
+    kvimpl would use it, else the pure-Python manager).
+
+    Raises:
+        UnsupportedByProfileError: As :func:`make_impl_adapter`.
+    """
     _check_config(config)
     notice_if_missing()
     if native_enabled() and native_unsupported(config) is None:
-        return NativeImplAdapter(config)
-    return ImplAdapter(config)
+        return NativeImplAdapter
+    return ImplAdapter
 
 
 @declare(features=OPT_IN_FEATURES)
@@ -120,6 +131,12 @@ def make_impl_python_adapter(config: KVCacheConfig) -> ImplAdapter:
     """
     _check_config(config)
     return ImplAdapter(config)
+
+
+def request_hashers(config: KVCacheConfig) -> tuple[RequestHasher, RequestHasher]:
+    """kvimpl's request hashers for ``config`` (:mod:`kvref.adapters.impl_mutable`): one making
+    pure-Python mutable requests, one making C requests (pure-Python ones without the build)."""
+    return RequestHasher.for_config(config, native=False), RequestHasher.for_config(config, native=True)
 
 
 def _check_profile(p: SemanticsProfile) -> None:

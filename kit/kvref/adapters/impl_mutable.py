@@ -1,0 +1,219 @@
+"""``--target impl-mutable``: kvimpl driven with its own mutable requests, as a scheduler would.
+
+The lockstep hands every adapter kvspec's immutable
+:class:`kvspec.request.Request` values, and kvimpl's managers accept them.
+A scheduler on kvimpl keeps one mutable request per request instead
+(:mod:`kvimpl.request`, as vLLM's scheduler keeps ``vllm.v1.request.Request``)
+and advances it in place, which hashes only the blocks that became full.
+This adapter does that: it keeps one kvimpl request per request id, made by
+``RequestHasher.new_request`` from the value's prompt and extra keys, and
+before each call that takes a request it advances it to match the value it
+is given (the new output tokens appended, one int when there is one and the
+list when there are several, as a speculative step appends them; then
+``num_computed_tokens``, ``status`` and ``num_preemptions`` set), then checks
+that kvimpl's incrementally extended block hashes equal kvspec's. A value
+whose prompt, extra keys or skip flag differ from the mirror's (a new request
+reusing a freed id) gets a new mirror. New mirrors alternate between the
+pure-Python :class:`kvimpl.request.Request` and the C request (when the
+extension is built), so both classes meet both managers; appends alternate
+between the int and the list form (the scheduler appends one sampled token
+as an int, speculative ones as a list).
+
+Each new mirror also checks, in turn, one caller error of the request API
+(:data:`PROBES`): ``new_request`` with a request id that is not a str, an
+empty prompt, a negative token id, or (where extra keys are tagged) a LoRA
+without a path; an append of a string or of a list with a negative id. Each
+must raise :class:`kvspec.errors.InvalidRequestError`, and a refused append
+must leave the request as it was (its block hashes are compared with
+kvspec's at the next call). A probe that does not raise is an
+:class:`AssertionError`, which the lockstep reports as a crash of
+``impl-mutable``.
+
+The manager is the one ``--target impl`` builds (the native core where it
+implements the configuration, else the pure-Python manager); everything the
+lockstep compares is the manager's output, unchanged.
+
+NOTE: the adapter derives from the impl adapter classes, so the kit still
+imports kvimpl in one module only (:mod:`kvref.adapters.impl`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from kvref.adapters.impl import (
+    ImplAdapter,
+    NativeImplAdapter,
+    impl_adapter_class,
+    request_hashers,
+)
+from kvref.capabilities import OPT_IN_FEATURES, declare
+from kvspec.config import KVCacheConfig
+from kvspec.errors import InvalidRequestError
+from kvspec.hashing import ExtraKeySource, LoRA
+from kvspec.request import Request
+from kvspec.view import BlockIds
+
+PROBES = ("request id", "empty prompt", "negative token", "lora without path", "append str", "append negative")
+"""The caller errors new mirrors check in turn (see the module docstring)."""
+
+
+@dataclass
+class _Mirror:
+    """One kvimpl request and the kvspec value it was last advanced to."""
+
+    request: Any
+    tokens: tuple[int, ...]
+    num_prompt_tokens: int
+    extra: ExtraKeySource
+    skip: bool
+
+
+class MutableRequests:
+    """The request mirroring, mixed into either impl adapter class."""
+
+    name = "impl-mutable"
+
+    def _init_mirrors(self, config: KVCacheConfig) -> None:
+        self._hashers = request_hashers(config)
+        self._mirrors: dict[str, _Mirror] = {}
+        self._made = 0
+        self._appends = 0
+
+    def _sync(self, request: Any) -> Any:
+        """The kvimpl request for the kvspec value ``request``, advanced to match it
+        (anything that is not a kvspec request, a caller error, passes through)."""
+        if not isinstance(request, Request):
+            return request
+        rid, tokens = request.request_id, request.all_token_ids
+        mirror = self._mirrors.get(rid)
+        if mirror is not None and not _same_request(mirror, request):
+            mirror = None  # a new request reusing the id
+        if mirror is None:
+            n = self._made
+            self._made += 1
+            hasher = self._hashers[n % 2]
+            prompt = tokens[: request.num_prompt_tokens]
+            made = hasher.new_request(rid, prompt, request.extra, request.skip_reading_prefix_cache)
+            mirror = self._mirrors[rid] = _Mirror(
+                made, prompt, request.num_prompt_tokens, request.extra, request.skip_reading_prefix_cache
+            )
+            _probe(PROBES[n // 2 % len(PROBES)], hasher, made, request)  # every probe on both classes
+        mreq = mirror.request
+        if mirror.tokens is not tokens:
+            new = tokens[len(mirror.tokens) :]
+            if new:
+                self._appends += 1
+                mreq.append_output_token_ids(new[0] if len(new) == 1 and self._appends % 2 else list(new))
+            mirror.tokens = tokens
+            if tuple(mreq.block_hashes) != request.block_hashes:
+                raise AssertionError(
+                    f"impl-mutable: request {rid!r} at {len(tokens)} tokens: kvimpl's incremental block hashes "
+                    f"({len(mreq.block_hashes)}) differ from kvspec's ({len(request.block_hashes)})"
+                )
+        mreq.num_computed_tokens = request.num_computed_tokens
+        mreq.status = request.status
+        mreq.num_preemptions = request.num_preemptions
+        return mreq
+
+    def _forget(self, request_id: Any) -> None:
+        if isinstance(request_id, str):
+            self._mirrors.pop(request_id, None)
+
+
+def _probe(probe: str, hasher: Any, mreq: Any, request: Request) -> None:
+    """Check that one caller error of the request API raises InvalidRequestError."""
+    rid, prompt = request.request_id, list(request.all_token_ids[: request.num_prompt_tokens])
+    if probe == "lora without path" and not hasher.tagged:
+        return  # untagged extra keys do not hash the path: a LoRA without one is valid
+    calls: dict[str, Callable[[], object]] = {
+        "request id": lambda: hasher.new_request(len(rid), prompt),
+        "empty prompt": lambda: hasher.new_request(rid, []),
+        "negative token": lambda: hasher.new_request(rid, [*prompt[:-1], -1]),
+        "lora without path": lambda: hasher.new_request(rid, prompt, replace(request.extra, lora=LoRA("probe", 1))),
+        "append str": lambda: mreq.append_output_token_ids("7"),
+        "append negative": lambda: mreq.append_output_token_ids([0, -1]),
+    }
+    try:
+        calls[probe]()
+    except InvalidRequestError:
+        if mreq.num_tokens != request.num_prompt_tokens:
+            raise AssertionError(f"impl-mutable: {probe} ({rid!r}) was refused but changed the request") from None
+        return
+    raise AssertionError(f"impl-mutable: {probe} ({rid!r}): kvimpl's request API did not raise InvalidRequestError")
+
+
+def _same_request(mirror: _Mirror, request: Request) -> bool:
+    """Whether ``request`` is the mirrored request, advanced (not a new one under its id)."""
+    tokens, have = request.all_token_ids, len(mirror.tokens)
+    return (
+        mirror.num_prompt_tokens == request.num_prompt_tokens
+        and len(tokens) >= have
+        and tokens[:have] == mirror.tokens
+        and (mirror.extra is request.extra or mirror.extra == request.extra)
+        and mirror.skip == request.skip_reading_prefix_cache
+    )
+
+
+def _mirrored(base: type) -> type:
+    """``base`` (an impl adapter class) with every request-taking call mirrored."""
+
+    class Mirrored(MutableRequests, base):  # type: ignore[misc]  # a class built per base
+        def __init__(self, config: KVCacheConfig) -> None:
+            super().__init__(config)
+            self._init_mirrors(config)
+
+        def get_computed_blocks(self, request: Any) -> tuple[BlockIds, int]:
+            out: tuple[BlockIds, int] = super().get_computed_blocks(self._sync(request))
+            return out
+
+        def allocate_slots(self, request: Any, *args: Any, **kwargs: Any) -> BlockIds | None:
+            out: BlockIds | None = super().allocate_slots(self._sync(request), *args, **kwargs)
+            return out
+
+        def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
+            super().cache_blocks(self._sync(request), num_computed_tokens)
+
+        def get_prefix_hint(self, request: Any) -> int:
+            out: int = super().get_prefix_hint(self._sync(request))
+            return out
+
+        def estimate_cached_tokens(self, request: Any) -> int:
+            out: int = super().estimate_cached_tokens(self._sync(request))
+            return out
+
+        def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
+            super().record_prefix_cache_stats(self._sync(request), num_hits)
+
+        def free(self, request_id: str) -> None:
+            super().free(request_id)
+            self._forget(request_id)
+
+        def pop_blocks_for_free(self, request_id: str) -> Any:
+            out = super().pop_blocks_for_free(request_id)
+            self._forget(request_id)
+            return out
+
+    Mirrored.__name__ = Mirrored.__qualname__ = f"Mutable{base.__name__}"
+    return Mirrored
+
+
+MutableImplAdapter = _mirrored(ImplAdapter)
+"""kvimpl's pure-Python manager with mutable requests."""
+MutableNativeImplAdapter = _mirrored(NativeImplAdapter)
+"""kvimpl's native manager with mutable requests."""
+
+
+@declare(features=OPT_IN_FEATURES)
+def make_impl_mutable_adapter(config: KVCacheConfig) -> Any:
+    """Factory for ``--target impl-mutable``: the manager ``--target impl``
+    builds, driven with kvimpl's own mutable requests.
+
+    Raises:
+        UnsupportedByProfileError: As ``--target impl``.
+    """
+    base = impl_adapter_class(config)  # the same refusals and the same choice of build
+    cls = MutableNativeImplAdapter if base is NativeImplAdapter else MutableImplAdapter
+    return cls(config)
