@@ -428,10 +428,7 @@ class Lockstep:
         ref_upstream = semantics_of(self.adapters[0]).upstream
         if ref_upstream != semantics_of(other).upstream:
             vllm_out, spec_out = (ref_out, out) if ref_upstream else (out, ref_out)
-            declared = semantics_of(self.adapters[0] if ref_upstream else other).profile
-            number = declared.removeprefix("vllm-")
-            # not a plain release number (a test's fake upstream, a dev build): the profile's release
-            release = number if re.fullmatch(r"\d+(\.\d+)*", number) else None
+            release = self._upstream_release(other)
             div_id = explain(self.config, op, vllm_out, spec_out, pending, release)
             if div_id is not None:
                 return self._known(load_registry()[div_id])
@@ -450,12 +447,18 @@ class Lockstep:
         state ``before``, between an upstream side and a spec side."""
         if semantics_of(self.adapters[0]).upstream == semantics_of(other).upstream:
             return False
+        req = self.book.requests.get(op.get("rid", ""))
+        computed = req.num_computed_tokens if req else 0
+        div_id = explain_state(self.config, op, before, computed, self._upstream_release(other))
+        return div_id is not None and self._known(load_registry()[div_id])
+
+    def _upstream_release(self, other: KVCacheAdapter) -> str | None:
+        """The release the upstream side of the reference and ``other``
+        declares; None when it is not a plain release number (a test's fake
+        upstream, a dev build), so that the profile's release applies."""
         upstream = self.adapters[0] if semantics_of(self.adapters[0]).upstream else other
         number = semantics_of(upstream).profile.removeprefix("vllm-")
-        release = number if re.fullmatch(r"\d+(\.\d+)*", number) else None
-        req = self.book.requests.get(op.get("rid", ""))
-        div_id = explain_state(self.config, op, before, req.num_computed_tokens if req else 0, release)
-        return div_id is not None and self._known(load_registry()[div_id])
+        return number if re.fullmatch(r"\d+(\.\d+)*", number) else None
 
     def _known(self, entry: Divergence) -> bool:
         """Count a known divergence; a halting one stops the comparison."""
