@@ -39,11 +39,12 @@ fi
 # kvimpl against kvspec: identical outputs and views at every step, under
 # every profile kvimpl follows (--target impl: the native core where it
 # implements the configuration), the pure-Python build (KVREF_NATIVE=0) under
-# the baseline profile, and kvimpl's own mutable requests (--target
-# impl-mutable) under the newest: `python -m kvtools coverage --ci-runs` lists
-# them. Each run also writes its branch coverage of kvspec and kvimpl; the
-# gate merges them (an outcome is taken if any run took it) and fails on a gap
-# not in tools/kvtools/coverage_gaps.toml, on a listed gap now taken, and on a
+# the baseline profile, and under the newest kvimpl's own mutable requests
+# (--target impl-mutable) and its batched step API with device tables
+# (--target impl-batch): `python -m kvtools coverage --ci-runs` lists them.
+# Each run also writes its branch coverage of kvspec and kvimpl; the gate
+# merges them (an outcome is taken if any run took it) and fails on a gap not
+# in tools/kvtools/coverage_gaps.toml, on a listed gap now taken, and on a
 # stale entry of either list (docs/reports/coverage.md).
 echo "==> kvimpl build: $(python -c 'from kvimpl.native import build_description as d; print(d())')"
 COVERAGE_DIR="$(mktemp -d)"

@@ -35,10 +35,22 @@ from kvref.scheduler import ReqState, Scheduler
 from kvref.shapes import SHAPES, Shape, build_kinds, drawable
 from kvref.swarm import ALL_ON, Swarm, swarm_default, swarms
 from kvref.traces import Trace
-from kvspec.config import CrossAttention, FullAttention, KVCacheConfig, SinkFullAttention, SlidingWindow
-from kvspec.errors import ConfigError, UnsupportedByProfileError
-from kvspec.hashing import HASH_FUNCTION_NAMES
+from kvspec.config import (
+    FULL_TYPE_KINDS,
+    ChunkedLocal,
+    CircularBuffer,
+    CrossAttention,
+    FullAttention,
+    KVCacheConfig,
+    Mamba,
+    SinkFullAttention,
+    SlidingWindow,
+    prefix_cacheable,
+)
+from kvspec.errors import ConfigError, InvalidRequestError, UnsupportedByProfileError
+from kvspec.hashing import HASH_FUNCTION_NAMES, ExtraKeySource, LoRA
 from kvspec.profiles import NEWEST, SemanticsProfile
+from kvspec.request import RequestBlockHasher
 
 Json = Any
 VOCAB = 4
@@ -59,8 +71,57 @@ STEP_EXTRAS = (
 """What may follow ``new_step_starts`` in the ``new_step`` rule ("" = nothing)."""
 _EXTRA_FEATURES = {"salt": "cache_salt", "lora": "lora", "mm": "mm", "embeds": "prompt_embeds"}
 """The feature of each extra-key choice of a fresh prompt."""
-BAD_CONFIGS = ("blocks", "block_size", "window", "watermark", "hash", "eagle_group", "sink")
-"""Broken configurations ``invalid_other`` tries (each must raise ConfigError)."""
+BAD_CONFIGS = (
+    "blocks", "block_size", "window", "watermark", "hash", "eagle_group", "sink", "profile", "no_groups",
+    "max_model_len", "batched_tokens", "cp_size", "hash_block", "hash_block_coarse", "hash_block_unitary",
+    "ring_only_hybrid", "equal_groups", "chunk", "chunked_eagle", "chunked_block_size", "mamba_mode",
+    "mamba_spec_blocks", "cross_cached", "cp_sink", "cp_hybrid",
+)  # fmt: skip
+"""Broken configurations ``invalid_other`` tries (each must raise ConfigError; see :func:`bad_config`)."""
+BAD_HITS = ("out_of_pool", "caching_off", "ring_group", "null_in_full", "length")
+"""Broken hit lists ``invalid_allocate`` sends on a first allocation (see ``_bad_hit``)."""
+BAD_COUNTS = ("stats_hits", "skipped_tokens", "cache_tokens", "free_out_of_pool", "cache_unallocated")
+"""Negative counts, out-of-pool ids and caching past the table (``invalid_other``)."""
+BAD_REQUESTS = ("request_id", "empty_prompt", "str_prompt", "negative_token", "lora_id", "lora_path", "append_str")
+"""Caller errors of kvspec's request hasher (each must raise InvalidRequestError)."""
+
+
+def bad_config(cfg: KVCacheConfig, kind: str) -> dict[str, Any] | None:
+    """The fields that break ``cfg`` in the way ``kind`` names (a
+    :data:`BAD_CONFIGS` entry), or None where that break does not apply to
+    its release (each is a ConfigError under the profile it is tried with)."""
+    first, p = cfg.groups[0], cfg.profile
+    bs, sbs = first.block_size, cfg.scheduler_block_size
+    cached = {"enable_caching": True, "dcp_world_size": 1, "pcp_world_size": 1, "use_eagle": False, "eagle_groups": ()}
+    hybrid_cp = dict(cached, groups=(FullAttention(4), SlidingWindow(4, 8)), dcp_world_size=2)
+    table: dict[str, dict[str, Any] | None] = {
+        "blocks": {"num_blocks": 0},
+        "block_size": {"groups": (FullAttention(0),)},
+        "window": {"groups": (SlidingWindow(bs, 0),)},
+        "watermark": {"watermark": 1.0},
+        "hash": {"hash_function": "md5"},
+        "eagle_group": {"use_eagle": True, "eagle_groups": (len(cfg.groups),)},
+        "sink": {"groups": (SinkFullAttention(bs, bs + 1),)},
+        "profile": {"profile": p.name},
+        "no_groups": {"groups": ()},
+        "max_model_len": {"max_model_len": 0},
+        "batched_tokens": {"max_num_batched_tokens": 0},
+        "cp_size": {"dcp_world_size": 0},
+        "hash_block": {"hash_block_size": sbs + 1},
+        "hash_block_coarse": dict(cached, groups=(FullAttention(2), SlidingWindow(3, 4)), hash_block_size=3),
+        "hash_block_unitary": dict(cached, groups=(FullAttention(4),), hash_block_size=2),
+        "ring_only_hybrid": dict(cached, groups=(CircularBuffer(4), CircularBuffer(8))),
+        "equal_groups": None if p.single_spec_group_hybrid else dict(cached, groups=(FullAttention(4),) * 2),
+        "chunk": {"groups": (ChunkedLocal(bs, 0),)},
+        "chunked_eagle": dict(cached, groups=(ChunkedLocal(4, 8),), use_eagle=True),
+        "chunked_block_size": dict(cached, groups=(FullAttention(8), ChunkedLocal(4, 16))),
+        "mamba_mode": {"groups": (Mamba(bs, "bogus"),)},  # type: ignore[arg-type]  # the broken argument
+        "mamba_spec_blocks": {"groups": (Mamba(bs, "none", -1),)},
+        "cross_cached": dict(cached, groups=(CrossAttention(bs),)),
+        "cp_sink": dict(cached, groups=(SinkFullAttention(4, 4),), dcp_world_size=2),
+        "cp_hybrid": hybrid_cp if p.cp_block_scaling == "dcp-pcp" else None,
+    }
+    return table[kind]
 
 
 @st.composite
@@ -585,12 +646,17 @@ class SchedulerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.live and bool(self.reqs))
     @rule(
         data=st.data(),
-        kind=st.sampled_from(["negative", "zero", "too_long", "groups", "running_hit", "stale_hit", "foreign_hit"]),
+        kind=st.sampled_from(
+            ["negative", "zero", "too_long", "groups", "running_hit", "stale_hit", "foreign_hit", "bad_hit"]
+        ),
     )
     def invalid_allocate(self, data: st.DataObject, kind: str) -> None:
         """allocate_slots with a broken argument."""
         if kind == "stale_hit":
             self._stale_hit()
+            return
+        if kind == "bad_hit":
+            self._bad_hit(draw(data, st.sampled_from(BAD_HITS)))
             return
         if kind == "foreign_hit":
             self._foreign_group_hit(data)
@@ -639,6 +705,51 @@ class SchedulerMachine(RuleBasedStateMachine):
               "num_new_computed_tokens": found["num_tokens"], "new_computed_blocks": found["blocks"]}  # fmt: skip
         self._call(op, expect_unchanged=True)
 
+    def _bad_hit(self, how: str) -> None:
+        """A first allocation whose hit list no lookup returns: an id outside the
+        pool, a hit with caching off, a block in a ring group's hit, the null
+        block in a full-attention hit, or one block more than the hit tokens
+        take (each is a typed error on every side, nothing changed)."""
+        cfg = self.cfg
+        if not self.waiting:
+            return
+        rid = self.waiting[0]
+        if self.reqs[rid].computed:
+            return
+        hits: list[list[int]] = [[] for _ in cfg.groups]
+        n_hit = 0
+        if cfg.enable_caching:
+            found = self._lookup(rid)
+            if found is None:
+                return
+            hits, n_hit = [list(ids) for ids in found["blocks"]], found["num_tokens"]
+        cacheable = [g for g, k in enumerate(cfg.groups) if prefix_cacheable(k)]
+        if how == "out_of_pool":
+            hits[0].append(cfg.num_blocks)
+        elif how == "caching_off":
+            if cfg.enable_caching or cfg.num_blocks < 2:
+                return
+            hits[0] = [1]
+        elif how == "ring_group":
+            rings = [g for g, k in enumerate(cfg.groups) if not prefix_cacheable(k)]
+            if not rings or cfg.num_blocks < 2:
+                return
+            hits[rings[0]].append(1)
+        elif how == "null_in_full":
+            full = [g for g, k in enumerate(cfg.groups) if isinstance(k, FULL_TYPE_KINDS)]
+            if not full or not cfg.enable_caching:
+                return
+            hits[full[0]].append(0)
+        else:
+            # one block more than the hit tokens take (a cached one where there is a hit)
+            real = [b for g in cacheable for b in hits[g] if b != 0]
+            if not cacheable or not cfg.enable_caching or cfg.num_blocks < 2:
+                return
+            hits[cacheable[0]].append(real[-1] if real else 1)
+        op = {"op": "allocate_slots", "rid": rid, "num_new_tokens": 1,
+              "num_new_computed_tokens": n_hit, "new_computed_blocks": hits}  # fmt: skip
+        self._call(op, expect_unchanged=True)
+
     def _foreign_group_hit(self, data: st.DataObject) -> None:
         """A hit list carrying a block of another group must be rejected."""
         if not self.waiting or len(self.cfg.groups) < 2:
@@ -674,33 +785,84 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def _invalid_config(self, kind: str) -> None:
         """A broken configuration is rejected with ConfigError before any manager exists."""
-        cfg, first = self.cfg, self.cfg.groups[0]
-        bad: dict[str, Any]
-        bad = {
-            "blocks": {"num_blocks": 0},
-            "block_size": {"groups": (FullAttention(0),)},
-            "window": {"groups": (SlidingWindow(first.block_size, 0),)},
-            "watermark": {"watermark": 1.0},
-            "hash": {"hash_function": "md5"},
-            "eagle_group": {"use_eagle": True, "eagle_groups": (len(cfg.groups),)},
-            "sink": {"groups": (SinkFullAttention(first.block_size, first.block_size + 1),)},
-        }[kind]  # type: ignore[assignment]  # values are kwargs of differing types
+        bad = bad_config(self.cfg, kind)
+        if bad is None:
+            return
         try:
-            replace(cfg, **bad)
+            replace(self.cfg, **bad)
         except ConfigError:
             assert self.lock is not None
             self.lock.stats.invalid_configs += 1
             return
         raise AssertionError(f"config with {bad} was accepted")
 
+    def _bad_request(self, kind: str) -> None:
+        """A caller error of the request hasher is rejected with InvalidRequestError
+        (kvimpl's own request API gets the same probes under ``--target impl-mutable``)."""
+        hasher = RequestBlockHasher.for_config(self.cfg)
+        calls: dict[str, Any] = {
+            "request_id": lambda: hasher.new_request(7, [1]),  # type: ignore[arg-type]  # the broken argument
+            "empty_prompt": lambda: hasher.new_request("bad", []),
+            "str_prompt": lambda: hasher.new_request("bad", "12"),  # type: ignore[arg-type]  # the broken argument
+            "negative_token": lambda: hasher.new_request("bad", [1, -1]),
+            "lora_id": lambda: LoRA("bad", 0),
+            "lora_path": lambda: hasher.new_request("bad", [1], ExtraKeySource(lora=LoRA("bad", 1))),
+            "append_str": lambda: hasher.with_output_tokens(hasher.new_request("bad", [1]), "7"),  # type: ignore[arg-type]  # the broken argument
+        }
+        if kind == "lora_path" and not self.cfg.profile.extra_keys_tagged:
+            return  # untagged extra keys do not hash the path: a LoRA without one is valid
+        try:
+            calls[kind]()
+        except InvalidRequestError:
+            return
+        raise AssertionError(f"kvspec's request hasher accepted the caller error {kind!r}")
+
+    def _bad_count(self, data: st.DataObject, kind: str) -> None:
+        """A negative count, an out-of-pool id, or caching blocks a request does not hold."""
+        cfg = self.cfg
+        rid = draw(data, st.sampled_from(tuple(sorted(self.reqs)))) if self.reqs else None
+        op: Json
+        if kind == "stats_hits":
+            if rid is None or cfg.profile.stats_at_lookup:
+                return
+            op = {"op": "record_prefix_cache_stats", "rid": rid, "num_hits": -1}
+        elif kind == "skipped_tokens":
+            if rid is None:
+                return
+            op = {"op": "remove_skipped_blocks", "rid": rid, "total_computed_tokens": -1}
+        elif kind == "cache_tokens":
+            if rid is None or not cfg.enable_caching:
+                return
+            op = {"op": "cache_blocks", "rid": rid, "num_computed_tokens": -1}
+        elif kind == "free_out_of_pool":
+            op = {"op": "free_blocks", "block_ids": [cfg.num_blocks]}
+        else:
+            # A waiting request that holds no block yet: caching its prompt would
+            # cache blocks it does not have.
+            fresh = [r for r in self.waiting if not self.reqs[r].computed and not any(self._held(r))]
+            need = min(k.block_size for k in cfg.groups)
+            if not fresh or not cfg.enable_caching or self._num_tokens(fresh[0]) < need:
+                return
+            op = {"op": "cache_blocks", "rid": fresh[0], "num_computed_tokens": self._num_tokens(fresh[0])}
+        self._call(op, expect_unchanged=True)
+
     @precondition(lambda self: self.live)
     @rule(
-        data=st.data(), kind=st.sampled_from(["double_free", "bad_evict", "unknown_prefix", "cache_beyond", "config"])
+        data=st.data(),
+        kind=st.sampled_from(
+            ["double_free", "bad_evict", "unknown_prefix", "cache_beyond", "config", "count", "request"]
+        ),
     )
     def invalid_other(self, data: st.DataObject, kind: str) -> None:
-        """Other caller errors, and broken configurations."""
+        """Other caller errors, and broken configurations and requests."""
         if kind == "config":
             self._invalid_config(draw(data, st.sampled_from(BAD_CONFIGS)))
+            return
+        if kind == "count":
+            self._bad_count(data, draw(data, st.sampled_from(BAD_COUNTS)))
+            return
+        if kind == "request":
+            self._bad_request(draw(data, st.sampled_from(BAD_REQUESTS)))
             return
         if kind == "double_free":
             held = sorted({b for r in self.reqs for b in self._held(r)})

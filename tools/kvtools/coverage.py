@@ -67,12 +67,19 @@ class Run:
 def ci_runs() -> list[Run]:
     """The impl-vs-spec locksteps ``ci/test.sh`` runs (each at seed 0 with ``--profile ci``):
     ``impl`` under every profile kvimpl follows, the pure-Python build under the
-    baseline profile, and kvimpl's mutable requests under the newest."""
+    baseline profile, and under the newest kvimpl's mutable requests and its
+    batched step API with device tables (``impl-batch``: the only run that
+    reaches kvimpl/step_api.py and kvimpl/device_tables.py)."""
     from kvref.adapters.impl import IMPL_PROFILES  # noqa: PLC0415 - imports kvimpl
     from kvspec.profiles import NEWEST, VLLM_0_25_1  # noqa: PLC0415
 
     runs = [Run(p, "impl") for p in sorted(IMPL_PROFILES)]
-    return [*runs, Run(VLLM_0_25_1.name, "impl", native=False), Run(NEWEST.name, "impl-mutable")]
+    return [
+        *runs,
+        Run(VLLM_0_25_1.name, "impl", native=False),
+        Run(NEWEST.name, "impl-mutable"),
+        Run(NEWEST.name, "impl-batch"),
+    ]
 
 
 def main(argv: list[str]) -> int:

@@ -31,7 +31,7 @@ from kvimpl import PROFILE_SWITCHES
 from kvimpl.block_pool import BlockPool, requeue_unhashed_first
 from kvimpl.config_rules import MODELLED_FEATURES
 from kvimpl.kv_cache_manager import KVCacheManager
-from kvimpl.native import NativeKVCacheManager, native_enabled, native_unsupported, notice_if_missing
+from kvimpl.native import NativeKVCacheManager, manager_class, native_unsupported, notice_if_missing
 from kvimpl.request import RequestHasher
 from kvref.capabilities import OPT_IN_FEATURES, declare
 from kvref.layers.pool import pool_view
@@ -100,7 +100,8 @@ def impl_adapter_class(config: KVCacheConfig) -> type[ImplAdapter] | type[Native
     """
     _check_config(config)
     notice_if_missing()
-    if native_enabled() and native_unsupported(config) is None:
+    # kvimpl's own choice (the one create_manager makes), so the lockstep runs it
+    if manager_class(config) is NativeKVCacheManager:
         return NativeImplAdapter
     return ImplAdapter
 

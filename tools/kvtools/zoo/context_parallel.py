@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from kvref.adapters.impl import ImplAdapter
+from kvref.capabilities import declare
 from kvspec.config import FULL_TYPE_KINDS, KVCacheConfig, SinkFullAttention
 from kvspec.errors import UnsupportedByProfileError
 from kvspec.hashing import get_hash_fn_by_name, none_hash
@@ -26,6 +27,7 @@ from kvtools.zoo.hashing import _RehashingAdapter
     "block_size tokens instead of its own",
     "view diff (cache keys) once a block of a full@dcp or mla@dcp shape is cached",
 )
+@declare(features=("context-parallelism",))  # else the lockstep refuses every configuration it is planted in
 def dcp_unscaled_request_hashes(config: KVCacheConfig) -> ImplAdapter:
     """Request hashes at the unscaled block size under DCP (plain kvimpl otherwise)."""
     if config.dcp_world_size * config.pcp_world_size == 1:

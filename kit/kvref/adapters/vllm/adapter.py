@@ -305,7 +305,12 @@ class VllmAdapter:
 
         Raises:
             Unsupported: On releases whose lookup records the statistics itself.
+            InvalidTokenCountError: ``num_hits`` is not an int >= 0 (vLLM would record it).
         """
+        if self.api.caller_records_stats and (
+            not isinstance(num_hits, int) or isinstance(num_hits, bool) or num_hits < 0
+        ):
+            raise InvalidTokenCountError(f"num_hits {num_hits!r} is not an int >= 0")
         vreq = self._sync(request)
         self.api.record_prefix_cache_stats(self.manager, vreq, num_hits)
 
@@ -425,6 +430,8 @@ class VllmAdapter:
         if not self.config.enable_caching:
             raise StaleHitError(f"request {rid!r}: prefix caching is off, so it can have no hit")
         for g, kind in enumerate(self.config.groups):
+            if not prefix_cacheable(kind) and hits[g]:
+                raise StaleHitError(f"request {rid!r}: a hit in group {g}, a ring group, which is never cached")
             if isinstance(kind, FULL_TYPE_KINDS) and 0 in hits[g]:
                 raise StaleHitError(f"request {rid!r}: the null block in group {g}'s full-attention hit")
         # vLLM accepts hit lists that do not cover the hit tokens (it then counts tokens no block
