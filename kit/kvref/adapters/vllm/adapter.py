@@ -305,7 +305,7 @@ class VllmAdapter:
 
         Raises:
             Unsupported: On releases whose lookup records the statistics itself.
-            InvalidTokenCountError: ``num_hits`` is not an int >= 0 (vLLM would record it).
+            InvalidTokenCountError: ``num_hits`` is not an int >= 0 (checked before vLLM is called).
         """
         if self.api.caller_records_stats and (
             not isinstance(num_hits, int) or isinstance(num_hits, bool) or num_hits < 0
