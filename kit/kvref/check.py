@@ -19,11 +19,11 @@ from pathlib import Path
 
 from hypothesis import settings
 from hypothesis.errors import Unsatisfiable
-from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine
 
 from kvref.hypothesis_compat import seed_machine
 from kvref.lockstep import DivergenceClass
-from kvref.stateful import MachineSetup, make_lockstep_machine
+from kvref.stateful import MachineSetup, make_lockstep_machine, run_machine
 
 MIN_STEPS = {"dev": 2_000, "ci": 20_000, "nightly": 500_000, "crosshair": 200}
 """Default step goal of each settings profile."""
@@ -61,11 +61,9 @@ def run_lockstep(
         seed_machine(machine, seed * SEED_STRIDE + batch)
         steps_before = stats.steps
         try:
-            run_state_machine_as_test(
+            run_machine(
                 machine,
-                settings=settings(
-                    settings.default, max_examples=BATCH_EXAMPLES, database=None, report_multiple_bugs=False
-                ),
+                settings(settings.default, max_examples=BATCH_EXAMPLES, database=None, report_multiple_bugs=False),
             )
         except AssertionError as exc:
             setup.next_batch = batch + 1

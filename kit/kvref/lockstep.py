@@ -25,7 +25,7 @@ from kvref.adapters import AdapterFactory, KVCacheAdapter, semantics_of
 from kvref.capabilities import SKIP_ERRORS, feature_of, op_features, refusal, trace_features
 from kvref.diagnose import first_difference
 from kvref.divergences import Divergence, explain, explain_state, load_registry, resolve
-from kvref.exits import DEFAULT_OP_TIMEOUT, AdapterHang, InputError, watchdog
+from kvref.exits import DEFAULT_OP_TIMEOUT, AdapterHang, InputError, Watchdog, watchdog
 from kvref.ops import REQUEST_OPS, RequestBook, execute, output_problem
 from kvref.traces import Trace
 from kvspec.config import KVCacheConfig
@@ -234,6 +234,7 @@ class Lockstep:
         """
         self.config = config
         self.op_timeout = op_timeout
+        self._watchdog = Watchdog(op_timeout)
         self.excluded = excluded
         self.layer = layer
         self.config_name = config_name or "custom"
@@ -322,18 +323,21 @@ class Lockstep:
         before = self._views_now()
         self._views = None  # the operation may change every state
         crashes: list[str] = []
-        for a in self.adapters:
-            try:
-                with watchdog(self.op_timeout, f"{a.name}.{op['op']}"):
+        with self._watchdog as dog:
+            for a in self.adapters:
+                try:
+                    dog.arm(f"{a.name}.{op['op']}")
                     outs.append(self.layer.execute(a, self.book, op))
-            except AdapterHang as hang:
-                self._write_trace(f"hang: {hang}")
-                raise AdapterHang(f"{hang}; trace so far: {self.stats.last_failure}") from None
-            except SKIP_ERRORS as exc:
-                self._skip(a, op, exc)
-            except Exception as exc:
-                outs.append({"crash": type(exc).__name__})
-                crashes.append(f"{a.name} crashed: {type(exc).__name__}: {exc}")
+                except AdapterHang as hang:
+                    self._write_trace(f"hang: {hang}")
+                    raise AdapterHang(f"{hang}; trace so far: {self.stats.last_failure}") from None
+                except SKIP_ERRORS as exc:
+                    self._skip(a, op, exc)
+                except Exception as exc:
+                    outs.append({"crash": type(exc).__name__})
+                    crashes.append(f"{a.name} crashed: {type(exc).__name__}: {exc}")
+                finally:
+                    dog.disarm()
         self.stats.steps += 1
         entry = {**op, "expect": outs[0]}
         self.log.append(entry)

@@ -16,24 +16,24 @@ Use :func:`make_lockstep_machine` to build a machine class for your targets;
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from hypothesis import reject
+from hypothesis import reject, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
 
 from kvref.adapters import AdapterFactory
 from kvref.capabilities import trace_features
 from kvref.divergences import Divergence
 from kvref.exits import DEFAULT_OP_TIMEOUT
-from kvref.hypothesis_compat import draw
+from kvref.hypothesis_compat import boolean, byte_string, choose, draw, integer, machine_seed, run_steps
 from kvref.lockstep import Lockstep, Refused, RunStats
 from kvref.scheduler import ReqState, Scheduler
 from kvref.shapes import SHAPES, Shape, build_kinds, drawable
-from kvref.swarm import ALL_ON, Swarm, swarm_default, swarms
+from kvref.swarm import ALL_ON, Swarm, action_swarms, swarm_default, swarms
 from kvref.traces import Trace
 from kvspec.config import (
     FULL_TYPE_KINDS,
@@ -78,12 +78,28 @@ BAD_CONFIGS = (
     "mamba_spec_blocks", "cross_cached", "cp_sink", "cp_hybrid",
 )  # fmt: skip
 """Broken configurations ``invalid_other`` tries (each must raise ConfigError; see :func:`bad_config`)."""
+BAD_ALLOCATIONS = ("negative", "zero", "too_long", "groups", "running_hit", "stale_hit", "foreign_hit", "bad_hit")
+"""The broken ``allocate_slots`` calls ``invalid_allocate`` makes."""
+BAD_OTHERS = ("double_free", "bad_evict", "unknown_prefix", "cache_beyond", "config", "count", "request")
+"""The other caller errors ``invalid_other`` makes."""
 BAD_HITS = ("out_of_pool", "caching_off", "ring_group", "null_in_full", "length")
 """Broken hit lists ``invalid_allocate`` sends on a first allocation (see ``_bad_hit``)."""
 BAD_COUNTS = ("stats_hits", "skipped_tokens", "cache_tokens", "free_out_of_pool", "cache_unallocated")
 """Negative counts, out-of-pool ids and caching past the table (``invalid_other``)."""
 BAD_REQUESTS = ("request_id", "empty_prompt", "str_prompt", "negative_token", "lora_id", "lora_path", "append_str")
 """Caller errors of kvspec's request hasher (each must raise InvalidRequestError)."""
+
+
+def draw_tokens(data: st.DataObject, min_size: int, max_size: int) -> list[int]:
+    """Between ``min_size`` and ``max_size`` tokens of the :data:`VOCAB` vocabulary.
+
+    NOTE: drawn as one byte string, each byte a token modulo VOCAB (uniform,
+    as 256 is a multiple of VOCAB), not as a list of integers: Hypothesis
+    makes one choice for a byte string and two per list element (the element
+    and whether another follows), and the token lists were a sixth of every
+    choice a ci run made. It shrinks the same way: shorter, then towards 0.
+    """
+    return [b % VOCAB for b in byte_string(data, min_size, max_size)]
 
 
 def bad_config(cfg: KVCacheConfig, kind: str) -> dict[str, Any] | None:
@@ -219,6 +235,29 @@ class MachineSetup:
     """Draw a :class:`kvref.swarm.Swarm` per run (``KVREF_SWARM=1``; off by default)."""
 
 
+def run_machine(machine: type[RuleBasedStateMachine], run_settings: settings) -> None:
+    """Run ``machine`` once with ``run_settings``, as
+    ``run_state_machine_as_test`` does, and seeded as :func:`kvref.hypothesis_compat.seed_machine`
+    seeded it: a scheduler machine through its one rule in kvref's loop
+    (:func:`kvref.hypothesis_compat.run_steps`, the same steps without
+    Hypothesis's rule selection), any other machine through Hypothesis's runner.
+
+    Raises:
+        AssertionError: The (shrunk) failure of a run, as Hypothesis raises it.
+    """
+    if not issubclass(machine, SchedulerMachine):
+        run_state_machine_as_test(machine, settings=run_settings)
+        return
+    scheduler = machine
+
+    def start(data: st.DataObject) -> SchedulerMachine:
+        m = scheduler()
+        m.setup(data)
+        return m
+
+    run_steps(start, SchedulerMachine.step, SchedulerMachine.teardown, run_settings, machine_seed(machine))
+
+
 def make_lockstep_machine(setup: MachineSetup) -> type[RuleBasedStateMachine]:
     """A state machine class driving ``setup.factories`` (reference first)."""
 
@@ -242,6 +281,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.past: list[tuple[list[int], Json]] = []
         self.counter = 0
         self.swarm: Swarm = ALL_ON
+        self.actions_off: frozenset[str] = frozenset()
 
     # -- configuration -------------------------------------------------------
 
@@ -276,8 +316,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.sched = Scheduler(cfg, self.lock.book, self.lock.call, self.lock.request_op)
         sched = cfg.scheduler_block_size
         for _ in range(3):
-            n = draw(data, st.integers(1, 3)) * sched + draw(data, st.integers(0, sched - 1))
-            self.prefixes.append(draw(data, st.lists(st.integers(0, VOCAB - 1), min_size=n, max_size=n)))
+            n = integer(data, 1, 3) * sched + integer(data, 0, sched - 1)
+            self.prefixes.append(draw_tokens(data, n, n))
+        self.actions_off = draw(data, action_swarms(ACTION_NAMES[1:], ("add_request",)), label="actions")
         if setup.swarm:
             self.swarm = draw(data, swarms(), label="swarm")
 
@@ -344,18 +385,18 @@ class SchedulerMachine(RuleBasedStateMachine):
     def _chunk(self, data: st.DataObject, st_: ReqState, start: int, admission: bool = False) -> int:
         """Tokens to schedule from ``start``: a drawn chunk of what remains
         (see :func:`kvref.scheduler.schedule_chunk`), cut at the prefix hint's junction."""
-        n = draw(data, st.integers(1, self._sched.chunk_bound(st_.rid, start)))
+        n = integer(data, 1, self._sched.chunk_bound(st_.rid, start))
         return self._sched.chunk(st_.rid, start, n, admission)
 
     def _sample_token(self, data: st.DataObject, rid: str) -> None:
         assert self.lock is not None
-        self._sched.sample(rid, draw(data, st.integers(0, VOCAB - 1)))
+        self._sched.sample(rid, integer(data, 0, VOCAB - 1))
 
     def _finish(self, rid: str, data: st.DataObject) -> None:
         st_ = self._sched.forget(rid)
         if st_.reusable:
             self._remember(self._sched.tokens(rid), st_.extra)
-        self._release(rid, not draw(data, st.booleans()), data)
+        self._release(rid, not boolean(data), data)
 
     def _release(self, rid: str, pop: bool, data: st.DataObject) -> None:
         """Free ``rid``'s blocks now, or pop them and free them later (async
@@ -375,26 +416,64 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert self.lock is not None
         self.lock.pending = len(self.pending)
         others = [r for r in self.running if r != rid]
-        if popped and others and draw(data, st.booleans()):
-            self._call({"op": "get_num_common_prefix_blocks", "rid": draw(data, st.sampled_from(tuple(others)))})
+        if popped and others and boolean(data):
+            self._call({"op": "get_num_common_prefix_blocks", "rid": choose(data, tuple(others))})
 
     def _preempt(self, rid: str, data: st.DataObject) -> None:
-        pop = self._pop(not draw(data, st.booleans()))
+        pop = self._pop(not boolean(data))
         popped = self._sched.preempt(rid, pop)
         if pop:
             self._after_pop(rid, popped, data)
 
-    # -- scheduler rules -----------------------------------------------------
+    # -- the one rule: a scheduler step ---------------------------------------
 
-    @precondition(lambda self: self.live and len(self.reqs) < 10)
     @rule(data=st.data())
+    def step(self, data: st.DataObject) -> None:
+        """Take one of the :data:`ACTIONS` that is ready and that this run's
+        action swarm keeps; nothing once a known divergence stopped the
+        comparison.
+
+        NOTE: the actions were Hypothesis rules, each with its precondition.
+        Hypothesis picks a rule by drawing a rule and asking the run's
+        feature flags about it until one is ready and enabled: about ten
+        choices (each with its span) per step, 72% of every choice a ci run
+        made, and every choice also costs in Hypothesis' mutation and
+        simulation of the choice tree. Here one index into :data:`ACTIONS`
+        is drawn; if that action is not ready (or this run's action swarm,
+        :func:`kvref.swarm.action_swarms`, left it out), a second choice
+        picks among those that are: one or two choices per step, each ready
+        action equally likely (``idle`` only on the first choice). The
+        first index names an action whatever the state, as Hypothesis' rule
+        index does, so the shrinker can delete a step without changing what
+        the later steps do, and the simplest step does nothing (an index
+        among the ready actions alone let a shrunk pick of 0 turn every step
+        into ``add_request``, and shrunk traces grew by a third).
+        """
+        # NOTE: no precondition: setup rejects every run it builds no lockstep for, and
+        # Hypothesis describes each precondition's source for its statistics at every step
+        if not self.live:
+            return
+        ready = [name for name, ok in ACTIONS[1:] if name not in self.actions_off and ok(self)]
+        name, ok = ACTIONS[integer(data, 0, len(ACTIONS) - 1)]
+        if name == "idle":
+            return
+        if name in self.actions_off or not ok(self):
+            # as Hypothesis keeps one rule flag on, a run whose swarm leaves nothing ready starts a step
+            name = choose(data, ready) if len(ready) > 1 else (ready or ["new_step"])[0]
+        getattr(self, name)(data)
+
+    # -- scheduler actions ---------------------------------------------------
+
+    def idle(self, data: st.DataObject) -> None:
+        """Nothing happens in this step (the simplest step, see :data:`ACTIONS`)."""
+
     def add_request(self, data: st.DataObject) -> None:
         """A new request: a shared prefix and a fresh suffix, or an earlier
         request's tokens again (repeated, extended, or cut to whole blocks)."""
         assert self.lock is not None
         self.counter += 1
         rid = f"r{self.counter}"
-        reuse = draw(data, st.sampled_from(REUSE)) if self.past else ""
+        reuse = choose(data, REUSE) if self.past else ""
         if not self._on("reuse"):
             reuse = ""
         if reuse:
@@ -404,10 +483,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         # One request in ten skips the prefix cache; False is first, so that a
         # shrunk history reads the cache (``integers(0, 9) == 0`` came out
         # true for most requests: Hypothesis favours 0).
-        skip = draw(data, st.sampled_from((False,) * 9 + (True,)))
+        skip = choose(data, (False,) * 9 + (True,))
         if skip and self._allowed("skip_reading_prefix_cache") and self._on("skip_reading"):
             op["skip_reading_prefix_cache"] = True
-        enc = draw(data, st.integers(1, 12)) if any(isinstance(k, CrossAttention) for k in self.cfg.groups) else 0
+        enc = integer(data, 1, 12) if any(isinstance(k, CrossAttention) for k in self.cfg.groups) else 0
         self._sched.add(op, enc, reusable)
         if reusable:
             self._remember(op["prompt"], op.get("extra"))
@@ -415,11 +494,11 @@ class SchedulerMachine(RuleBasedStateMachine):
     def _fresh_prompt(self, data: st.DataObject, rid: str) -> tuple[Json, bool]:
         """A prompt from the prefix universe, with extra keys drawn; returns
         the operation and whether later requests may reuse its tokens."""
-        prefix = draw(data, st.sampled_from(self.prefixes))
-        suffix = draw(data, st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=12))
+        prefix = choose(data, self.prefixes)
+        suffix = draw_tokens(data, 1, 12)
         prompt = (prefix + suffix)[: self._prompt_limit()] or [0]
         op: Json = {"op": "add_request", "rid": rid, "prompt": prompt}
-        extra = draw(data, st.sampled_from(["", "", "", "salt", "lora", "mm", "embeds"]))
+        extra = choose(data, ["", "", "", "salt", "lora", "mm", "embeds"])
         if extra and not (self._allowed(_EXTRA_FEATURES[extra]) and self._on("extra_keys")):
             extra = ""
         if extra == "salt":
@@ -427,11 +506,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         elif extra == "lora":
             op["extra"] = {"lora": {"name": "l", "adapter_id": 1, "path": "/adapters/l"}}
         elif extra == "mm":
-            off = draw(data, st.integers(0, len(prompt) - 1))
-            length = draw(data, st.integers(1, len(prompt) - off))
-            op["extra"] = {
-                "mm_features": [{"identifier": draw(data, st.sampled_from("ab")), "offset": off, "length": length}]
-            }
+            off = integer(data, 0, len(prompt) - 1)
+            length = integer(data, 1, len(prompt) - off)
+            op["extra"] = {"mm_features": [{"identifier": choose(data, "ab"), "offset": off, "length": length}]}
         elif extra == "embeds":
             rows = [bytes([t, 0, 0, 60]).hex() for t in prompt]
             op["prompt"], op["extra"] = [0] * len(prompt), {"prompt_embeds": rows}
@@ -442,11 +519,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         finished) and extra keys: as they were, extended by a few tokens (the
         next turn of a chat), or cut to whole scheduler blocks (a fully cached
         prompt: its last block is recomputed, so one hash gets two blocks)."""
-        tokens, extra = draw(data, st.sampled_from(self.past))
+        tokens, extra = choose(data, self.past)
         limit = self._prompt_limit()
         sched = self.cfg.scheduler_block_size
         if how == "extend":
-            tokens = tokens + draw(data, st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=2 * sched))
+            tokens = tokens + draw_tokens(data, 1, 2 * sched)
         elif how == "aligned":
             tokens = tokens[: min(len(tokens), limit) // sched * sched] or tokens
         op: Json = {"op": "add_request", "rid": rid, "prompt": tokens[:limit] or [0]}
@@ -467,12 +544,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.past.append((list(tokens), extra))
         del self.past[:-PAST]
 
-    @precondition(lambda self: self.live and bool(self.waiting))
-    @rule(data=st.data())
     def admit(self, data: st.DataObject) -> None:
         """Schedule a waiting request (usually the first; a later one when the
         scheduler skips a request that does not fit): prefix lookup, then allocate."""
-        rid = self.waiting[draw(data, st.integers(0, len(self.waiting) - 1))]
+        rid = self.waiting[integer(data, 0, len(self.waiting) - 1)]
         st_ = self.reqs[rid]
         op: Json = {"op": "allocate_slots", "rid": rid}
         hit = 0
@@ -499,67 +574,59 @@ class SchedulerMachine(RuleBasedStateMachine):
         external = 0
         # Connector tokens on one admission in five, one in two after a prefix hit
         # (a hit and external tokens together exercise the touch-then-allocate order).
-        if st_.computed == 0 and draw(data, st.integers(0, 1 if hit else 4)) == 0 and total - hit > 1:
-            external = draw(data, st.integers(1, total - hit - 1))
+        if st_.computed == 0 and integer(data, 0, 1 if hit else 4) == 0 and total - hit > 1:
+            external = integer(data, 1, total - hit - 1)
             if not (self._allowed("external") and self._on("connector")):
                 external = 0
-        delay = external > 0 and draw(data, st.booleans()) and self._allowed("delay_cache_blocks") and self._on("delay")
+        delay = external > 0 and boolean(data) and self._allowed("delay_cache_blocks") and self._on("delay")
         new = 0 if delay else self._chunk(data, st_, st_.computed + hit + external, looked_up)
         op.update(
             num_new_tokens=new, num_external_computed_tokens=external, delay_cache_blocks=delay,
-            num_lookahead_tokens=self._swarmed("lookahead", draw(data, st.integers(0, 2)) if self.cfg.use_eagle else 0),
+            num_lookahead_tokens=self._swarmed("lookahead", integer(data, 0, 2) if self.cfg.use_eagle else 0),
             num_encoder_tokens=st_.encoder_tokens if st_.computed == 0 else 0,
-            full_sequence_must_fit=bool(self._swarmed("full_sequence", draw(data, st.booleans()))),
-            reserved_blocks=self._swarmed("reserve", draw(data, st.sampled_from([0, 0, 0, 1, 2]))),
+            full_sequence_must_fit=bool(self._swarmed("full_sequence", boolean(data))),
+            reserved_blocks=self._swarmed("reserve", choose(data, [0, 0, 0, 1, 2])),
             has_scheduled_reqs=bool(self.running),
         )  # fmt: skip
         if self._sched.admit(op, hit, external, delay, looked_up) and not delay and st_.computed == total:
             self._sample_token(data, rid)
 
-    @precondition(lambda self: self.live and bool(self.remote))
-    @rule(data=st.data())
     def finish_remote_load(self, data: st.DataObject) -> None:
         """The connector finished loading: cache the loaded blocks, then the
         request waits to be scheduled with its tokens already computed."""
-        self._sched.remote_loaded(draw(data, st.sampled_from(tuple(self.remote))))
+        self._sched.remote_loaded(choose(data, tuple(self.remote)))
 
-    @precondition(lambda self: self.live and bool(self.running))
-    @rule(data=st.data())
     def schedule_running(self, data: st.DataObject) -> None:
         """Advance a running request (prefill chunk or one decode token);
         on failure preempt the newest running request."""
-        rid = draw(data, st.sampled_from(tuple(self.running)))
+        rid = choose(data, tuple(self.running))
         st_ = self.reqs[rid]
         total = self._num_tokens(rid)
         if st_.computed >= total:
             self._finish(rid, data)
             return
         new = self._chunk(data, st_, st_.computed)
-        look = self._swarmed("lookahead", draw(data, st.integers(0, 2)) if self.cfg.use_eagle else 0)
+        look = self._swarmed("lookahead", integer(data, 0, 2) if self.cfg.use_eagle else 0)
         if not self._sched.advance(rid, new, look):
             self._preempt(self.running[-1], data)
             return
         if st_.computed == total and total < self.cfg.max_model_len:
             self._sample_token(data, rid)
 
-    @precondition(lambda self: self.live and bool(self.reqs))
-    @rule(data=st.data())
     def finish(self, data: st.DataObject) -> None:
         """A request finishes or is aborted (``free`` or deferred free), or a
         running one is preempted for a more urgent request (priority
         scheduling): it waits again and is re-admitted through a prefix lookup."""
-        rid = draw(data, st.sampled_from(tuple(sorted(self.reqs))))
-        preempt = rid in self.running and draw(data, st.sampled_from(("finish", "finish", "preempt"))) == "preempt"
+        rid = choose(data, tuple(sorted(self.reqs)))
+        preempt = rid in self.running and choose(data, ("finish", "finish", "preempt")) == "preempt"
         if preempt and self._on("priority_preempt"):
             self._preempt(rid, data)
             return
-        if rid in self.running and draw(data, st.booleans()) and self._on("remove_skipped"):
+        if rid in self.running and boolean(data) and self._on("remove_skipped"):
             self._call({"op": "remove_skipped_blocks", "rid": rid, "total_computed_tokens": self.reqs[rid].computed})
         self._finish(rid, data)
 
-    @precondition(lambda self: self.live and len(self.running) >= 2)
-    @rule()
-    def drain(self) -> None:
+    def drain(self, data: st.DataObject) -> None:
         """Every running request finishes in the same step, oldest first (the
         end of a burst): their blocks go back to the free queue in that order,
         so a later request that continues the oldest one (the next turn of a
@@ -571,52 +638,41 @@ class SchedulerMachine(RuleBasedStateMachine):
                 self._remember(self._sched.tokens(rid), st_.extra)
             self._sched.release(rid, pop=self._pop(False))
 
-    @precondition(lambda self: self.live and bool(self.pending))
-    @rule(data=st.data())
     def deferred_free(self, data: st.DataObject) -> None:
         """The scheduler frees popped blocks later, reversed."""
         assert self.lock is not None
-        self._sched.deferred_free(draw(data, st.integers(0, len(self.pending) - 1)))
+        self._sched.deferred_free(integer(data, 0, len(self.pending) - 1))
         self.lock.pending = len(self.pending)
 
-    @precondition(lambda self: self.lock is not None)
-    @rule(data=st.data(), which=st.sampled_from(STEP_EXTRAS))
-    def new_step(self, data: st.DataObject, which: str) -> None:
+    def new_step(self, data: st.DataObject) -> None:
         """A scheduler step begins; the scheduler may then drain events or
         fresh block ids or read statistics or usage, a KV connector may report
         blocks whose contents were lost, or the prefix cache may be reset
-        (which fails while blocks are in use). Always enabled; a no-op once a
-        known divergence has stopped the comparison.
+        (which fails while blocks are in use). Always ready (the step a run
+        takes when its action swarm leaves nothing else ready).
 
-        NOTE: these were four rules. As one (always enabled) rule they leave
-        more of a run to the scheduling rules, and cache loss (eviction,
+        NOTE: these were four actions. As one action they leave
+        more of a run to the scheduling actions, and cache loss (eviction,
         reset) no longer wipes out most prefix hits before they happen.
         """
-        if not self.live:
-            return
+        which = choose(data, STEP_EXTRAS)
         self._call({"op": "new_step_starts"})
         if which in ("evict_blocks", "reset_prefix_cache") and not self._on("cache_loss"):
             return
         if which == "evict_blocks":
-            ids = draw(data, st.lists(st.integers(0, self.cfg.num_blocks - 1), max_size=3))
+            ids = [integer(data, 0, self.cfg.num_blocks - 1) for _ in range(integer(data, 0, 3))]
             self._call({"op": "evict_blocks", "block_ids": ids})
         elif which:
             self._call({"op": which})
 
-    @precondition(lambda self: self.live and bool(self.running))
-    @rule(data=st.data())
     def common_prefix(self, data: st.DataObject) -> None:
         """Cascade attention asks for the common prefix of a running request."""
-        self._call({"op": "get_num_common_prefix_blocks", "rid": draw(data, st.sampled_from(tuple(self.running)))})
+        self._call({"op": "get_num_common_prefix_blocks", "rid": choose(data, tuple(self.running))})
 
-    @precondition(lambda self: self.live and bool(self.reqs))
-    @rule(data=st.data())
     def read_tables(self, data: st.DataObject) -> None:
         """Read a request's block ids."""
-        self._call({"op": "get_block_ids", "rid": draw(data, st.sampled_from(tuple(sorted(self.reqs))))})
+        self._call({"op": "get_block_ids", "rid": choose(data, tuple(sorted(self.reqs)))})
 
-    @precondition(lambda self: self.live and bool(self.reqs) and self.cfg.profile.computed_block_ids_op)
-    @rule(data=st.data())
     def read_computed_tables(self, data: st.DataObject) -> None:
         """A KV connector asks for a request's blocks up to a token count
         (``get_block_ids_for_computed_tokens``, where the profile's release
@@ -624,47 +680,39 @@ class SchedulerMachine(RuleBasedStateMachine):
         computed tokens, as vLLM's scheduler passes, else any count up to a
         block past its tokens (a cut inside, at or beyond the tables), or -1,
         which every side must refuse."""
-        rid = draw(data, st.sampled_from(tuple(sorted(self.reqs))))
+        rid = choose(data, tuple(sorted(self.reqs)))
         computed = self.reqs[rid].computed
         bound = self._num_tokens(rid) + max(k.block_size for k in self.cfg.groups)
-        n = draw(data, st.one_of(st.just(computed), st.integers(-1, bound)))
+        n = integer(data, -1, bound) if boolean(data) else computed
         self._call({"op": "get_block_ids_for_computed_tokens", "rid": rid, "num_computed_tokens": n}, True)
 
-    @precondition(lambda self: self.live and bool(self.reqs) and self.cfg.profile.estimate_cached_tokens_op)
-    @rule(data=st.data())
     def estimate_cached(self, data: st.DataObject) -> None:
         """The scheduler asks how many of a request's tokens its cached blocks
         stand for (``estimate_cached_tokens``, reported when a prefill ends;
         only where the profile's release has it, as its scheduler calls it
         only there: a profile without the operation would otherwise end every
         run against a newer release at this rule)."""
-        rid = draw(data, st.sampled_from(tuple(sorted(self.reqs))))
+        rid = choose(data, tuple(sorted(self.reqs)))
         self._call({"op": "estimate_cached_tokens", "rid": rid}, True)
 
     # -- invalid operations: every side must reject them and change nothing ---
 
-    @precondition(lambda self: self.live and bool(self.reqs))
-    @rule(
-        data=st.data(),
-        kind=st.sampled_from(
-            ["negative", "zero", "too_long", "groups", "running_hit", "stale_hit", "foreign_hit", "bad_hit"]
-        ),
-    )
-    def invalid_allocate(self, data: st.DataObject, kind: str) -> None:
+    def invalid_allocate(self, data: st.DataObject) -> None:
         """allocate_slots with a broken argument."""
+        kind = choose(data, BAD_ALLOCATIONS)
         if kind == "stale_hit":
             self._stale_hit()
             return
         if kind == "bad_hit":
-            self._bad_hit(draw(data, st.sampled_from(BAD_HITS)))
+            self._bad_hit(choose(data, BAD_HITS))
             return
         if kind == "foreign_hit":
             self._foreign_group_hit(data)
             return
-        rid = draw(data, st.sampled_from(tuple(sorted(self.reqs))))
+        rid = choose(data, tuple(sorted(self.reqs)))
         op: Json = {"op": "allocate_slots", "rid": rid, "num_new_tokens": 1}
         if kind == "negative":
-            op[draw(data, st.sampled_from(["num_new_tokens", "num_lookahead_tokens", "reserved_blocks"]))] = -1
+            op[choose(data, ["num_new_tokens", "num_lookahead_tokens", "reserved_blocks"])] = -1
         elif kind == "zero":
             op["num_new_tokens"] = 0
         elif kind == "too_long":
@@ -763,7 +811,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         slots = [(g, i) for g, ids in enumerate(found["blocks"]) for i, b in enumerate(ids) if b != 0]
         if not slots:
             return
-        g, i = draw(data, st.sampled_from(tuple(slots)))
+        g, i = choose(data, tuple(slots))
         assert self.lock is not None
         foreign = sorted(
             {
@@ -778,7 +826,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         if not foreign:
             return
         hits = [list(ids) for ids in found["blocks"]]
-        hits[g][i] = draw(data, st.sampled_from(tuple(foreign)))
+        hits[g][i] = choose(data, tuple(foreign))
         op = {"op": "allocate_slots", "rid": rid, "num_new_tokens": 1,
               "num_new_computed_tokens": found["num_tokens"], "new_computed_blocks": hits}  # fmt: skip
         self._call(op, expect_unchanged=True)
@@ -820,7 +868,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def _bad_count(self, data: st.DataObject, kind: str) -> None:
         """A negative count, an out-of-pool id, or caching blocks a request does not hold."""
         cfg = self.cfg
-        rid = draw(data, st.sampled_from(tuple(sorted(self.reqs)))) if self.reqs else None
+        rid = choose(data, tuple(sorted(self.reqs))) if self.reqs else None
         op: Json
         if kind == "stats_hits":
             if rid is None or cfg.profile.stats_at_lookup:
@@ -846,37 +894,31 @@ class SchedulerMachine(RuleBasedStateMachine):
             op = {"op": "cache_blocks", "rid": fresh[0], "num_computed_tokens": self._num_tokens(fresh[0])}
         self._call(op, expect_unchanged=True)
 
-    @precondition(lambda self: self.live)
-    @rule(
-        data=st.data(),
-        kind=st.sampled_from(
-            ["double_free", "bad_evict", "unknown_prefix", "cache_beyond", "config", "count", "request"]
-        ),
-    )
-    def invalid_other(self, data: st.DataObject, kind: str) -> None:
+    def invalid_other(self, data: st.DataObject) -> None:
         """Other caller errors, and broken configurations and requests."""
+        kind = choose(data, BAD_OTHERS)
         if kind == "config":
-            self._invalid_config(draw(data, st.sampled_from(BAD_CONFIGS)))
+            self._invalid_config(choose(data, BAD_CONFIGS))
             return
         if kind == "count":
-            self._bad_count(data, draw(data, st.sampled_from(BAD_COUNTS)))
+            self._bad_count(data, choose(data, BAD_COUNTS))
             return
         if kind == "request":
-            self._bad_request(draw(data, st.sampled_from(BAD_REQUESTS)))
+            self._bad_request(choose(data, BAD_REQUESTS))
             return
         if kind == "double_free":
             held = sorted({b for r in self.reqs for b in self._held(r)})
             if not held:
                 return
-            op: Json = {"op": "free_blocks", "block_ids": [draw(data, st.sampled_from(tuple(held)))]}
+            op: Json = {"op": "free_blocks", "block_ids": [choose(data, tuple(held))]}
         elif kind == "bad_evict":
-            op = {"op": "evict_blocks", "block_ids": [draw(data, st.sampled_from([-1, self.cfg.num_blocks]))]}
+            op = {"op": "evict_blocks", "block_ids": [choose(data, [-1, self.cfg.num_blocks])]}
         elif kind == "unknown_prefix":
             op = {"op": "get_num_common_prefix_blocks", "rid": "nobody"}
         else:
             if not self.reqs or not self.cfg.enable_caching:
                 return
-            rid = draw(data, st.sampled_from(tuple(sorted(self.reqs))))
+            rid = choose(data, tuple(sorted(self.reqs)))
             op = {"op": "cache_blocks", "rid": rid, "num_computed_tokens": self._num_tokens(rid) + 1}
         self._call(op, expect_unchanged=True)
 
@@ -925,6 +967,31 @@ class SchedulerMachine(RuleBasedStateMachine):
         setup.recorded_texts.add(text)
         setup.recorded += 1
         trace.write_new(record_dir, self.shape, start=setup.recorded)
+
+
+ACTIONS: tuple[tuple[str, Callable[[SchedulerMachine], bool]], ...] = (
+    ("idle", lambda m: True),
+    ("add_request", lambda m: len(m.reqs) < 10),
+    ("admit", lambda m: bool(m.waiting)),
+    ("schedule_running", lambda m: bool(m.running)),
+    ("finish", lambda m: bool(m.reqs)),
+    ("new_step", lambda m: True),
+    ("drain", lambda m: len(m.running) >= 2),
+    ("deferred_free", lambda m: bool(m.pending)),
+    ("finish_remote_load", lambda m: bool(m.remote)),
+    ("common_prefix", lambda m: bool(m.running)),
+    ("read_tables", lambda m: bool(m.reqs)),
+    ("read_computed_tables", lambda m: bool(m.reqs) and m.cfg.profile.computed_block_ids_op),
+    ("estimate_cached", lambda m: bool(m.reqs) and m.cfg.profile.estimate_cached_tokens_op),
+    ("invalid_allocate", lambda m: bool(m.reqs)),
+    ("invalid_other", lambda m: True),
+)
+"""What a scheduler step may do, each with when it is ready (the machine is
+live): the names of :class:`SchedulerMachine`'s action methods, simplest
+first. A shrunk step falls towards ``idle``, which does nothing: a step the
+failure does not need then leaves no operation in the trace even where the
+shrinker cannot delete it."""
+ACTION_NAMES = tuple(name for name, _ in ACTIONS)
 
 
 def default_failure_dir() -> Path:

@@ -85,3 +85,18 @@ def swarms(draw: st.DrawFn) -> Swarm:
 def swarm_default() -> bool:
     """Whether machine runs draw a swarm unless told otherwise (``KVREF_SWARM=1``)."""
     return os.environ.get("KVREF_SWARM", "") == "1"
+
+
+@st.composite
+def action_swarms(draw: st.DrawFn, names: tuple[str, ...], always_on: tuple[str, ...] = ()) -> frozenset[str]:
+    """The machine actions one run leaves out, as Hypothesis's rule feature
+    flags do for the rules of a state machine: a probability ``k / LEVELS``,
+    then each action (but those in ``always_on``) off with it.
+
+    Drawn once per run (Hypothesis asks its flags again at every step, each
+    time a choice). Shrinks towards every action on, as its flags do.
+    """
+    k = draw(st.integers(0, LEVELS - 1))
+    if k == 0:
+        return frozenset()
+    return frozenset(n for n in names if n not in always_on and draw(st.integers(0, LEVELS - 1)) >= LEVELS - k)

@@ -14,13 +14,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, settings
-from hypothesis.stateful import run_state_machine_as_test
 
 from kvref.adapters import load_factory
 from kvref.hypothesis_compat import seed_machine
 from kvref.lockstep import RunStats
 from kvref.shapes import SHAPES
-from kvref.stateful import MachineSetup, make_lockstep_machine
+from kvref.stateful import MachineSetup, make_lockstep_machine, run_machine
 from kvspec.profiles import VLLM_0_25_1
 
 KILL_EXAMPLES = 12
@@ -59,9 +58,9 @@ def lockstep_kill(
         machine = type(machine.__name__, (machine,), dict.fromkeys(skip_rules, _not_a_rule))
     seed_machine(machine, KILL_SEED + names.index(shape) + seed_offset)
     phases = [Phase.explicit, Phase.generate, *([Phase.shrink] if shrink else [])]
-    run_state_machine_as_test(
+    run_machine(
         machine,
-        settings=settings(
+        settings(
             max_examples=examples,
             stateful_step_count=KILL_STEPS,
             deadline=None,

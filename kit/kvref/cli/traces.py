@@ -8,7 +8,6 @@ from typing import Any
 
 from hypothesis import settings
 from hypothesis.errors import Unsatisfiable
-from hypothesis.stateful import run_state_machine_as_test
 
 from kvref.adapters import load_factory
 from kvref.capabilities import parse_features
@@ -19,7 +18,7 @@ from kvref.hypothesis_compat import seed_machine
 from kvref.lockstep import RunStats
 from kvref.settings import load_profile
 from kvref.shapes import SHAPES
-from kvref.stateful import MachineSetup, default_failure_dir, make_lockstep_machine
+from kvref.stateful import MachineSetup, default_failure_dir, make_lockstep_machine, run_machine
 
 RECORD_BATCH_EXAMPLES = 20
 MAX_BATCHES = 200
@@ -94,9 +93,7 @@ def run(args: argparse.Namespace) -> int:
         # few examples only would record that same trivial run again and again.
         examples = max(args.count - setup.recorded, RECORD_BATCH_EXAMPLES)
         try:
-            run_state_machine_as_test(
-                machine, settings=settings(settings.default, max_examples=examples, database=None)
-            )
+            run_machine(machine, settings(settings.default, max_examples=examples, database=None))
         except Unsatisfiable:
             # Every drawn configuration was refused (by the profile or an adapter).
             reasons = "; ".join(r for r, _ in setup.stats.refused_reasons.most_common(2))
