@@ -86,6 +86,32 @@ SKIP_ERRORS: tuple[type[BaseException], ...] = (UnsupportedOperationError, Unsup
 """Exceptions that mean "cannot run this", never "ran it wrongly"."""
 
 
+RELEASE_OPERATIONS: tuple[tuple[str, Callable[[SemanticsProfile], bool]], ...] = (
+    ("op:pop_blocks_for_free", lambda p: p.deferred_free),
+    ("op:take_new_block_ids", lambda p: p.new_block_ids_list),
+    ("op:new_step_starts", lambda p: p.mamba_step_guard),
+    ("op:get_block_ids_for_computed_tokens", lambda p: p.computed_block_ids_op),
+    ("op:estimate_cached_tokens", lambda p: p.estimate_cached_tokens_op),
+    ("op:get_prefix_hint", lambda p: p.prefix_hint_op),
+    ("op:record_prefix_cache_stats", lambda p: not p.stats_at_lookup),
+    ("op:take_kv_cache_block_copies", lambda p: p.partial_hash_hits),
+    ("full_sequence_must_fit", lambda p: p.admission_controls),
+    ("reserved_blocks", lambda p: p.admission_controls),
+    ("has_scheduled_reqs", lambda p: p.admission_controls),
+)
+"""The facade operations and ``allocate_slots`` arguments that only some
+releases have, each with the profile switch that says whether a release has
+it (vLLM 0.16.0 has none of the first three nor the admission arguments;
+``record_prefix_cache_stats`` came with 0.27.0, ``estimate_cached_tokens`` and
+``take_kv_cache_block_copies`` with 0.26.0)."""
+
+
+def absent_features(profile: SemanticsProfile) -> frozenset[str]:
+    """The operations (``op:<name>``) and arguments of :data:`RELEASE_OPERATIONS`
+    that ``profile``'s release lacks."""
+    return frozenset(feature for feature, has in RELEASE_OPERATIONS if not has(profile))
+
+
 OPT_IN_FEATURES = ("context-parallelism",)
 """Features added to the protocol after third-party adapters were first
 written, which an adapter that predates them would silently ignore (and then

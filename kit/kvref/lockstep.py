@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from kvref.adapters import AdapterFactory, KVCacheAdapter, semantics_of
-from kvref.capabilities import SKIP_ERRORS, feature_of, op_features, refusal, trace_features
+from kvref.capabilities import SKIP_ERRORS, absent_features, feature_of, op_features, refusal, trace_features
+from kvref.config_coverage import properties_of
 from kvref.diagnose import first_difference
 from kvref.divergences import Divergence, explain, explain_state, load_registry, resolve
 from kvref.exits import DEFAULT_OP_TIMEOUT, AdapterHang, InputError, Watchdog, watchdog
-from kvref.ops import REQUEST_OPS, RequestBook, execute, output_problem
+from kvref.ops import ABSENT, REQUEST_OPS, RequestBook, execute, output_problem
 from kvref.traces import Trace
 from kvspec.config import KVCacheConfig
 from kvspec.invariants import inv_hash_lifetime, inv_tables_append_only
@@ -71,6 +72,8 @@ class RunStats:
     """Times an adapter's consumer-side event index was compared with its view."""
     started: float = field(default_factory=time.monotonic)
     invalid_configs: int = 0
+    config_properties: Counter[str] = field(default_factory=Counter)
+    """Machine runs per configuration class (:mod:`kvref.config_coverage`)."""
     invalid_calls: Counter[str] = field(default_factory=Counter)
     """Rejected invalid operations by ``op:ErrorClass``."""
     last_failure: Path | None = None
@@ -236,6 +239,7 @@ class Lockstep:
         self.op_timeout = op_timeout
         self._watchdog = Watchdog(op_timeout)
         self.excluded = excluded
+        self.absent = absent_features(config.profile)
         self.layer = layer
         self.config_name = config_name or "custom"
         self.stats = stats
@@ -264,6 +268,7 @@ class Lockstep:
             extra.extend(known)
         stats.runs += 1
         stats.configs[config_name or "custom"] += 1
+        stats.config_properties.update(properties_of(config))
 
     def _construct(self, factory: AdapterFactory, config: KVCacheConfig, stats: RunStats) -> KVCacheAdapter:
         """``factory(config)``; a refusal raises :class:`Refused`, a crash a
@@ -298,12 +303,29 @@ class Lockstep:
         """Run a facade operation everywhere; return the reference output.
 
         ``expect_unchanged`` additionally requires every view to be the same
-        after the call as before it (caller errors must change nothing).
+        after the call as before it (caller errors must change nothing). An
+        operation or argument the profile's release lacks
+        (:func:`kvref.capabilities.absent_features`) is left out like an
+        excluded feature; :meth:`call_absent` sends one on purpose.
         """
         assert op["op"] not in REQUEST_OPS
-        if self.excluded and op["op"] == "allocate_slots":
-            op = without_arguments(op, self.excluded)
-        if self.halted or self.skipped or (self.excluded and op_features(op) & self.excluded):
+        left_out = self.excluded | self.absent
+        if left_out and op["op"] == "allocate_slots":
+            op = without_arguments(op, left_out)
+        return self._run(op, expect_unchanged, left_out, absent=False)
+
+    def call_absent(self, op: Json) -> Json:
+        """Send an operation (or ``allocate_slots`` argument) the profile's
+        release lacks: every adapter must refuse it with a skip error (its
+        output is then :data:`kvref.ops.ABSENT`) and change nothing; an
+        adapter that runs it instead diverges. Left out where an adapter
+        declared or showed that it lacks the feature itself (``excluded``).
+        """
+        assert op_features(op) & self.absent, f"{op['op']} is not absent from {self.config.profile.name}"
+        return self._run(op, True, self.excluded, absent=True)
+
+    def _run(self, op: Json, expect_unchanged: bool, left_out: frozenset[str], absent: bool) -> Json:
+        if self.halted or self.skipped or (left_out and op_features(op) & left_out):
             # NOTE: a run that met a halting known divergence compares nothing more, not even
             # the rest of the rule that met it (the scheduler reads the prefix hint right
             # after the lookup that diverged)
@@ -312,14 +334,14 @@ class Lockstep:
             return neutral_output(op["op"], len(self.config.groups))
         outs: list[Json] = []
         try:
-            return self._call(op, expect_unchanged, outs)
+            return self._call(op, expect_unchanged, outs, absent)
         except _Halted:
             self.halted = True
             if self.skipped or not outs:
                 return neutral_output(op["op"], len(self.config.groups))
             return outs[0]
 
-    def _call(self, op: Json, expect_unchanged: bool, outs: list[Json]) -> Json:
+    def _call(self, op: Json, expect_unchanged: bool, outs: list[Json], absent: bool = False) -> Json:
         before = self._views_now()
         self._views = None  # the operation may change every state
         crashes: list[str] = []
@@ -332,7 +354,9 @@ class Lockstep:
                     self._write_trace(f"hang: {hang}")
                     raise AdapterHang(f"{hang}; trace so far: {self.stats.last_failure}") from None
                 except SKIP_ERRORS as exc:
-                    self._skip(a, op, exc)
+                    if not absent:
+                        self._skip(a, op, exc)
+                    outs.append(dict(ABSENT))
                 except Exception as exc:
                     outs.append({"crash": type(exc).__name__})
                     crashes.append(f"{a.name} crashed: {type(exc).__name__}: {exc}")

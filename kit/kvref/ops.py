@@ -21,6 +21,7 @@ The exact fields are documented in ``docs/traces.md``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -130,6 +131,28 @@ def execute(adapter: KVCacheAdapter, book: RequestBook, op: Json) -> Json:
         raise
     except KVCacheError as exc:
         return {"error": type(exc).__name__}
+
+
+ABSENT: Json = {"error": "UnsupportedOperationError"}
+"""The output of an operation (or argument) its release lacks, sent on
+purpose: every side must refuse it, whichever skip error it raises (a
+:data:`kvref.capabilities.SKIP_ERRORS` class), and change nothing."""
+
+
+def execute_absent(
+    adapter: KVCacheAdapter,
+    book: RequestBook,
+    op: Json,
+    execute_op: Callable[[KVCacheAdapter, RequestBook, Json], Json] | None = None,
+) -> Json:
+    """``execute_op`` (default :func:`execute`) for an operation the release
+    lacks: a skip error is its expected answer, :data:`ABSENT`; anything else
+    is what the adapter did instead (an output, or a caller error's
+    ``{"error": ...}``)."""
+    try:
+        return (execute_op or execute)(adapter, book, op)
+    except SKIP_ERRORS:
+        return dict(ABSENT)
 
 
 def _optional(a: KVCacheAdapter, name: str) -> Any:

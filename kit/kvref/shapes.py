@@ -17,7 +17,7 @@ Kind tokens (``+`` separates groups in a shape name):
 ``swa``             ``SlidingWindow(bs, window)``
 ``swa-wide``        ``SlidingWindow(bs, window + bs)`` (one block wider)
 ``swa@2x``          ``SlidingWindow(2 * bs, window)``
-``chunked``         ``ChunkedLocal(bs, chunk=2 * bs)``
+``chunked``         ``ChunkedLocal(bs, chunk=2 * bs)`` (the machine draws 1 to 3 blocks)
 ``cross``           ``CrossAttention(bs)`` (needs caching off)
 ``mamba-all``       ``Mamba(bs, "all", spec_blocks)``
 ``mamba-align``     ``Mamba(bs, "align", spec_blocks)``
@@ -152,18 +152,23 @@ _SINCE: dict[str, str] = {"ring": "circular_buffer_kind", "kpool": "kpool_tail_k
 """Kind tokens of newer releases -> the profile switch that brings them."""
 
 
-def build_kind(token: str, bs: int, window: int = 1, spec_blocks: int = 0) -> AttentionKind:
-    """The attention kind of one kind token (see the module docstring).
+def build_kind(token: str, bs: int, window: int = 1, spec_blocks: int = 0, chunk_blocks: int = 2) -> AttentionKind:
+    """The attention kind of one kind token (see the module docstring; a
+    ``chunked`` group's chunk is ``chunk_blocks`` blocks).
 
     Raises:
         KeyError: For an unknown token.
     """
+    if token == "chunked":
+        return ChunkedLocal(bs, bs * chunk_blocks)
     return _BUILDERS[token](bs, window, spec_blocks)
 
 
-def build_kinds(shape: Shape, bs: int, window: int = 1, spec_blocks: int = 0) -> tuple[AttentionKind, ...]:
+def build_kinds(
+    shape: Shape, bs: int, window: int = 1, spec_blocks: int = 0, chunk_blocks: int = 2
+) -> tuple[AttentionKind, ...]:
     """The groups of ``shape`` for base block size ``bs``."""
-    return tuple(build_kind(k, bs, window, spec_blocks) for k in shape.kinds)
+    return tuple(build_kind(k, bs, window, spec_blocks, chunk_blocks) for k in shape.kinds)
 
 
 def shape_named(name: str) -> Shape:

@@ -158,8 +158,9 @@ def configs(
     bs = draw(st.sampled_from([2, 4]))
     window = draw(st.integers(1, 3 * bs))
     eagle = shape.eagle_ok and draw(st.sampled_from([False, True, True]))
-    spec_blocks = draw(st.integers(0, 1)) if eagle else 0
-    groups = build_kinds(shape, bs, window, spec_blocks)
+    spec_blocks = draw(st.integers(0, 2)) if eagle else 0
+    # a chunked group's chunk is 1 to 3 blocks, read off the window draw (no draw of its own)
+    groups = build_kinds(shape, bs, window, spec_blocks, chunk_blocks=1 + (window - 1) // bs)
     caching = shape.caching if shape.caching is not None else draw(st.sampled_from([True, True, False]))
     fields: dict[str, Any] = dict(
         # Pools of 16 blocks first (a shrunk failure keeps a workable pool), then
@@ -181,11 +182,21 @@ def configs(
         dcp_world_size=shape.dcp,
         pcp_world_size=shape.pcp,
     )
+    if draw(st.integers(0, 15)) == 15:  # one run in sixteen: besides the null block, none, one or two
+        fields["num_blocks"] = draw(st.sampled_from([1, 2, 3]))
+    # One event log in three carries the block hashes as bytes, not 64-bit ints.
+    fields["int_block_hashes"] = draw(st.sampled_from([True, True, False]))
+    # One cached hybrid in four hashes finer than every group (half the base block), so every
+    # group's block is coarser than the hash block (coarse keys, partial tails, fine-grained hits).
+    if draw(st.sampled_from([False, False, False, True])) and caching and len(groups) > 1:
+        fields["hash_block_size"] = bs // 2
     for feature, key, off in _SWITCHES:
         if feature in excluded:
             fields[key] = off
-    if not fields["use_eagle"]:
+    if not fields["use_eagle"] or not profile.eagle_group_flags:
         fields["eagle_groups"] = ()
+    if not profile.admission_controls:  # options the release lacks (drawn all the same, so draws line up)
+        fields["watermark"], fields["max_num_batched_tokens"] = 0.0, None
     try:
         return shape.name, KVCacheConfig(profile=profile, **fields)
     except ConfigError as exc:  # valid under another release, not under this profile
@@ -282,6 +293,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.counter = 0
         self.swarm: Swarm = ALL_ON
         self.actions_off: frozenset[str] = frozenset()
+        self.cross = False
 
     # -- configuration -------------------------------------------------------
 
@@ -299,6 +311,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             stats.refused_reasons[f"{name}: {cfg}"] += 1
             reject()
         self.cfg, self.shape = cfg, name
+        self.cross = any(isinstance(k, CrossAttention) for k in cfg.groups)
         try:
             self.lock = Lockstep(
                 cfg, setup.factories, stats, setup.failure_dir, name, setup.op_timeout, setup.known, setup.excluded
@@ -329,8 +342,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         return self.lock is not None and not self.lock.halted
 
     def _allowed(self, feature: str) -> bool:
-        """Whether the machine may use ``feature`` (:attr:`MachineSetup.excluded`)."""
-        return feature not in self.SETUP.excluded
+        """Whether the machine may use ``feature``: no adapter lacks it
+        (:attr:`MachineSetup.excluded`) and the profile's release has it
+        (:func:`kvref.capabilities.absent_features`)."""
+        return feature not in self.SETUP.excluded and (self.lock is None or feature not in self.lock.absent)
 
     def _on(self, feature: str) -> bool:
         """Whether this run's swarm keeps ``feature`` (:data:`kvref.swarm.SWARM_FEATURES`)."""
@@ -638,6 +653,66 @@ class SchedulerMachine(RuleBasedStateMachine):
                 self._remember(self._sched.tokens(rid), st_.extra)
             self._sched.release(rid, pop=self._pop(False))
 
+    def flood(self, data: st.DataObject) -> None:
+        """Directed: a burst fills the pool and ends, then the oldest
+        request's conversation goes on. A fresh request long enough to take
+        about every free block is admitted, every running request finishes,
+        oldest first (:meth:`drain`), so the oldest request's blocks lead the
+        free queue and no never-used block is left before them; then a
+        request that continues the oldest one (its tokens and a few more) is
+        admitted with its prefix hit and, when tokens remain, connector tokens.
+
+        NOTE: directed because random search rarely lines up the situation
+        of vLLM#33775 (0.16.0 touched each group's prefix hits just before
+        that group allocated, so with connector tokens an earlier group could
+        take a later group's still-free hit block): it needs a pool with no
+        never-used block left, the continued request's blocks at the head of
+        the queue, and an admission with both a hit and connector tokens; the
+        machine met all three about once in 50,000 steps, and not in 200,000
+        with only the burst's end scripted."""
+        assert self.lock is not None
+        if integer(data, 0, 3):
+            return  # three picks in four do nothing: a flood ends every running request
+        oldest = self.running[0]
+        state = self._sched.reqs[oldest]
+        tokens, extra, reusable = self._sched.tokens(oldest), state.extra, state.reusable
+        free = len(self.lock.adapters[0].to_view().free_queue)
+        n = min(self._prompt_limit(), free // len(self.cfg.groups) * min(k.block_size for k in self.cfg.groups))
+        if n >= 1:
+            self._admit_whole(data, {"prompt": [VOCAB - 1] * n}, reusable=False, connector=False)
+        self.drain(data)
+        if not reusable:
+            return  # multimodal or embedded prompts are not continued (see add_request)
+        more = draw_tokens(data, 1, 2 * self.cfg.scheduler_block_size)
+        turn: Json = {"prompt": (tokens + more)[: self._prompt_limit()]}
+        if extra is not None:
+            turn["extra"] = extra
+        self._admit_whole(data, turn, reusable=True, connector=True)
+
+    def _admit_whole(self, data: st.DataObject, fields: Json, reusable: bool, connector: bool) -> None:
+        """Add a request and admit it at once: its prefix lookup, then one
+        allocation of its hit and a chunk of the rest (with ``connector``,
+        part of the rest loaded through the connector instead)."""
+        self.counter += 1
+        rid = f"r{self.counter}"
+        self._sched.add({"op": "add_request", "rid": rid, **fields}, 0, reusable)
+        if reusable:
+            self._remember(fields["prompt"], fields.get("extra"))
+        found = self._lookup(rid)
+        total = self._num_tokens(rid)
+        hit = found["num_tokens"] if found is not None else total
+        if total - hit < 1:
+            return
+        external = integer(data, 1, total - hit - 1) if connector and hit and total - hit > 1 else 0
+        if not (self._allowed("external") and self._on("connector")):
+            external = 0
+        op: Json = {"op": "allocate_slots", "rid": rid, "num_new_computed_tokens": hit,
+                    "num_external_computed_tokens": external,
+                    "num_new_tokens": self._sched.chunk(rid, hit + external, total - hit - external, True)}  # fmt: skip
+        if found is not None and any(found["blocks"]):
+            op["new_computed_blocks"] = found["blocks"]
+        self._sched.admit(op, hit, external)
+
     def deferred_free(self, data: st.DataObject) -> None:
         """The scheduler frees popped blocks later, reversed."""
         assert self.lock is not None
@@ -712,7 +787,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         rid = choose(data, tuple(sorted(self.reqs)))
         op: Json = {"op": "allocate_slots", "rid": rid, "num_new_tokens": 1}
         if kind == "negative":
-            op[choose(data, ["num_new_tokens", "num_lookahead_tokens", "reserved_blocks"])] = -1
+            args = ["num_new_tokens", "num_lookahead_tokens", "reserved_blocks"]
+            op[choose(data, args if self.cfg.profile.admission_controls else args[:2])] = -1
         elif kind == "zero":
             op["num_new_tokens"] = 0
         elif kind == "too_long":
@@ -894,6 +970,36 @@ class SchedulerMachine(RuleBasedStateMachine):
             op = {"op": "cache_blocks", "rid": fresh[0], "num_computed_tokens": self._num_tokens(fresh[0])}
         self._call(op, expect_unchanged=True)
 
+    def absent_operation(self, data: st.DataObject) -> None:
+        """An operation, or an ``allocate_slots`` argument, that the profile's
+        release lacks (:data:`kvref.capabilities.RELEASE_OPERATIONS`): every
+        side must refuse it and change nothing (``Lockstep.call_absent``).
+
+        NOTE: the rest of the machine never sends them (the lockstep leaves
+        them out), so without this probe a manager that ran an operation its
+        release does not have would go unseen."""
+        assert self.lock is not None
+        feature = choose(data, tuple(sorted(self.lock.absent - self.SETUP.excluded)))
+        rid = choose(data, tuple(sorted(self.reqs))) if self.reqs else None
+        name = feature.removeprefix("op:")
+        op: Json = {"op": name}
+        if feature.startswith("op:"):
+            if name in _ABSENT_NEED_REQUEST:
+                if rid is None:
+                    return
+                op["rid"] = rid
+            if name == "get_block_ids_for_computed_tokens":
+                op["num_computed_tokens"] = self.reqs[op["rid"]].computed
+            elif name == "record_prefix_cache_stats":
+                op["num_hits"] = 0
+        else:  # an admission argument away from its default, on a request not admitted yet
+            fresh = [r for r in self.waiting if not self.reqs[r].computed]
+            if not fresh:
+                return
+            value = {"full_sequence_must_fit": True, "reserved_blocks": 1, "has_scheduled_reqs": False}[feature]
+            op = {"op": "allocate_slots", "rid": fresh[0], "num_new_tokens": 1, feature: value}
+        self.lock.call_absent(op)
+
     def invalid_other(self, data: st.DataObject) -> None:
         """Other caller errors, and broken configurations and requests."""
         kind = choose(data, BAD_OTHERS)
@@ -977,6 +1083,7 @@ ACTIONS: tuple[tuple[str, Callable[[SchedulerMachine], bool]], ...] = (
     ("finish", lambda m: bool(m.reqs)),
     ("new_step", lambda m: True),
     ("drain", lambda m: len(m.running) >= 2),
+    ("flood", lambda m: bool(m.running) and m.cfg.enable_caching and not m.cross),
     ("deferred_free", lambda m: bool(m.pending)),
     ("finish_remote_load", lambda m: bool(m.remote)),
     ("common_prefix", lambda m: bool(m.running)),
@@ -985,6 +1092,7 @@ ACTIONS: tuple[tuple[str, Callable[[SchedulerMachine], bool]], ...] = (
     ("estimate_cached", lambda m: bool(m.reqs) and m.cfg.profile.estimate_cached_tokens_op),
     ("invalid_allocate", lambda m: bool(m.reqs)),
     ("invalid_other", lambda m: True),
+    ("absent_operation", lambda m: m.lock is not None and bool(m.lock.absent - m.SETUP.excluded)),
 )
 """What a scheduler step may do, each with when it is ready (the machine is
 live): the names of :class:`SchedulerMachine`'s action methods, simplest
@@ -992,6 +1100,11 @@ first. A shrunk step falls towards ``idle``, which does nothing: a step the
 failure does not need then leaves no operation in the trace even where the
 shrinker cannot delete it."""
 ACTION_NAMES = tuple(name for name, _ in ACTIONS)
+_ABSENT_NEED_REQUEST = frozenset(
+    {"pop_blocks_for_free", "get_block_ids_for_computed_tokens", "estimate_cached_tokens", "get_prefix_hint",
+     "record_prefix_cache_stats"}
+)  # fmt: skip
+"""The absent operations that name a request."""
 
 
 def default_failure_dir() -> Path:

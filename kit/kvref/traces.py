@@ -21,7 +21,7 @@ from typing import Any
 from kvref.adapters import AdapterFactory, KVCacheAdapter
 from kvref.capabilities import SKIP_ERRORS, declared_unsupported, refusal, trace_features
 from kvref.exits import InputError, raise_if_interrupted
-from kvref.ops import REQUEST_OPS, RequestBook, config_from_json, config_to_json, execute
+from kvref.ops import ABSENT, REQUEST_OPS, RequestBook, config_from_json, config_to_json, execute, execute_absent
 from kvspec.config import KVCacheConfig
 from kvspec.profiles import PROFILES, VLLM_0_25_1, SemanticsProfile, profile_named
 from kvspec.view import KVView
@@ -265,12 +265,13 @@ def run_steps(
     book = RequestBook(trace.config)
     for i, step in enumerate(trace.steps):
         raise_if_interrupted()  # an interrupt Python swallowed (kvref.exits.interruptible)
-        op, _, _ = split_step(step)
+        op, expect, _ = split_step(step)
         try:
             if op["op"] in REQUEST_OPS:
                 book.apply(op)
                 continue
-            out = execute_op(adapter, book, op)
+            # an operation its release lacks, sent on purpose: every side must refuse it
+            out = execute_absent(adapter, book, op, execute_op) if expect == ABSENT else execute_op(adapter, book, op)
         except Exception as exc:
             raise StepCrashed(i, op, exc) from exc
         yield i, op, out

@@ -127,6 +127,22 @@ def test_minimal_engine_passes_on_its_subset(examples: Path, tmp_path: Path, pro
     assert set(setup.stats.configs) == {"full"}
 
 
+def test_minimal_engine_refuses_a_hit_list_no_lookup_returns(examples: Path) -> None:
+    """The machine found this in the example engine: one cached block offered as a hit of zero
+    tokens was accepted (nothing allocated, ``[[]]``) where kvspec raises StaleHitError."""
+    cfg = KVCacheConfig(num_blocks=8, groups=(FullAttention(2),), max_model_len=32, profile=NEWEST)
+    outs = []
+    for factory in (load_factory("spec"), load_factory("nanokv_adapter:make")):
+        adapter, book = factory(cfg), RequestBook(cfg)
+        book.apply({"op": "add_request", "rid": "a", "prompt": [1, 2, 3]})
+        execute(adapter, book, {"op": "allocate_slots", "rid": "a", "num_new_tokens": 3})
+        book.apply({"op": "add_request", "rid": "b", "prompt": [1, 2, 3]})
+        op = {"op": "allocate_slots", "rid": "b", "num_new_tokens": 1, "num_new_computed_tokens": 0,
+              "new_computed_blocks": [[1]]}  # fmt: skip
+        outs.append(execute(adapter, book, op))
+    assert outs == [{"error": "StaleHitError"}] * 2
+
+
 def test_undeclared_gaps_are_skips_learned_between_batches(examples: Path, tmp_path: Path) -> None:
     """Without its ``unsupported`` declaration, the engine's Unsupported
     errors are counted as skips (never a divergence or a traceback) and left

@@ -9,6 +9,7 @@ import pytest
 
 from kvref.adapters.impl import IMPL_PROFILES
 from kvref.branches import Unreachable, build_report, function_lines, load_unreachable, package_relative
+from kvref.config_coverage import NAMES
 from kvspec.profiles import NEWEST, VLLM_0_25_1
 from kvtools.coverage import Run, ci_runs, main, parse_profiles, parse_seeds, source_lines
 from kvtools.coverage_gate import KnownGap, gaps_of, gate, load_gaps, merge_runs, write_gaps
@@ -158,6 +159,17 @@ def test_gate_fails_on_a_stale_unreachable_entry_or_a_failed_run() -> None:
     problems = gate(_report([], ["kvimpl/m.py:2->3 (if a:): taken in this run"], exit_code=1), [], _lines)
     assert len(problems) == 2
     assert "exited 1" in problems[0] and "unreachable_branches.toml" in problems[1]
+
+
+def test_gate_fails_on_a_configuration_class_no_run_took() -> None:
+    """The merged runs must take every class of kvref.config_coverage (any run may take it)."""
+    first, second = _report([]), _report([])
+    first["config_properties"] = list(NAMES[:-1])
+    second["config_properties"] = [NAMES[0]]
+    merged = merge_runs([first, second])
+    assert gate(merged, [], _lines) == [f"configuration class not taken by any run: {NAMES[-1]}"]
+    second["config_properties"] = [NAMES[-1]]
+    assert gate(merge_runs([first, second]), [], _lines) == []
 
 
 def test_known_gaps_round_trip(tmp_path: Path) -> None:

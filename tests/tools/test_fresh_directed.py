@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from kvimpl.block_pool import BlockId, BlockPool
 from kvref.adapters import load_factory
 from kvref.lockstep import Lockstep, LockstepFailure, RunStats
+from kvref.ops import ABSENT
 from kvspec.config import FullAttention, KVCacheConfig, Mamba, SlidingWindow
 from kvspec.profiles import NEWEST, VLLM_0_25_1, VLLM_0_26_0
 
@@ -68,10 +69,12 @@ def test_hits_recorded_in_blocks_is_equivalent_before_0_27(profile: Any, tmp_pat
     assert profile.stats_at_lookup
     cfg = KVCacheConfig(profile=profile, num_blocks=8, groups=(FullAttention(2),), max_model_len=16, log_stats=True)
     lock = _lockstep(cfg, "hits_recorded_in_blocks", tmp_path)
-    before = lock.stats.skipped.total()
     _admit(lock, "a", [1, 2, 3])
-    lock.call({"op": "record_prefix_cache_stats", "rid": "a", "num_hits": 2})
-    assert lock.stats.skipped.total() == before + 1, "record_prefix_cache_stats should not exist here"
+    op = {"op": "record_prefix_cache_stats", "rid": "a", "num_hits": 2}
+    lock.call(op)
+    assert lock.stats.left_out["record_prefix_cache_stats"] == 1, "record_prefix_cache_stats should not exist here"
+    assert lock.call_absent(op) == ABSENT  # sent on purpose, both sides refuse it: the fault cannot show
+    assert lock.stats.unexplained == 0
 
 
 def test_hits_recorded_in_blocks_is_killed_from_0_27(tmp_path: Path) -> None:

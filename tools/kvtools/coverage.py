@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from kvref.branches import PACKAGES
+from kvref.config_coverage import NAMES, missing
 from kvtools.coverage_gate import GAPS_FILE, gaps_of, gate, load_gaps, merge_runs, write_gaps
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -259,6 +260,15 @@ def render_markdown(
     gap_sets = [{(f, tuple(a)) for f, d in r["files"].items() for a in d["gaps"]} for r in runs.values()]
     everywhere = set.intersection(*gap_sets) if gap_sets else set()
     lines += ["", f"Gaps at every seed: {len(everywhere)}."]
+    lines += ["", "Configuration classes (`kvref.config_coverage`: block sizes against the scheduler and hash",
+              "blocks, windows and chunks in blocks, speculative blocks, EAGLE groups, pool sizes, context",
+              "parallelism, switches) taken by a seed's runs:", ""]  # fmt: skip
+    for seed, r in sorted(runs.items()):
+        absent = missing(r.get("config_properties", ()))
+        lines.append(
+            f"- seed {seed}: {len(NAMES) - len(absent)} of {len(NAMES)}"
+            + (f"; not: {', '.join(absent)}" if absent else "")
+        )
     lines += _profile_table(runs[first], per_profile.get(first, {}), first)
     lines += ["", f"## Gaps at seed {first}, by file", ""]
     lines += ["| file | outcomes | taken | gaps |", "|---|---:|---:|---:|"]

@@ -11,7 +11,8 @@ lost some), and so does a listed gap that a run took or that
 ``unreachable_branches.toml`` now lists (delete the entry), or whose line no
 longer reads as recorded (the code moved: regenerate the list with
 ``python -m kvtools coverage --merge DIR --write-gaps``). So the list only
-shrinks, one reviewed commit at a time.
+shrinks, one reviewed commit at a time. The gate also fails when no run took
+one of the configuration classes of :mod:`kvref.config_coverage`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from kvref.config_coverage import missing
 
 GAPS_FILE = Path(__file__).with_name("coverage_gaps.toml")
 """The known gaps of CI's merged seed-0 run."""
@@ -74,13 +77,16 @@ def merge_runs(reports: list[dict[str, Any]]) -> dict[str, Any]:
             "gaps": [list(a) for a in sorted(gaps)],
         }
     stale = sorted({s for r in reports for s in r["stale"]})
-    return {
+    merged: dict[str, Any] = {
         "totals": totals_of(files, stale),
         "stale": stale,
         "files": files,
         "exit": max(r["exit"] for r in reports),
         "seconds": round(sum(r["seconds"] for r in reports), 1),
     }
+    if any("config_properties" in r for r in reports):
+        merged["config_properties"] = sorted({c for r in reports for c in r.get("config_properties", ())})
+    return merged
 
 
 def totals_of(files: dict[str, dict[str, Any]], stale: list[str]) -> dict[str, int]:
@@ -109,12 +115,15 @@ def gaps_of(report: dict[str, Any], sources: Sources) -> list[KnownGap]:
 def gate(report: dict[str, Any], known: Iterable[KnownGap], sources: Sources) -> list[str]:
     """Why a merged report fails the ratchet (empty: it passes).
 
-    Fails on: a run that did not exit 0, a stale entry of
+    Fails on: a run that did not exit 0, a configuration class no run took
+    (:data:`kvref.config_coverage.PROPERTIES`), a stale entry of
     ``unreachable_branches.toml``, a gap not in ``known``, a known gap that
     is no longer a gap (taken, or listed unreachable) and a known gap whose
     line no longer reads as recorded.
     """
     problems = [f"a lockstep run exited {report['exit']} (a divergence, or nothing checked)"] if report["exit"] else []
+    if "config_properties" in report:  # reports of runs that recorded their configuration classes
+        problems += [f"configuration class not taken by any run: {c}" for c in missing(report["config_properties"])]
     problems += [f"stale entry of kit/kvref/unreachable_branches.toml: {s}" for s in report["stale"]]
     gaps = {(g.file, g.line, g.to): g for g in gaps_of(report, sources)}
     listed: set[tuple[str, int, int]] = set()

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from kvref import config_coverage
 from kvref.adapters import AdapterFactory, load_factory, semantics_of
 from kvref.branches import BranchReport, measure
 from kvref.capabilities import SKIP_ERRORS, declared_unsupported, parse_features, probe
@@ -160,11 +161,15 @@ def run(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("coverage") is None:
         Console(stderr=True).print("[red]--coverage needs coverage.py[/] (pip install coverage)")
         return 2
-    code, report = measure(lambda: run_check(args, keep_going=args.keep_going, allow_mismatch=False))
+    taken: set[str] = set()
+    code, report = measure(
+        lambda: run_check(args, keep_going=args.keep_going, allow_mismatch=False, taken_classes=taken)
+    )
     _report_branches(report)
     if args.coverage_json is not None:
         args.coverage_json.parent.mkdir(parents=True, exist_ok=True)
-        args.coverage_json.write_text(json.dumps(report.to_json(), indent=1) + "\n")
+        out = {**report.to_json(), "config_properties": sorted(taken)}
+        args.coverage_json.write_text(json.dumps(out, indent=1) + "\n")
     return code
 
 
@@ -189,10 +194,18 @@ def _report_branches(report: BranchReport, shown: int = 25) -> None:
         console.print(f"  stale unreachable entry: {line}", highlight=False, markup=False, soft_wrap=True)
 
 
-def run_check(args: argparse.Namespace, keep_going: bool, allow_mismatch: bool, attribute: bool = False) -> int:
+def run_check(
+    args: argparse.Namespace,
+    keep_going: bool,
+    allow_mismatch: bool,
+    attribute: bool = False,
+    taken_classes: set[str] | None = None,
+) -> int:
     """``kvref check`` (and ``kvref drift``, which allows a profile other than
     the one real vLLM declares, always keeps going and, with ``attribute``,
-    names the profile switches that explain each class, :mod:`kvref.drift`)."""
+    names the profile switches that explain each class, :mod:`kvref.drift`);
+    ``taken_classes`` receives the configuration classes the runs took
+    (:mod:`kvref.config_coverage`)."""
     console = Console(stderr=True)
     if args.against == "none":
         target, against, why = args.target or "spec", None, "self-check chosen on the command line"
@@ -277,6 +290,9 @@ def run_check(args: argparse.Namespace, keep_going: bool, allow_mismatch: bool, 
             found = [*setup.stats.accepted, *setup.stats.classes.values()]
             _report_classes(sorted(found, key=lambda c: c.steps_to_find), console)
         return HANG if hung else INTERRUPTED
+    finally:
+        if taken_classes is not None:
+            taken_classes.update(setup.stats.config_properties)
     if keep_going:
         _report(setup.stats, target, against, console, bool(classes), profile)
         _report_classes(classes, console)
@@ -409,6 +425,10 @@ def _report(
     covered = sorted(stats.configs)
     total = "" if covered == ["pool"] else f"/{len(SHAPES)}"
     table.add_row("configurations covered", f"{len(covered)}{total}: {', '.join(covered)}")
+    if covered != ["pool"]:
+        absent = config_coverage.missing(stats.config_properties)
+        classes = f"{len(config_coverage.NAMES) - len(absent)}/{len(config_coverage.NAMES)}"
+        table.add_row("configuration classes taken", classes + (f"; not: {', '.join(absent)}" if absent else ""))
     table.add_row("invariant checks", str(stats.invariant_checks))
     table.add_row("event-log checks", str(stats.event_log_checks))
     table.add_row("prefix hints read (not 0)", f"{stats.prefix_hint_reads} ({stats.prefix_hints})")

@@ -189,6 +189,8 @@ class NanoAdapter:
         self._valid(ids)
         if ids and not self.config.enable_caching:
             raise StaleHitError("prefix caching is off")
+        if ids and len(ids) != -(-h // self.bs):
+            raise StaleHitError(f"{len(ids)} hit blocks for {h} hit tokens: no lookup returns that")
         for i, b in enumerate(ids):
             if b == 0 or i >= len(request.block_hashes) or self.m.hash_of[b - 1] != request.block_hashes[i]:
                 raise StaleHitError(f"hit block {b} is no longer cached for request {rid!r}")
