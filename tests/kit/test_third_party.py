@@ -156,10 +156,10 @@ def test_undeclared_gaps_are_skips_learned_between_batches(examples: Path, tmp_p
     assert setup.stats.unexplained == 0
 
 
-def test_kvref_check_counts_refused_configurations(examples: Path, monkeypatch: pytest.MonkeyPatch,
+def test_kvref_check_counts_refused_configurations(examples: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     monkeypatch.chdir(examples)
-    monkeypatch.setenv("KVREF_FAILURE_DIR", str(examples / "kvref-failures-unused"))
+    monkeypatch.setenv("KVREF_FAILURE_DIR", str(tmp_path))  # a divergence's trace goes there, not into the tree
     code = main(["check", "--target", "nanokv_adapter:make", "--against", "spec", "--min-steps", "300"])
     err = capsys.readouterr().err
     assert code == OK
