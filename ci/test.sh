@@ -40,8 +40,9 @@ fi
 # every profile kvimpl follows (--target impl: the native core where it
 # implements the configuration), the pure-Python build (KVREF_NATIVE=0) under
 # the baseline profile, and under the newest kvimpl's own mutable requests
-# (--target impl-mutable) and its batched step API with device tables
-# (--target impl-batch): `python -m kvtools coverage --ci-runs` lists them.
+# (--target impl-mutable) and its batched step API with device tables on the
+# pure-Python manager and on the native core (--target impl-batch,
+# impl-batch-native): `python -m kvtools coverage --ci-runs` lists them.
 # Each run also writes its branch coverage of kvspec and kvimpl; the gate
 # merges them (an outcome is taken if any run took it) and fails on a gap not
 # in tools/kvtools/coverage_gaps.toml, on a listed gap now taken, and on a

@@ -37,10 +37,11 @@ from array import array
 from collections.abc import Sequence
 from typing import Any
 
+from kvimpl.checks import check_request_id, is_int
 from kvimpl.config_rules import manager_kinds
 from kvimpl.invariants import require
 from kvspec.config import KVCacheConfig, Mamba, SinkFullAttention
-from kvspec.errors import InvalidTokenCountError, UnknownRequestError
+from kvspec.errors import GroupCountError, InvalidTokenCountError, UnknownRequestError, UnsupportedOperationError
 
 DEFAULT_MAX_REQUESTS = 256
 """Initial rows (vLLM's default ``max_num_seqs``); grows on demand."""
@@ -324,3 +325,37 @@ class BlockTable:
         if isinstance(x, array | memoryview | bytes | bytearray):
             return torch.frombuffer(bytearray(x), dtype=torch.int32).to(device=self.device, dtype=torch.int64)
         return torch.tensor(list(x), dtype=torch.int64, device=self.device)
+
+
+# -- the managers' argument checks (both builds) ---------------------------------
+
+
+def valid_group(op: str, group: object, groups: int) -> int:
+    """``group`` when it is one of a configuration's ``groups`` groups.
+
+    Raises:
+        GroupCountError: A group that is not an int (or is a bool), or is out
+            of range (negative indices are not accepted: -1 is not the last group).
+    """
+    if not is_int(group) or not 0 <= group < groups:
+        raise GroupCountError(f"{op}: group {group!r} is not one of the configuration's groups 0..{groups - 1}")
+    return group
+
+
+def check_slot_arguments(request_ids: Sequence[object], positions: Sequence[object]) -> None:
+    """The type checks of ``slot_mapping`` before any lookup.
+
+    Raises:
+        InvalidRequestError: A request id that is not a str.
+        InvalidTokenCountError: A position that is not an int (or is a bool).
+    """
+    for rid in request_ids:
+        check_request_id("slot_mapping", rid)
+    for pos in positions:
+        if not is_int(pos):
+            raise InvalidTokenCountError(f"slot_mapping: position {pos!r} is not an int")
+
+
+def no_device_tables(op: str, manager: str) -> UnsupportedOperationError:
+    """The error of a device-table call on a manager built without a ``device``."""
+    return UnsupportedOperationError(f"{op}: this {manager} keeps no device tables; construct it with device='cpu'")

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvimpl.checks import check_request, is_int
 from kvimpl.config_rules import clip_block_sizes, estimate_groups, features_needed
+from kvimpl.device_tables import check_slot_arguments, no_device_tables, valid_group
 from kvimpl.hash_functions import hash_function
 from kvimpl.kv_cache_manager import table_cached_tokens
 from kvimpl.native_checks import native_invariants, native_view
@@ -51,7 +52,7 @@ from kvspec.config import (
     SinkFullAttention,
     SlidingWindow,
 )
-from kvspec.errors import InvalidTokenCountError, UnsupportedOperationError
+from kvspec.errors import InvalidTokenCountError, UnsupportedByProfileError, UnsupportedOperationError
 from kvspec.events import KVCacheEvent
 from kvspec.hashing import ExtraKeySource, none_hash
 from kvspec.invariants import InvariantViolation
@@ -284,11 +285,13 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
         """An empty manager.
 
         Raises:
-            RuntimeError: If the extension is not built or cannot run ``config``.
+            UnsupportedByProfileError: If the extension is not built or cannot
+                run ``config`` (:func:`native_unsupported`; :func:`create_manager`
+                falls back to the Python manager instead).
         """
         reason = native_unsupported(config)
         if reason is not None:
-            raise RuntimeError(f"NativeKVCacheManager: {reason}")
+            raise UnsupportedByProfileError(f"NativeKVCacheManager: {reason}")
         native_module()
         super().__init__(core_params(config))
         self.config = config
@@ -435,13 +438,27 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
         """The device block table of ``group`` (see :class:`kvimpl.device_tables.BlockTable`).
 
         Raises:
-            RuntimeError: If the manager was built without a ``device``.
+            UnsupportedOperationError: If the manager was built without a ``device``.
+            GroupCountError: A group that is not one of the configuration's.
         """
-        return self._device("block_table").block_table(group)
+        tables = self._device("block_table")
+        return tables.block_table(valid_group("block_table", group, len(self.config.groups)))
 
     def slot_mapping(self, request_ids: Any, positions: Any, group: int = 0) -> Any:
-        """Per (request, position) pair, its KV slot in ``group`` as a device tensor."""
-        return self._device("slot_mapping").slot_mapping(request_ids, positions, group)
+        """Per (request, position) pair, its KV slot in ``group`` as a device tensor.
+
+        Raises:
+            UnsupportedOperationError: If the manager was built without a ``device``.
+            GroupCountError: A group that is not one of the configuration's.
+            InvalidRequestError: A request id that is not a str.
+            InvalidTokenCountError: A position that is not an int; see also
+                :meth:`kvimpl.device_tables.BlockTable.slot_mapping`.
+            UnknownRequestError: A request without a row.
+        """
+        tables = self._device("slot_mapping")
+        group = valid_group("slot_mapping", group, len(self.config.groups))
+        check_slot_arguments(request_ids, positions)
+        return tables.slot_mapping(request_ids, positions, group)
 
     def to_view(self) -> KVView:
         """The normalized observable state."""
@@ -455,7 +472,7 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
 
     def _device(self, op: str) -> Any:
         if self.device_tables is None:
-            raise RuntimeError(f"{op}: this manager keeps no device tables; construct it with device='cpu'")
+            raise no_device_tables(op, "NativeKVCacheManager")
         return self.device_tables
 
     if TYPE_CHECKING:  # the methods of the C core

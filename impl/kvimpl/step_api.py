@@ -45,14 +45,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvimpl.block_pool import NULL_BLOCK, BlockPool
-from kvimpl.checks import REQUEST_TYPES, check_request_id, is_int
+from kvimpl.checks import REQUEST_TYPES, check_request_id
 from kvimpl.config_rules import RING_KINDS
-from kvimpl.device_tables import BlockTable
+from kvimpl.device_tables import BlockTable, check_slot_arguments, no_device_tables, valid_group
 from kvimpl.kv_cache_coordinator import KVCacheCoordinator
 from kvimpl.single_type_kv_cache_manager import SingleTypeKVCacheManager
 from kvspec.block_pool import BlockId
 from kvspec.config import ChunkedLocal, KVCacheConfig, Mamba, SlidingWindow
-from kvspec.errors import GroupCountError, InvalidTokenCountError
+from kvspec.errors import InvalidTokenCountError
 from kvspec.request import Request, RequestStatus
 from kvspec.view import BlockIds
 
@@ -240,16 +240,17 @@ class StepAPI:
         """The device block table of ``group`` (live rows only; see :class:`BlockTable`).
 
         Raises:
-            RuntimeError: If the manager was built without a ``device``.
+            UnsupportedOperationError: If the manager was built without a ``device``.
             GroupCountError: A group that is not one of the configuration's.
         """
-        return self._device_tables("block_table").block_table(self._valid_group("block_table", group))
+        tables = self._device_tables("block_table")
+        return tables.block_table(valid_group("block_table", group, len(self.config.groups)))
 
     def slot_mapping(self, request_ids: Sequence[str], positions: Sequence[int], group: int = 0) -> Any:
         """Per (request, position) pair, its KV slot in ``group`` as a device tensor.
 
         Raises:
-            RuntimeError: If the manager was built without a ``device``.
+            UnsupportedOperationError: If the manager was built without a ``device``.
             GroupCountError: A group that is not one of the configuration's.
             InvalidRequestError: A request id that is not a str.
             InvalidTokenCountError: A position that is not an int; see also
@@ -257,12 +258,8 @@ class StepAPI:
             UnknownRequestError: see :meth:`BlockTable.slot_mapping`.
         """
         tables = self._device_tables("slot_mapping")
-        group = self._valid_group("slot_mapping", group)
-        for rid in request_ids:
-            check_request_id("slot_mapping", rid)
-        for pos in positions:
-            if not is_int(pos):
-                raise InvalidTokenCountError(f"slot_mapping: position {pos!r} is not an int")
+        group = valid_group("slot_mapping", group, len(self.config.groups))
+        check_slot_arguments(request_ids, positions)
         return tables.slot_mapping(request_ids, positions, group)
 
     def _running_step(
@@ -414,15 +411,9 @@ class StepAPI:
         else:
             self.device_tables.update(request_id, [t if t is not None else [] for t in owned])
 
-    def _valid_group(self, op: str, group: object) -> int:
-        groups = len(self.config.groups)
-        if not is_int(group) or not 0 <= group < groups:
-            raise GroupCountError(f"{op}: group {group!r} is not one of the configuration's groups 0..{groups - 1}")
-        return group
-
     def _device_tables(self, op: str) -> BlockTable:
         if self.device_tables is None:
-            raise RuntimeError(f"{op}: this KVCacheManager keeps no device tables; construct it with device='cpu'")
+            raise no_device_tables(op, "KVCacheManager")
         return self.device_tables
 
 

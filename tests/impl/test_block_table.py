@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from kvimpl.kv_cache_manager import KVCacheManager
 from kvimpl.native import native_module
 from kvspec.config import FullAttention, KVCacheConfig
-from kvspec.errors import InvalidTokenCountError, UnknownRequestError
+from kvspec.errors import InvalidTokenCountError, UnknownRequestError, UnsupportedOperationError
 from kvspec.request import RequestBlockHasher
 from kvtools.device_exercise import MAX_LEN, SHAPES, check_tables, exercise, native_runs
 
@@ -61,7 +61,7 @@ def test_rows_grow_and_compact() -> None:
 
 def test_errors() -> None:
     config = KVCacheConfig(num_blocks=16, groups=(FullAttention(4),), max_model_len=MAX_LEN)
-    with pytest.raises(RuntimeError, match="device"):
+    with pytest.raises(UnsupportedOperationError, match="device"):
         KVCacheManager(config).block_table()
     mgr = KVCacheManager(config, device="cpu")
     hasher = RequestBlockHasher(config.hash_function, config.hash_seed, config.resolved_hash_block_size())

@@ -10,7 +10,11 @@ core's own: the same events as the Python manager's, in the same order.
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
+import subprocess
+import sys
+import textwrap
 from array import array
 from typing import Any
 
@@ -25,7 +29,7 @@ from kvref.adapters import load_factory
 from kvref.adapters.impl import ImplAdapter, NativeImplAdapter
 from kvref.cli import main
 from kvspec.config import CrossAttention, FullAttention, KVCacheConfig, Mamba, SlidingWindow
-from kvspec.errors import UnsupportedByProfileError
+from kvspec.errors import KVCacheError, UnsupportedByProfileError, UnsupportedOperationError
 from kvspec.hashing import ExtraKeySource, LoRA
 from kvspec.kv_cache_manager import KVCacheManager as SpecManager
 from kvspec.profiles import NEWEST, PROFILES, VLLM_0_25_1, SemanticsProfile
@@ -74,6 +78,8 @@ def test_unimplemented_configurations_fall_back(config: KVCacheConfig, why: str)
     assert type(built("impl", config)) is ImplAdapter
     with pytest.raises(UnsupportedByProfileError, match="native core"):
         built("impl-native", config)
+    with pytest.raises(UnsupportedByProfileError, match=why):  # the constructor's own, typed refusal
+        NativeKVCacheManager(config)
 
 
 @needs_build
@@ -346,3 +352,86 @@ def test_an_unknown_hash_function_is_refused() -> None:
 
     with pytest.raises(UnknownHashFunctionError):
         hash_function("md5")
+
+
+@needs_build
+@pytest.mark.parametrize(
+    ("switch", "value", "call"),
+    [
+        ("computed_block_ids_op", False, lambda m, r: m.get_block_ids_for_computed_tokens(r.request_id, 0)),
+        ("estimate_cached_tokens_op", False, lambda m, r: m.estimate_cached_tokens(r)),
+        ("prefix_hint_op", False, lambda m, r: m.get_prefix_hint(r)),
+        ("stats_at_lookup", True, lambda m, r: m.record_prefix_cache_stats(r, 0)),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_the_native_core_refuses_an_operation_its_profile_lacks(switch: str, value: bool, call: Any) -> None:
+    """As kvspec does. Every kvspec profile that lacks the first three (vLLM 0.16.0) also sets a
+    switch the core does not follow, so only a hand-made profile runs them on the native core."""
+    changes: dict[str, Any] = {switch: value}
+    profile = dataclasses.replace(NEWEST, name=f"{NEWEST.name}-without-{switch}", **changes)
+    config = dataclasses.replace(CONFIG, profile=profile)
+    assert native_unsupported(config) is None
+    for manager in (NativeKVCacheManager(config), SpecManager(config)):
+        request = RequestBlockHasher.for_config(config).new_request("r", [1, 2, 3, 4, 5])
+        assert manager.allocate_slots(request, 5) is not None
+        before = manager.to_view()
+        with pytest.raises(UnsupportedOperationError):
+            call(manager, request)
+        assert manager.to_view() == before
+
+
+REFUSED_BATCHES = """
+from kvimpl.native import NativeKVCacheManager
+from kvspec.config import FullAttention, KVCacheConfig
+from kvspec.errors import KVCacheError
+from kvspec.request import RequestBlockHasher
+
+config = KVCacheConfig(num_blocks=16, groups=(FullAttention(4),), max_model_len=64)
+request = RequestBlockHasher.for_config(config).new_request("a", list(range(9)))
+manager = NativeKVCacheManager(config)
+for _ in range(200):
+    for args in (([request], [0]), ([request], [True]), ([request], [1.5]), ([request], [9], [-1])):
+        try:
+            manager.allocate_slots_batch(*args)
+        except KVCacheError:
+            pass
+        else:
+            raise SystemExit(f"accepted {args}")
+manager.check_invariants()
+print("ok")
+"""
+
+
+@needs_build
+def test_refused_batches_leave_the_heap_intact() -> None:
+    """Regression: the native ``allocate_slots_batch`` freed an uninitialised
+    hit buffer when an item's counts were refused before its hits were read
+    (``validate_allocation`` returned before setting it): "double free or
+    corruption" within a few refused batches. Run in a child process with
+    CPython's debug allocator, which catches a bad free."""
+    env = dict(os.environ, PYTHONMALLOC="debug")
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(REFUSED_BATCHES)],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "ok"
+
+
+@needs_build
+def test_refused_batches_raise_what_kvspec_raises_per_request() -> None:
+    """A refused item's error class is kvspec's for the same per-request call, and nothing changes."""
+    config = CONFIG
+    hasher = RequestBlockHasher.for_config(config)
+    manager, spec = NativeKVCacheManager(config), SpecManager(config)
+    a = hasher.new_request("a", [1, 2, 3, 4, 5])
+    assert manager.allocate_slots(a, 5) == spec.allocate_slots(a, 5)
+    before = manager.to_view()
+    unnamed = dataclasses.replace(a, request_id=3)  # type: ignore[arg-type]  # an int id on purpose
+    for bad, n in ((a, 0), (a, 1.5), ("not a request", 1), (unnamed, 1)):
+        with pytest.raises(KVCacheError) as want:
+            spec.allocate_slots(bad, n)  # type: ignore[arg-type]  # malformed on purpose
+        with pytest.raises(type(want.value)):
+            manager.allocate_slots_batch([bad, a], [n, 1])
+        assert manager.to_view() == before

@@ -21,6 +21,7 @@ from typing import Any, cast
 import pytest
 
 from kvimpl.kv_cache_manager import KVCacheManager as ImplManager
+from kvimpl.native import NativeKVCacheManager, native_module
 from kvspec.config import FullAttention, KVCacheConfig, SlidingWindow
 from kvspec.errors import (
     GroupCountError,
@@ -28,6 +29,8 @@ from kvspec.errors import (
     InvalidRequestError,
     InvalidTokenCountError,
     KVCacheError,
+    UnknownRequestError,
+    UnsupportedOperationError,
 )
 from kvspec.kv_cache_manager import KVCacheManager as SpecManager
 from kvspec.request import Request, RequestBlockHasher, RequestStatus
@@ -40,6 +43,15 @@ CONFIG = KVCacheConfig(
     log_stats=True,
 )
 HASHER = RequestBlockHasher.for_config(CONFIG)
+BUILDS = [
+    pytest.param(ImplManager, id="python"),
+    pytest.param(
+        NativeKVCacheManager,
+        id="native",
+        marks=pytest.mark.skipif(native_module() is None, reason="the native extension is not built here"),
+    ),
+]
+"""kvimpl's two managers: the step API's checks are the Python manager's and the native core's own."""
 
 
 @dataclass(frozen=True)
@@ -257,29 +269,36 @@ BATCH_CASES: list[tuple[str, type[KVCacheError], Call]] = [
 ]
 
 
+@pytest.mark.parametrize("build", BUILDS)
 @pytest.mark.parametrize(("name", "error", "call"), BATCH_CASES, ids=[c[0] for c in BATCH_CASES])
-def test_bad_batch_arguments_change_no_request(name: str, error: type[KVCacheError], call: Call) -> None:
+def test_bad_batch_arguments_change_no_request(
+    name: str, error: type[KVCacheError], call: Call, build: Callable[[KVCacheConfig], Any]
+) -> None:
     """The batch is checked before anything changes, also where the sequential
     calls would have changed the requests before the bad one (``b``'s step of
     4 tokens takes a block)."""
-    state = State(ImplManager)
+    state = State(build)
     before = state.observe()
     with pytest.raises(error):
         call(state)
     assert state.observe() == before, name
 
 
-def test_the_first_step_of_the_bad_batches_changes_the_state() -> None:
+@pytest.mark.parametrize("build", BUILDS)
+def test_the_first_step_of_the_bad_batches_changes_the_state(build: Callable[[KVCacheConfig], Any]) -> None:
     """So the batches above would show a change if they were not checked first."""
-    state = State(ImplManager)
+    state = State(build)
     before = state.observe()
     assert state.m.allocate_slots(state.b, 4) is not None
     assert state.observe() != before
 
 
-def test_device_table_arguments() -> None:
+@pytest.mark.parametrize("build", BUILDS)
+def test_device_table_arguments(build: Callable[..., Any]) -> None:
+    """The same typed errors from both builds (the native manager used to index its tables with
+    any group, -1 giving the last one, and took a float or bool position)."""
     pytest.importorskip("torch")
-    m: Any = ImplManager(CONFIG, device="cpu")  # Any: the calls pass values of the wrong types
+    m: Any = build(CONFIG, device="cpu")  # Any: the calls pass values of the wrong types
     assert m.allocate_slots(HASHER.new_request("a", [1, 2, 3, 4, 5]), 5) is not None
     for group in (2, -1, 1.0, True):
         with pytest.raises(GroupCountError):
@@ -292,3 +311,17 @@ def test_device_table_arguments() -> None:
         with pytest.raises(InvalidTokenCountError):
             m.slot_mapping(["a"], [pos])
     assert m.slot_mapping(["a"], [4], 1).tolist() == [m.get_block_ids("a")[1][1] * 4]
+    before = m.to_view()
+    with pytest.raises(UnknownRequestError):
+        m.slot_mapping(["b"], [0])
+    assert m.to_view() == before
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_device_table_calls_without_device_tables(build: Callable[..., Any]) -> None:
+    """A manager built without a ``device`` refuses them with a typed error (it raised RuntimeError)."""
+    m: Any = build(CONFIG)
+    with pytest.raises(UnsupportedOperationError, match="device"):
+        m.block_table()
+    with pytest.raises(UnsupportedOperationError, match="device"):
+        m.slot_mapping([], [])

@@ -201,6 +201,8 @@ def test_ci_runs_cover_every_profile() -> None:
     assert {r.profile for r in runs if r.target == "impl" and r.native} == IMPL_PROFILES
     assert Run(VLLM_0_25_1.name, "impl", native=False) in runs
     assert Run(NEWEST.name, "impl-mutable") in runs
+    assert Run(NEWEST.name, "impl-batch") in runs
+    assert Run(NEWEST.name, "impl-batch-native") in runs
     assert parse_profiles("newest") == [NEWEST.name]
     assert set(parse_profiles("all")) == IMPL_PROFILES
     with pytest.raises(SystemExit):

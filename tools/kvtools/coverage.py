@@ -3,10 +3,11 @@
 Runs ``kvref check --target T --against spec --profile ci --semantics P
 --coverage`` once per seed, semantics profile P (``--profiles``: ``all``, the
 default, every profile kvimpl follows; ``newest``; or a list) and target T
-(``--targets``, default ``impl`` as CI runs it, ``impl-batch``, the
-pure-Python manager driven through its batch API with device tables,
-:mod:`kvref.adapters.impl_batch`, and ``impl-mutable``, kvimpl with its own
-mutable requests, :mod:`kvref.adapters.impl_mutable`), each in its own process
+(``--targets``, default ``impl`` as CI runs it, ``impl-batch`` and
+``impl-batch-native``, the pure-Python manager and the native core driven
+through their batch API with device tables, :mod:`kvref.adapters.impl_batch`,
+and ``impl-mutable``, kvimpl with its own mutable requests,
+:mod:`kvref.adapters.impl_mutable`), each in its own process
 so that every run starts from the same state and takes the same steps as it
 does in CI, and merges each seed's runs: an outcome is taken if any
 profile's or target's run took it (so code that only an older release runs
@@ -45,9 +46,9 @@ from kvtools.coverage_gate import GAPS_FILE, gaps_of, gate, load_gaps, merge_run
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORT_DIR = ROOT / "docs" / "reports"
-DEFAULT_TARGETS = "impl,impl-batch,impl-mutable"
+DEFAULT_TARGETS = "impl,impl-batch,impl-batch-native,impl-mutable"
 """What CI's lockstep runs (``impl``: the native core where it applies), the batch API with device
-tables, and kvimpl's own mutable requests."""
+tables on either build, and kvimpl's own mutable requests."""
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,11 @@ def ci_runs() -> list[Run]:
     """The impl-vs-spec locksteps ``ci/test.sh`` runs (each at seed 0 with ``--profile ci``):
     ``impl`` under every profile kvimpl follows, the pure-Python build under the
     baseline profile, and under the newest kvimpl's mutable requests and its
-    batched step API with device tables (``impl-batch``: the only run that
-    reaches kvimpl/step_api.py and kvimpl/device_tables.py)."""
+    batched step API with device tables, on the pure-Python manager
+    (``impl-batch``: the only run that reaches most of kvimpl/step_api.py and
+    kvimpl/device_tables.py) and on the native core (``impl-batch-native``:
+    the core's batch entry points and host rows, the native manager's
+    device-table calls and its constructor's refusals)."""
     from kvref.adapters.impl import IMPL_PROFILES  # noqa: PLC0415 - imports kvimpl
     from kvspec.profiles import NEWEST, VLLM_0_25_1  # noqa: PLC0415
 
@@ -80,6 +84,7 @@ def ci_runs() -> list[Run]:
         Run(VLLM_0_25_1.name, "impl", native=False),
         Run(NEWEST.name, "impl-mutable"),
         Run(NEWEST.name, "impl-batch"),
+        Run(NEWEST.name, "impl-batch-native"),
     ]
 
 

@@ -46,7 +46,7 @@ def exercise(device: str, shape: str, seed: int, steps: int = 40, native: bool =
     frees and pops on a manager with device tables; check the tensors after each.
 
     Raises:
-        RuntimeError: With ``native``, if the native core cannot run the shape (:func:`native_runs`).
+        UnsupportedByProfileError: With ``native``, if the native core cannot run the shape (:func:`native_runs`).
     """
     import torch  # noqa: PLC0415 - the test module is skipped without torch
 

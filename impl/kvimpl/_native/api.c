@@ -330,9 +330,11 @@ typedef struct {
     int delay, fsmf, has_sched, has_hits;
 } AllocArgs;
 
-/* kvimpl's _validate_allocation, in its order; on success fills a and ha. */
+/* kvimpl's _validate_allocation, in its order; on success fills a and ha. ha->buf is
+ * NULL on every failure (set first: a caller may hits_clear(ha) whatever the result). */
 static int validate_allocation(Core *c, ReqView *rv, PyObject **v, AllocArgs *a, HitArgs *ha) {
     int ok = 1;
+    ha->buf = NULL;
     PyObject *vals[7] = {v[1], v[2], v[4], v[5], v[7], v[9], NULL};
     static const char *names[7] = {"num_new_tokens", "num_new_computed_tokens", "num_lookahead_tokens",
                                    "num_external_computed_tokens", "num_encoder_tokens", "reserved_blocks",
@@ -370,7 +372,6 @@ static int validate_allocation(Core *c, ReqView *rv, PyObject **v, AllocArgs *a,
         return -1;
     }
     a->has_hits = 0;
-    ha->buf = NULL;
     PyObject *hits = v[3];
     if (hits && hits != Py_None && hits_parse(c, hits, ha, &a->has_hits) < 0)
         return -1;

@@ -218,9 +218,10 @@ AdapterFactory = Callable[[KVCacheConfig], KVCacheAdapter]
 
 
 def load_factory(target: str) -> AdapterFactory:
-    """Resolve ``spec``, ``impl`` (``impl-native``, ``impl-python``: one build; ``impl-batch``:
-    through the batch API and device tables; ``impl-mutable``: with kvimpl's own mutable requests), ``vllm`` or
-    ``module:factory`` to a factory.
+    """Resolve ``spec``, ``impl`` (``impl-native``, ``impl-python``: one build; ``impl-batch``,
+    ``impl-batch-native``: through the batch API and device tables, on the pure-Python manager or the
+    native core; ``impl-mutable``: with kvimpl's own mutable requests), ``vllm`` or ``module:factory``
+    to a factory.
 
     A module is looked up on ``sys.path`` and then in the working folder (as
     ``python -m`` would), so ``--target mymod:make`` works without setting
@@ -237,6 +238,7 @@ def load_factory(target: str) -> AdapterFactory:
         "impl-native": "kvref.adapters.impl:make_impl_native_adapter",
         "impl-python": "kvref.adapters.impl:make_impl_python_adapter",
         "impl-batch": "kvref.adapters.impl_batch:make_impl_batch_adapter",
+        "impl-batch-native": "kvref.adapters.impl_batch:make_impl_batch_native_adapter",
         "impl-mutable": "kvref.adapters.impl_mutable:make_impl_mutable_adapter",
     }
     path = builtin.get(target, target)

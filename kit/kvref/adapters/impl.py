@@ -13,12 +13,20 @@ models and kvimpl does not yet (:func:`kvspec.profiles.features_used` minus
 :data:`IMPL_FEATURES`); the switches only such a feature reads
 (:data:`kvspec.profiles.FEATURE_SWITCHES`) need not be read by kvimpl.
 
-Two builds (:mod:`kvimpl.native`): ``--target impl`` is the build a
+Two builds (:mod:`kvimpl.native`): ``--target impl`` is the manager a
 scheduler gets from :func:`kvimpl.native.create_manager` (the native core
 when it is built, ``KVREF_NATIVE`` is not ``0`` and it implements the
-configuration; else the pure-Python manager); ``impl-native`` insists on the
-native core (a configuration it does not implement is counted as
-unsupported) and ``impl-python`` is always the pure-Python manager.
+configuration; else the pure-Python manager), checked against
+:func:`kvimpl.native.manager_class` and the build line CI prints
+(:func:`kvimpl.native.build_description`); ``impl-native`` is
+:class:`kvimpl.native.NativeKVCacheManager` itself (a configuration its
+constructor refuses is counted as unsupported) and ``impl-python`` is always
+the pure-Python manager.
+
+Both adapter classes also make, once per manager, the caller errors the
+machine never sends (:mod:`kvref.adapters.impl_probes`), and the native one
+checks the prefix hint's longest lookup, which the core records, against
+kvimpl's Python search (:mod:`kvimpl.native_hint`) after every hybrid lookup.
 """
 
 from __future__ import annotations
@@ -31,8 +39,10 @@ from kvimpl import PROFILE_SWITCHES
 from kvimpl.block_pool import BlockPool, requeue_unhashed_first
 from kvimpl.config_rules import MODELLED_FEATURES
 from kvimpl.kv_cache_manager import KVCacheManager
-from kvimpl.native import NativeKVCacheManager, manager_class, native_unsupported, notice_if_missing
+from kvimpl.native import NativeKVCacheManager, build_description, create_manager, manager_class, native_enabled
+from kvimpl.native_hint import NativeHint, cached_map, native_hint_for
 from kvimpl.request import RequestHasher
+from kvref.adapters.impl_probes import probe_caller_errors, probe_request
 from kvref.capabilities import OPT_IN_FEATURES, declare
 from kvref.layers.pool import pool_view
 from kvspec.block_pool import BlockId
@@ -41,8 +51,8 @@ from kvspec.errors import UnsupportedByProfileError
 from kvspec.events import KVCacheEvent
 from kvspec.hashing import BlockHash
 from kvspec.profiles import FEATURE_SWITCHES, PROFILES, SemanticsProfile, features_used
-from kvspec.request import Request
-from kvspec.view import KVView
+from kvspec.request import Request, RequestBlockHasher
+from kvspec.view import BlockIds, KVView
 
 IMPL_FEATURES: frozenset[str] = MODELLED_FEATURES
 """The state-adding features of :func:`kvspec.profiles.features_used` that
@@ -68,56 +78,154 @@ IMPL_PROFILES = frozenset(name for name, p in PROFILES.items() if not unread_swi
 
 
 class ImplAdapter(KVCacheManager):
-    """kvimpl's ``KVCacheManager``; it already speaks the adapter protocol."""
+    """kvimpl's ``KVCacheManager``; it already speaks the adapter protocol, and
+    makes the caller-error probes once (:mod:`kvref.adapters.impl_probes`)."""
 
     name = "impl"
+    _probed = 0
+    """How far :func:`probe_once` got: 0 none, 1 with a request of its own, 2 with a held one."""
+
+    def check_invariants(self) -> None:
+        """kvimpl's invariants; then the probes (:func:`probe_once`)."""
+        super().check_invariants()
+        if self._probed < 2:
+            probe_once(self, self.requests.values())
 
 
 class NativeImplAdapter(NativeKVCacheManager):
-    """kvimpl's native manager; it speaks the adapter protocol too."""
+    """kvimpl's native manager; it speaks the adapter protocol too, makes the
+    probes of :class:`ImplAdapter` and checks the prefix hint's longest lookup."""
 
     name = "impl-native"
+    _probed = 0
+    """As :attr:`ImplAdapter._probed`."""
+    _hint: tuple[NativeHint | None] | None = None
+    """``(native_hint_for(config),)`` once the first lookup asked for it."""
+
+    def get_computed_blocks(self, request: Any) -> tuple[BlockIds, int]:
+        """The core's lookup; in a cached hybrid, the longest first search the
+        core recorded (``_first_lookup_tokens``, the prefix hint's base) must
+        equal kvimpl's Python search over the core's cache map.
+
+        Raises:
+            AssertionError: If they differ.
+        """
+        out: tuple[BlockIds, int] = super().get_computed_blocks(request)
+        if self._hint is None:
+            self._hint = (native_hint_for(self.config),)
+        hint = self._hint[0]
+        if hint is not None and not request.skip_reading_prefix_cache:
+            want = hint.longest(request.block_hashes, request.num_tokens - 1, cached_map(self))
+            if self._first_lookup_tokens != want:
+                raise AssertionError(
+                    f"impl-native: lookup of {request.request_id!r}: the core recorded a first search of "
+                    f"{self._first_lookup_tokens} tokens, kvimpl's Python search finds {want}"
+                )
+        return out
+
+    def check_invariants(self) -> None:
+        """The core's invariants; then the probes (:func:`probe_once`)."""
+        super().check_invariants()
+        if self._probed < 2:
+            probe_once(self, (req for _, req, _ in self._tables()))
+
+
+def probe_once(adapter: Any, held: Iterable[Any]) -> None:
+    """The caller-error probes (:mod:`kvref.adapters.impl_probes`): at the
+    first invariant check with a request of the adapter's own (so that they
+    also run where no allocation ever succeeds), and once more, with the
+    state it has then, as soon as a request holds blocks."""
+    request = probe_request(held)
+    if request is not None:
+        adapter._probed = 2
+    elif adapter._probed == 0:
+        adapter._probed = 1
+        request = RequestBlockHasher.for_config(adapter.config).new_request(PROBE_REQUEST_ID, [1, 2, 3, 4, 5])
+    if request is not None:
+        probe_caller_errors(adapter, kvimpl_class(adapter), request)
+
+
+PROBE_REQUEST_ID = "kvref-probe"
+"""The id of the probes' own request (the machine names its requests otherwise)."""
+
+
+def adopt(manager: Any, python_class: type, native_class: type) -> Any:
+    """``manager``, built by kvimpl (:func:`kvimpl.native.create_manager`), as
+    the adapter class of its build.
+
+    NOTE: the adapter classes derive from kvimpl's two manager classes and add
+    no state that needs their ``__init__`` (only the adapter's name, probes and
+    checks, set up lazily), so the object kvimpl built becomes an instance of
+    the adapter class by assignment to ``__class__``: the lockstep runs the
+    very manager kvimpl's selection made, constructed by kvimpl.
+    """
+    cls = native_class if isinstance(manager, NativeKVCacheManager) else python_class
+    if not issubclass(cls, type(manager)):
+        raise TypeError(f"adopt: {cls.__name__} does not derive from {type(manager).__name__}")
+    manager.__class__ = cls
+    return manager
+
+
+def built_adapter(
+    config: KVCacheConfig,
+    python_class: type,
+    native_class: type,
+    device: str | None = None,
+    native: bool | None = None,
+) -> Any:
+    """``create_manager(config, device, native)`` (kvimpl's own selection) as
+    the adapter class of its build (:func:`adopt`)."""
+    return adopt(create_manager(config, device, native), python_class, native_class)
+
+
+def kvimpl_class(manager: Any) -> type:
+    """The kvimpl class of ``manager``: the native manager or the pure-Python one."""
+    return NativeKVCacheManager if isinstance(manager, NativeKVCacheManager) else KVCacheManager
 
 
 @declare(features=OPT_IN_FEATURES)
 def make_impl_adapter(config: KVCacheConfig) -> Any:
-    """Factory for ``--target impl``: the native core where kvimpl would use
-    it (see the module docstring), else the pure-Python manager.
+    """Factory for ``--target impl``: the manager kvimpl's ``create_manager``
+    builds (see the module docstring).
 
     Raises:
         UnsupportedByProfileError: For a profile kvimpl does not follow (see
             the module docstring).
+        AssertionError: If ``manager_class`` or the build line disagrees with
+            the manager ``create_manager`` built.
     """
-    return impl_adapter_class(config)(config)
+    check_config(config)
+    manager = create_manager(config)
+    check_build(config, manager)
+    return adopt(manager, ImplAdapter, NativeImplAdapter)
 
 
-def impl_adapter_class(config: KVCacheConfig) -> type[ImplAdapter] | type[NativeImplAdapter]:
-    """The class ``--target impl`` builds for ``config`` (the native core where
-    kvimpl would use it, else the pure-Python manager).
+def check_build(config: KVCacheConfig, manager: Any) -> None:
+    """``manager`` (what ``create_manager(config)`` built) is the class
+    ``manager_class(config)`` names, and the build line CI prints says the
+    native core exactly when it is selected (:func:`kvimpl.native.native_enabled`),
+    and pure Python where it is not.
 
     Raises:
-        UnsupportedByProfileError: As :func:`make_impl_adapter`.
+        AssertionError: On a disagreement.
     """
-    _check_config(config)
-    notice_if_missing()
-    # kvimpl's own choice (the one create_manager makes), so the lockstep runs it
-    if manager_class(config) is NativeKVCacheManager:
-        return NativeImplAdapter
-    return ImplAdapter
+    if type(manager) is not manager_class(config):
+        raise AssertionError(f"create_manager built a {type(manager).__name__}, manager_class names another")
+    line = build_description()
+    if line.startswith("native core") != native_enabled() or line.startswith("pure Python") == native_enabled():
+        raise AssertionError(f"kvimpl's build line {line!r} disagrees with its selection (native: {native_enabled()})")
 
 
 @declare(features=OPT_IN_FEATURES)
 def make_impl_native_adapter(config: KVCacheConfig) -> Any:
-    """Factory for ``--target impl-native``.
+    """Factory for ``--target impl-native``: ``NativeKVCacheManager`` itself.
 
     Raises:
-        UnsupportedByProfileError: For a profile kvimpl does not follow, or a
-            configuration the native core does not implement (or no build).
+        UnsupportedByProfileError: For a profile kvimpl does not follow, or
+            (the native manager's own refusal) a configuration the native core
+            does not implement, or no build.
     """
-    _check_config(config)
-    reason = native_unsupported(config)
-    if reason is not None:
-        raise UnsupportedByProfileError(f"kvimpl's native core: {reason}")
+    check_config(config)
     return NativeImplAdapter(config)
 
 
@@ -130,8 +238,9 @@ def make_impl_python_adapter(config: KVCacheConfig) -> ImplAdapter:
             configuration that needs a feature kvimpl does not model yet (see
             the module docstring).
     """
-    _check_config(config)
-    return ImplAdapter(config)
+    check_config(config)
+    adapter: ImplAdapter = built_adapter(config, ImplAdapter, NativeImplAdapter, native=False)
+    return adapter
 
 
 def request_hashers(config: KVCacheConfig) -> tuple[RequestHasher, RequestHasher]:
@@ -152,8 +261,12 @@ def _check_profile(p: SemanticsProfile) -> None:
         )
 
 
-def _check_config(config: KVCacheConfig) -> None:
-    """Refuse a profile kvimpl does not follow, or a feature it does not model."""
+def check_config(config: KVCacheConfig) -> None:
+    """Refuse a profile kvimpl does not follow, or a feature it does not model.
+
+    Raises:
+        UnsupportedByProfileError: See the module docstring.
+    """
     p = config.profile
     _check_profile(p)
     missing = sorted(features_used(config) - IMPL_FEATURES)

@@ -1,10 +1,14 @@
-"""``--target impl-batch``: kvimpl's per-request calls routed through its batch API.
+"""``--target impl-batch`` and ``impl-batch-native``: kvimpl's per-request calls routed through its batch API.
 
-kvimpl's pure-Python ``KVCacheManager`` adds what vLLM's manager does not
-have: a batched step API (``allocate_slots_batch``, ``free_batch``) and
-device block tables (``block_table``, ``slot_mapping``; see
-:mod:`kvimpl.step_api`). The lockstep speaks vLLM's per-request protocol, so
-this adapter turns the machine's per-request calls into batches: every
+kvimpl's managers add what vLLM's manager does not have: a batched step API
+(``allocate_slots_batch``, ``free_batch``) and device block tables
+(``block_table``, ``slot_mapping``; see :mod:`kvimpl.step_api` and
+:mod:`kvimpl.device_tables`). ``impl-batch`` runs the pure-Python manager
+(``create_manager(config, device="cpu", native=False)``), ``impl-batch-native``
+the native core (``NativeKVCacheManager(config, device="cpu")``, whose host
+rows the core writes itself; a configuration it refuses is counted as
+unsupported). The lockstep speaks vLLM's per-request protocol, so this
+adapter turns the machine's per-request calls into batches: every
 ``allocate_slots`` the batch API accepts (no prefix hits, no external or
 encoder tokens, no reserve, caching not delayed, the default
 ``has_scheduled_reqs`` and full-sequence gate) and every ``free`` go through
@@ -13,14 +17,21 @@ per call from a counter (so a trace replays the same forms):
 
 * the plain one-item batch (a scalar lookahead count, or one per item);
 * an empty batch first (it must return ``[]`` and change nothing);
-* the item with a malformed one after it (in turn: zero tokens, a count
-  that is not an int, a request that is not one, one count too many; a
-  request id that is not a str for ``free_batch``): the batch must raise a
-  typed error and change nothing, and then the item runs alone;
+* a malformed batch first (:meth:`BatchCalls._malformed`, in turn: a zero-token
+  item, a count that is not an int, a request that is not one, a request
+  whose id is not a str, one count too many; for ``free_batch`` a request id
+  that is not a str), in both orders: malformed item first, where the batch
+  must raise the error class kvspec's per-request call with that item raises
+  (and so must kvimpl's own per-request call), and malformed item after the
+  machine's, where it must raise a typed error; neither may change anything;
+  then the item runs alone;
 * the item twice (a duplicate request): the second run of a step the first
   already ran must take nothing (empty per group, or None where the first
   did not fit) and leave the state as the one call did, which the lockstep
-  then compares with the reference's single call.
+  then compares with the reference's single call;
+* the counts given as an ``int`` subclass (a scheduler's own count type):
+  the batch's exact-type fast check sends them to the full validation,
+  which accepts them as ``allocate_slots`` does.
 
 Everything else goes to the per-request call unchanged, so invalid calls still
 raise through the batch validator when they are batchable, and through
@@ -29,30 +40,32 @@ reference is the item's own.
 
 The device tables (built on the CPU, one row and one column per group to
 start with, so that they grow as the run goes) are checked after every change, by
-:meth:`BatchImplAdapter.check_invariants`: the manager's own invariants (host
+:meth:`BatchCalls.check_invariants`: the manager's own invariants (host
 rows equal the tables), then ``block_table(g)`` row by row against
 ``get_blocks``, ``slot_mapping`` of the first and last slot of each table
 against ``block_id * block_size + offset``, and the typed errors of a group
-out of range, a request without a row, a position past the table, a
-non-int position and unequal lengths; ``row_of`` and
-``slot_mapping_for_step`` (every input form) against the same slots.
+out of range (either side), a request without a row, a request id that is not
+a str, a position past the table, a non-int position and unequal lengths;
+``row_of`` and ``slot_mapping_for_step`` (every input form) against the same slots.
 
-NOTE: the adapter derives from :class:`kvref.adapters.impl.ImplAdapter`, so
+NOTE: the adapter derives from the classes of :mod:`kvref.adapters.impl`, so
 the kit still imports kvimpl in one module only.
 
 An :class:`AssertionError` from this adapter is a batch entry point or a
 device table disagreeing with the per-request calls: the lockstep reports it
-as an invariant failure of ``impl-batch``.
+as an invariant failure of the adapter.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
-from kvref.adapters.impl import ImplAdapter, make_impl_python_adapter
+from kvref.adapters.impl import ImplAdapter, NativeImplAdapter, built_adapter, check_config, kvimpl_class
+from kvref.adapters.impl_probes import Unrouted, raised
 from kvref.capabilities import OPT_IN_FEATURES, declare
 from kvspec.config import KVCacheConfig
 from kvspec.errors import (
@@ -62,29 +75,51 @@ from kvspec.errors import (
     KVCacheError,
     UnknownRequestError,
 )
+from kvspec.kv_cache_manager import KVCacheManager as SpecManager
 from kvspec.request import Request
 from kvspec.view import BlockIds
 
-FORMS = ("plain", "listed", "empty_first", "zero_tail", "twice", "plain")
+FORMS = ("plain", "listed", "empty_first", "malformed", "twice", "plain", "subclass")
 """The batch forms, in the order the call counter walks them (``plain`` twice: the common case)."""
 
+MALFORMED = ("zero tokens", "count not an int", "not a request", "request id not a str", "one count too many")
+"""The malformed batches of the ``malformed`` form, in turn (see :meth:`BatchCalls._malformed`)."""
 
-class BatchImplAdapter(ImplAdapter):
-    """kvimpl's pure-Python manager with device tables, driven through its batch API."""
+
+class Count(int):
+    """An ``int`` subclass: a count as a scheduler with its own int type passes it (the ``subclass`` form)."""
+
+    __slots__ = ()
+
+
+_Manager: Any = object
+"""The base of :class:`BatchCalls`: at run time it precedes a manager class in
+the adapters' bases, so the type checker is told nothing about ``self``."""
+
+
+class BatchCalls(_Manager):  # type: ignore[misc]  # a mixin of the manager classes (see _Manager)
+    """The batch routing and the device-table checks, mixed into either impl adapter class."""
 
     name = "impl-batch"
+    _calls = 0
+    _inside = False
+    """True while a batch entry point runs: its own per-request calls go straight through."""
+    _spec: SpecManager | None = None
+    """A fresh kvspec manager of the same configuration: the per-request reference of a malformed item."""
+    device_tables: Any
+    """The manager's device tables (an attribute of the manager class mixed in)."""
 
-    def __init__(self, config: KVCacheConfig) -> None:
-        """A manager keeping device tables on the CPU (needs torch)."""
-        super().__init__(config, device="cpu")
-        # Tables of one row and one column per group, so that every growth path (more live
-        # requests than rows, a table wider than the tensor) runs at the machine's small scale.
+    def _init_batch(self) -> None:
+        """Tables of one row (and, on the Python manager, one column) per group, so that
+        every growth path runs at the machine's small scale: more live requests than rows,
+        and a table wider than the tensor. The native core grows rows only (through the
+        tables' callback): its columns stay ``BlockTable.for_config``'s, which cover
+        ``max_model_len``."""
         bt = self.device_tables
         if bt is not None:
-            self.device_tables = type(bt)(bt.block_sizes, [1] * len(bt.block_sizes), 1, "cpu")
-        self._calls = 0
-        self._inside = False
-        """True while a batch entry point runs: its own per-request calls go straight through."""
+            core = bt._core
+            cols = bt.cols if core is not None else [1] * len(bt.block_sizes)
+            self.device_tables = type(bt)(bt.block_sizes, cols, 1, "cpu", core)
 
     def allocate_slots(
         self,
@@ -111,30 +146,36 @@ class BatchImplAdapter(ImplAdapter):
             and full_sequence_must_fit is False and has_scheduled_reqs is True
         )  # fmt: skip
         if not batchable or self._inside:
-            return super().allocate_slots(
+            out: BlockIds | None = super().allocate_slots(
                 request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, num_lookahead_tokens,
                 num_external_computed_tokens, delay_cache_blocks, num_encoder_tokens, full_sequence_must_fit,
                 reserved_blocks, has_scheduled_reqs,
             )  # fmt: skip
+            return out
         with self._batch():
             return self._allocate(request, num_new_tokens, num_lookahead_tokens)
 
     def _allocate(self, request: Request, num_new_tokens: int, k: int) -> BlockIds | None:
+        batch = self._manager().allocate_slots_batch
         form = self._form()
         if form == "empty_first":
-            self._unchanged_by(
-                lambda: _expect(self.allocate_slots_batch([], []) == [], "an empty batch returned items")
-            )
-        elif form == "zero_tail":
-            self._refused(lambda: self.allocate_slots_batch(*self._malformed(request, num_new_tokens), k))
+            self._unchanged_by(lambda: _expect(batch([], []) == [], "an empty batch returned items"))
+        elif form == "malformed" and type(request) is Request:  # a machine's own invalid request goes on as sent
+            self._malformed(request, num_new_tokens, k)
         if form == "listed":
-            return self.allocate_slots_batch([request], [num_new_tokens], [k])[0]
+            got: BlockIds | None = batch([request], [num_new_tokens], [k])[0]
+            return got
+        if form == "subclass" and type(num_new_tokens) is int and type(k) is int:
+            got = batch([request], [Count(num_new_tokens)], [Count(k)])[0]
+            return got
         if form != "twice":
-            return self.allocate_slots_batch([request], [num_new_tokens], k)[0]
-        first, again = self.allocate_slots_batch([request, request], [num_new_tokens, num_new_tokens], [k, k])
+            got = batch([request], [num_new_tokens], k)[0]
+            return got
+        first, again = batch([request, request], [num_new_tokens, num_new_tokens], [k, k])
         # The repeat may not fit where the first did (the watermark still applies), but it takes nothing.
         _expect(again is None or not any(again), f"a repeated step took {again}")
-        return first
+        out: BlockIds | None = first
+        return out
 
     def free(self, request_id: str) -> None:
         """The per-request call, through ``free_batch``."""
@@ -145,32 +186,74 @@ class BatchImplAdapter(ImplAdapter):
             self._free(request_id)
 
     def _free(self, request_id: str) -> None:
+        free_batch = self._manager().free_batch
         form = self._form()
         if form == "empty_first":
-            self._unchanged_by(lambda: self.free_batch([]))
-        elif form == "zero_tail" and isinstance(request_id, str):
-            self._refused(lambda: self.free_batch([request_id, 7]))  # type: ignore[list-item]  # a malformed id on purpose
+            self._unchanged_by(lambda: free_batch([]))
+        elif form == "malformed" and isinstance(request_id, str):
+            # kvspec's free of the malformed id alone is the reference of the malformed-first batch.
+            error = self._reference(lambda m: m.free(7))  # type: ignore[arg-type]  # an int id on purpose
+            self._refused(lambda: free_batch([7, request_id]), error)
+            self._refused(lambda: free_batch([request_id, 7]), KVCacheError)
         if form == "twice" and isinstance(request_id, str):
-            self.free_batch([request_id, request_id])  # the second finds nothing to free
+            free_batch([request_id, request_id])  # the second finds nothing to free
             return
-        self.free_batch([request_id])
+        free_batch([request_id])
 
     def check_invariants(self) -> None:
-        """The manager's invariants, then the device tables against the tables."""
+        """The manager's invariants (and the impl adapter's probes), then the device tables against the tables."""
         super().check_invariants()
         check_device_tables(self)
 
-    def _malformed(self, request: Request, n: int) -> tuple[list[Any], list[Any]]:
-        """A batch whose last item (or shape) allocate_slots_batch must refuse, in turn: a
-        zero-token item, a count that is not an int, a request that is not one, one count too many."""
-        which = self._calls // len(FORMS) % 4
-        if which == 0:
-            return [request, request], [n, 0]
-        if which == 1:
-            return [request, request], [n, 1.5]
-        if which == 2:
-            return [request, "not a request"], [n, n]
-        return [request], [n, n]
+    def _malformed(self, request: Request, n: int, k: int) -> None:
+        """One malformed batch of :data:`MALFORMED` (in turn), in both orders around the machine's item.
+
+        Raises:
+            AssertionError: If a malformed batch is accepted, raises another
+                class than kvspec's per-request call with the malformed item
+                (malformed item first; kvimpl's own per-request call must
+                raise that class too), or changes the state.
+        """
+        # Turned by the item's token count as well as the form counter: a run makes only a few
+        # malformed batches (a new adapter per machine run), so a counter alone would rarely
+        # reach the last kinds; the count keeps the choice a function of the calls (a trace replays it).
+        which = MALFORMED[(self._calls // len(FORMS) + request.num_tokens) % len(MALFORMED)]
+        batch = self._manager().allocate_slots_batch
+        if which == "one count too many":
+            self._refused(lambda: batch([request], [n, n], k), InvalidTokenCountError)  # no per-request counterpart
+            return
+        item: tuple[Any, Any] = {
+            "zero tokens": (request, 0),
+            "count not an int": (request, 1.5),
+            "not a request": ("not a request", n),
+            "request id not a str": (replace(request, request_id=len(request.request_id)), n),  # type: ignore[arg-type]  # on purpose
+        }[which]
+        bad, count = item
+        error = self._reference(lambda m: m.allocate_slots(bad, count, num_lookahead_tokens=k))
+        self._refused(lambda: self._manager().allocate_slots(bad, count, num_lookahead_tokens=k), error)
+        self._refused(lambda: batch([bad, request], [count, n], [k, k]), error)
+        # A valid item before the malformed one must not be applied either (the whole batch is checked first);
+        # its error is the malformed item's or, for an invalid machine call, the item's own.
+        self._refused(lambda: batch([request, bad], [n, count], [k, k]), KVCacheError)
+
+    def _reference(self, call: Callable[[SpecManager], object]) -> type[KVCacheError]:
+        """The error class kvspec's per-request ``call`` raises (on a fresh manager: a malformed
+        item's refusal does not depend on the state).
+
+        Raises:
+            AssertionError: If kvspec accepts the call, or raises something that is not a typed error.
+        """
+        if self._spec is None:
+            self._spec = SpecManager(self.config)
+        spec = self._spec
+        exc = raised(lambda: call(spec))
+        if not isinstance(exc, KVCacheError):
+            raise AssertionError(f"kvspec's per-request call with a malformed item raised {exc!r}")
+        return type(exc)
+
+    def _manager(self) -> Any:
+        """The kvimpl manager's own methods (the batch entry points and the per-request calls)."""
+        return Unrouted(self, kvimpl_class(self))
 
     @contextmanager
     def _batch(self) -> Iterator[None]:
@@ -184,26 +267,47 @@ class BatchImplAdapter(ImplAdapter):
         self._calls += 1
         return FORMS[self._calls % len(FORMS)]
 
-    def _unchanged_by(self, call: Any) -> None:
+    def _unchanged_by(self, call: Callable[[], object]) -> None:
         """Run ``call``; the view must not move."""
         before = self.to_view()
         call()
         _expect(self.to_view() == before, "a batch that should change nothing changed the state")
 
-    def _refused(self, call: Any) -> None:
-        """``call`` must raise a typed error and change nothing."""
+    def _refused(self, call: Callable[[], object], error: type[KVCacheError]) -> None:
+        """``call`` must raise ``error`` (exactly; any typed error for :class:`KVCacheError`) and change nothing."""
         before = self.to_view()
-        try:
-            call()
-        except KVCacheError:
-            # The malformed item's error, or (an invalid call) the item's own, which the real
-            # call after this raises again for the lockstep to compare.
-            _expect(self.to_view() == before, "a refused batch changed the state")
-            return
-        raise AssertionError("a batch with a malformed item was accepted")
+        exc = raised(call)
+        if exc is None:
+            raise AssertionError("a batch with a malformed item was accepted")
+        ok = isinstance(exc, KVCacheError) if error is KVCacheError else type(exc) is error
+        _expect(ok, f"a malformed batch raised {type(exc).__name__} ({exc}); expected {error.__name__}")
+        _expect(self.to_view() == before, "a refused batch changed the state")
 
 
-def check_device_tables(mgr: ImplAdapter) -> None:
+class BatchImplAdapter(BatchCalls, ImplAdapter):
+    """kvimpl's pure-Python manager with device tables, driven through its batch API."""
+
+    name = "impl-batch"
+
+
+class BatchNativeImplAdapter(BatchCalls, NativeImplAdapter):
+    """kvimpl's native manager with device tables (rows written by the core), driven through its batch API."""
+
+    name = "impl-batch-native"
+
+    def __init__(self, config: KVCacheConfig) -> None:
+        """The native manager keeping device tables on the CPU (needs torch).
+
+        Raises:
+            UnsupportedByProfileError: The native manager's refusal of a
+                configuration the core does not implement (or of every one
+                without the build).
+        """
+        super().__init__(config, "cpu")
+        self._init_batch()
+
+
+def check_device_tables(mgr: Any) -> None:
     """``block_table`` and ``slot_mapping`` agree with ``get_blocks`` (see the module docstring).
 
     Raises:
@@ -213,7 +317,7 @@ def check_device_tables(mgr: ImplAdapter) -> None:
     # A table entry covers the manager's block size: the context-parallel
     # scaled one (kvspec's manager_groups), as the tables are counted in it.
     sizes = [k.block_size for k in mgr.config.manager_groups()]
-    holders = sorted({r for m in mgr.coordinator.managers for r in m.req_to_blocks})
+    holders = table_holders(mgr)
     rows = mgr.device_tables.rows if mgr.device_tables is not None else {}
     _expect(sorted(rows) == holders, f"device rows {sorted(rows)} but requests holding tables {holders}")
     for g in range(groups):
@@ -234,10 +338,12 @@ def check_device_tables(mgr: ImplAdapter) -> None:
         _expect(got == want, f"group {g}: slot_mapping {got} != {want}")
     _check_step_slots(mgr, holders, rows)
     _raises(GroupCountError, lambda: mgr.block_table(groups))
+    _raises(GroupCountError, lambda: mgr.block_table(-1))
     _raises(GroupCountError, lambda: mgr.slot_mapping([], [], -1))
+    _raises(GroupCountError, lambda: mgr.slot_mapping([], [], groups))
     _raises(UnknownRequestError, lambda: mgr.slot_mapping(["no such request"], [0]))
-    _raises(InvalidRequestError, lambda: mgr.slot_mapping([3], [0]))  # type: ignore[list-item]  # a bad id on purpose
-    _raises(InvalidTokenCountError, lambda: mgr.slot_mapping([], [0.5]))  # type: ignore[list-item]  # on purpose
+    _raises(InvalidRequestError, lambda: mgr.slot_mapping([3], [0]))
+    _raises(InvalidTokenCountError, lambda: mgr.slot_mapping([], [0.5]))
     _raises(InvalidTokenCountError, lambda: mgr.slot_mapping(["a"], []))
     if holders:
         rid = holders[0]
@@ -245,7 +351,14 @@ def check_device_tables(mgr: ImplAdapter) -> None:
         _raises(InvalidTokenCountError, lambda: mgr.slot_mapping([rid], [held * sizes[0]]))
 
 
-def _check_step_slots(mgr: ImplAdapter, holders: list[str], rows: dict[str, int]) -> None:
+def table_holders(mgr: Any) -> list[str]:
+    """The requests holding a table in some group (each must have a device row), sorted."""
+    if isinstance(mgr, NativeImplAdapter):  # the core's slots with a table present in some group
+        return sorted(rid for rid, _, tables in mgr._tables() if any(t[0] for t in tables))
+    return sorted({r for m in mgr.coordinator.managers for r in m.req_to_blocks})
+
+
+def _check_step_slots(mgr: Any, holders: list[str], rows: dict[str, int]) -> None:
     """``slot_mapping_for_step`` (rows, starts, counts as a tensor, an int32 buffer or a list)
     equals ``slot_mapping`` of the same positions; ``row_of`` agrees with ``rows``."""
     bt = mgr.device_tables
@@ -277,13 +390,28 @@ def _check_step_slots(mgr: ImplAdapter, holders: list[str], rows: dict[str, int]
 
 @declare(features=OPT_IN_FEATURES)
 def make_impl_batch_adapter(config: KVCacheConfig) -> BatchImplAdapter:
-    """Factory for ``--target impl-batch`` (the pure-Python build, device tables on the CPU).
+    """Factory for ``--target impl-batch``: the pure-Python manager kvimpl's
+    ``create_manager(config, device="cpu", native=False)`` builds.
 
     Raises:
         UnsupportedByProfileError: As ``--target impl-python``.
     """
-    make_impl_python_adapter(config)  # the same refusals
-    return BatchImplAdapter(config)
+    check_config(config)
+    adapter: BatchImplAdapter = built_adapter(config, BatchImplAdapter, BatchNativeImplAdapter, "cpu", native=False)
+    adapter._init_batch()
+    return adapter
+
+
+@declare(features=OPT_IN_FEATURES)
+def make_impl_batch_native_adapter(config: KVCacheConfig) -> BatchNativeImplAdapter:
+    """Factory for ``--target impl-batch-native``: ``NativeKVCacheManager(config, device="cpu")``.
+
+    Raises:
+        UnsupportedByProfileError: As ``--target impl-native`` (the native
+            manager's own refusal of a configuration the core does not implement).
+    """
+    check_config(config)
+    return BatchNativeImplAdapter(config)
 
 
 def _raises(error: type[Exception], call: Any) -> None:

@@ -25,13 +25,17 @@ empty prompt, a negative token id, or (where extra keys are tagged) a LoRA
 without a path; an append of a string or of a list with a negative id. Each
 must raise :class:`kvspec.errors.InvalidRequestError`, and a refused append
 must leave the request as it was (its block hashes are compared with
-kvspec's at the next call). A probe that does not raise is an
-:class:`AssertionError`, which the lockstep reports as a crash of
-``impl-mutable``.
+kvspec's at the next call). The last probe is a hasher naming a hash
+function vLLM does not have: kvimpl's ``RequestHasher`` and kvspec's
+``RequestBlockHasher`` (when it hashes the same prompt) must both raise
+:class:`kvspec.errors.UnknownHashFunctionError`. A probe that does not
+raise is an :class:`AssertionError`, which the lockstep reports as a crash
+of ``impl-mutable``.
 
-The manager is the one ``--target impl`` builds (the native core where it
-implements the configuration, else the pure-Python manager); everything the
-lockstep compares is the manager's output, unchanged.
+The manager is the one ``--target impl`` builds, kvimpl's
+``create_manager`` (the native core where it implements the configuration,
+else the pure-Python manager); everything the lockstep compares is the
+manager's output, unchanged.
 
 NOTE: the adapter derives from the impl adapter classes, so the kit still
 imports kvimpl in one module only (:mod:`kvref.adapters.impl`).
@@ -43,20 +47,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kvref.adapters.impl import (
-    ImplAdapter,
-    NativeImplAdapter,
-    impl_adapter_class,
-    request_hashers,
-)
+from kvref.adapters.impl import ImplAdapter, NativeImplAdapter, built_adapter, check_config, request_hashers
+from kvref.adapters.impl_probes import raised
 from kvref.capabilities import OPT_IN_FEATURES, declare
 from kvspec.config import KVCacheConfig
-from kvspec.errors import InvalidRequestError
+from kvspec.errors import InvalidRequestError, UnknownHashFunctionError
 from kvspec.hashing import ExtraKeySource, LoRA
-from kvspec.request import Request
+from kvspec.profiles import SemanticsProfile
+from kvspec.request import Request, RequestBlockHasher
 from kvspec.view import BlockIds
 
-PROBES = ("request id", "empty prompt", "negative token", "lora without path", "append str", "append negative")
+PROBES = (
+    "request id", "empty prompt", "negative token", "lora without path", "append str", "append negative",
+    "unknown hash function",
+)  # fmt: skip
 """The caller errors new mirrors check in turn (see the module docstring)."""
 
 
@@ -77,6 +81,7 @@ class MutableRequests:
     name = "impl-mutable"
 
     def _init_mirrors(self, config: KVCacheConfig) -> None:
+        self._profile = config.profile
         self._hashers = request_hashers(config)
         self._mirrors: dict[str, _Mirror] = {}
         self._made = 0
@@ -100,7 +105,7 @@ class MutableRequests:
             mirror = self._mirrors[rid] = _Mirror(
                 made, prompt, request.num_prompt_tokens, request.extra, request.skip_reading_prefix_cache
             )
-            _probe(PROBES[n // 2 % len(PROBES)], hasher, made, request)  # every probe on both classes
+            _probe(PROBES[n // 2 % len(PROBES)], hasher, made, request, self._profile)  # every probe on both classes
         mreq = mirror.request
         if mirror.tokens is not tokens:
             new = tokens[len(mirror.tokens) :]
@@ -123,9 +128,13 @@ class MutableRequests:
             self._mirrors.pop(request_id, None)
 
 
-def _probe(probe: str, hasher: Any, mreq: Any, request: Request) -> None:
-    """Check that one caller error of the request API raises InvalidRequestError."""
+def _probe(probe: str, hasher: Any, mreq: Any, request: Request, profile: SemanticsProfile) -> None:
+    """Check that one caller error of the request API raises InvalidRequestError
+    (an unknown hash function: UnknownHashFunctionError, from kvimpl and kvspec)."""
     rid, prompt = request.request_id, list(request.all_token_ids[: request.num_prompt_tokens])
+    if probe == "unknown hash function":
+        _probe_hash_function(hasher, rid, prompt, profile)
+        return
     if probe == "lora without path" and not hasher.tagged:
         return  # untagged extra keys do not hash the path: a LoRA without one is valid
     calls: dict[str, Callable[[], object]] = {
@@ -143,6 +152,20 @@ def _probe(probe: str, hasher: Any, mreq: Any, request: Request) -> None:
             raise AssertionError(f"impl-mutable: {probe} ({rid!r}) was refused but changed the request") from None
         return
     raise AssertionError(f"impl-mutable: {probe} ({rid!r}): kvimpl's request API did not raise InvalidRequestError")
+
+
+def _probe_hash_function(hasher: Any, rid: str, prompt: list[int], profile: SemanticsProfile) -> None:
+    """A hasher naming a hash function vLLM does not have: kvimpl refuses it when it is built,
+    kvspec when it hashes; both with UnknownHashFunctionError."""
+    name = "md5"  # hashlib has it, vLLM's hash functions do not
+    got = raised(lambda: replace(hasher, hash_function=name))
+    spec = RequestBlockHasher(name, hasher.seed, hasher.hash_block_size, profile)
+    want = raised(lambda: spec.new_request(rid, prompt))
+    if type(got) is not UnknownHashFunctionError or type(want) is not UnknownHashFunctionError:
+        raise AssertionError(
+            f"impl-mutable: hash function {name!r}: kvimpl's RequestHasher raised {got!r}, "
+            f"kvspec's RequestBlockHasher {want!r}; both must raise UnknownHashFunctionError"
+        )
 
 
 def _same_request(mirror: _Mirror, request: Request) -> bool:
@@ -214,6 +237,7 @@ def make_impl_mutable_adapter(config: KVCacheConfig) -> Any:
     Raises:
         UnsupportedByProfileError: As ``--target impl``.
     """
-    base = impl_adapter_class(config)  # the same refusals and the same choice of build
-    cls = MutableNativeImplAdapter if base is NativeImplAdapter else MutableImplAdapter
-    return cls(config)
+    check_config(config)  # the same refusals as --target impl, and the same manager: kvimpl's create_manager
+    adapter = built_adapter(config, MutableImplAdapter, MutableNativeImplAdapter)
+    adapter._init_mirrors(config)
+    return adapter

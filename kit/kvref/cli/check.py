@@ -48,8 +48,8 @@ def add_lockstep_arguments(check: argparse.ArgumentParser) -> None:
     check.add_argument(
         "--target",
         default=None,
-        help="impl (impl-native, impl-python: one build; impl-batch: its batch API; impl-mutable: its own "
-        "mutable requests), spec, vllm or module:factory",
+        help="impl (impl-native, impl-python: one build; impl-batch, impl-batch-native: its batch API on either "
+        "build; impl-mutable: its own mutable requests), spec, vllm or module:factory",
     )
     check.add_argument(
         "--against",
