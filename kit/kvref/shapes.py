@@ -116,6 +116,7 @@ SHAPES = (
         _cp_shape("chunked", 2, 2, caching=False, eagle_ok=False),
         _cp_shape("sink", 2),
         _cp_shape("full+swa+mamba-all", 2, caching=False),
+        _cp_shape("mamba-align", 2, 2),
     ),
 )
 """The shapes the lockstep machine draws from (the order is part of the seeded
@@ -213,13 +214,18 @@ def shape_weight(shape: Shape) -> int:
     sliding-window group counts six times too: only there does the unitary
     coordinator run the window lookup with EAGLE's extra block itself (a
     hybrid runs it inside its fixed-point search); at weight 1 a seeded ci
-    run drew it cached with EAGLE in about one run in 500. Ring tokens do
-    not count (their groups stay out of the hit search).
+    run drew it cached with EAGLE in about one run in 500. Shapes with a
+    ``full@2x`` group count at least three times: only a full-attention
+    group coarser than the hash block registers partial-tail keys (vLLM
+    0.26.0 on), whose blocks then carry several keys. Ring tokens do not
+    count (their groups stay out of the hit search).
     """
     kinds = set(shape.kinds) - set(_SINCE)
     if len(kinds - FULL_TYPE_TOKENS) >= 2 or shape.kinds == ("swa",):
         return 6
-    return 3 if len(kinds) >= 3 else 1
+    if len(kinds) >= 3 or "full@2x" in kinds:
+        return 3
+    return 1
 
 
 BENCH_MIXES = ("full", "full+swa", "full+mamba-all")

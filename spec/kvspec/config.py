@@ -313,6 +313,7 @@ def _validate(cfg: KVCacheConfig) -> None:
     if cfg.enable_caching and any(g.block_size % hbs for g in cfg.manager_groups() if prefix_cacheable(g)):
         raise ConfigError(f"hash_block_size {hbs} must divide every prefix-cacheable group block size when caching")
     validate_cp(cfg)
+    validate_sink_room(cfg)
     validate_unitary_hash_block(cfg)
     reason = unsupported_reason(cfg)
     if reason is not None:
@@ -463,6 +464,26 @@ def validate_cp(cfg: KVCacheConfig) -> None:
             f"{cfg.profile.name}: several KV-cache groups with prefix caching refuse context parallelism "
             f"(dcp_world_size={cfg.dcp_world_size}, pcp_world_size={cfg.pcp_world_size}: the hybrid "
             "coordinator supports neither)"
+        )
+
+
+def validate_sink_room(cfg: KVCacheConfig) -> None:
+    """The pool must hold every SinkFull group's sink blocks, which the
+    managers take for good when they are built (where the profile reserves
+    them, ``sink_blocks_reserved``): vLLM's ``SinkFullAttentionManager``
+    pops them off the free queue, and ``popleft_n`` asserts when fewer are
+    free, so the engine cannot start.
+
+    Raises:
+        ConfigError: Naming the sink blocks needed and the blocks there are.
+    """
+    if not cfg.profile.sink_blocks_reserved:
+        return
+    need = sum(k.sink_len // k.block_size for k in cfg.manager_groups() if isinstance(k, SinkFullAttention))
+    if need > cfg.num_blocks - 1:
+        raise ConfigError(
+            f"the SinkFull groups take {need} blocks for good when the managers are built, but the pool has "
+            f"{cfg.num_blocks - 1} besides the null block (num_blocks={cfg.num_blocks})"
         )
 
 

@@ -39,7 +39,16 @@ def test_every_bad_config_is_refused(profile: str, base: str) -> None:
         tried += 1
         with pytest.raises(ConfigError):
             replace(cfg, **bad)
-    assert tried >= len(BAD_CONFIGS) - 2  # only the release-specific breaks may not apply
+    assert tried >= len(BAD_CONFIGS) - len(RELEASE_SPECIFIC)  # only the release-specific breaks may not apply
+
+
+RELEASE_SPECIFIC = ("equal_groups", "cp_hybrid", "fine_hits_blocked", "cp_ring", "cp_cached_mamba")
+
+
+@pytest.mark.parametrize("kind", RELEASE_SPECIFIC)
+def test_every_release_specific_bad_config_applies_somewhere(kind: str) -> None:
+    cfgs = [KVCacheConfig(num_blocks=32, groups=BASES["full"], max_model_len=64, profile=p) for p in PROFILES.values()]
+    assert any(bad_config(cfg, kind) is not None for cfg in cfgs)
 
 
 def _both(cfg: KVCacheConfig) -> tuple[list[Any], RequestBook]:
