@@ -14,11 +14,14 @@ from kvref.lockstep import Lockstep, LockstepFailure, RunStats
 from kvref.ops import REQUEST_OPS
 from kvref.traces import load, replay
 from kvspec.config import CrossAttention, FullAttention, KVCacheConfig, Mamba, SlidingWindow
-from kvspec.profiles import VLLM_0_25_1
+from kvspec.profiles import VLLM_0_25_1, profile_named
 from kvtools.zoo import ZOO
 from kvtools.zoo.base import ENTRIES
+from kvtools.zoo.cli import main as zoo_main
 from kvtools.zoo.coordinator import hits_touched_per_group
+from kvtools.zoo.fresh import FRESH
 from kvtools.zoo.runner import run_entry
+from kvtools.zoo.unseen import PROFILE_OF, UNSEEN
 
 CONFIGS = (
     KVCacheConfig(profile=VLLM_0_25_1, num_blocks=8, groups=(FullAttention(4),), max_model_len=16),
@@ -53,6 +56,38 @@ def test_entry_constructs(name: str) -> None:
         adapter = factory(cfg)
         assert adapter.name == name
         adapter.to_view()
+
+
+@pytest.mark.parametrize("name", sorted(UNSEEN))
+def test_unseen_entry_constructs(name: str) -> None:
+    """Each unseen entry is a loadable --target factory with an operator, a description and a known
+    profile, and builds an adapter for configurations of every kind (without the patched decision
+    point it is plain kvimpl)."""
+    entry = UNSEEN[name]
+    assert entry.name == name and entry.upstream and entry.description
+    assert profile_named(PROFILE_OF[name]).name == PROFILE_OF[name]
+    factory = load_factory(f"kvtools.zoo.unseen:{name}")
+    assert getattr(factory, "__name__", None) == name
+    for cfg in CONFIGS:
+        adapter = factory(cfg)
+        assert adapter.name == name
+        adapter.to_view()
+
+
+def test_unseen_cli_lists_the_set_with_profiles(capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m kvtools zoo --unseen --list`` prints every unseen entry with its profile (and hunts
+    nothing); an unknown name or both sets at once is refused."""
+    assert zoo_main(["--unseen", "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == list(UNSEEN)
+    assert all(line.endswith(f"[{PROFILE_OF[line.split()[0]]}]") for line in lines)
+    assert zoo_main(["--unseen", "no_such_fault"]) == 2
+    assert zoo_main(["--unseen", "--fresh", "--list"]) == 2
+
+
+def test_unseen_set_is_apart_from_the_zoo_and_the_fresh_set() -> None:
+    """No unseen entry reuses a zoo or fresh entry's name (each is a different fault)."""
+    assert not set(UNSEEN) & (set(ZOO) | set(FRESH))
 
 
 def test_registry_holds_every_entry() -> None:

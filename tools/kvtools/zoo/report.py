@@ -40,6 +40,16 @@ vLLM's scheduler passes. Each was hunted like a zoo entry, with
 --min-steps {hunt}` (in-process). Regenerate with `python -m kvtools zoo --fresh`. Columns as in bug-zoo.md;
 steps are the machine-independent measure."""
 
+UNSEEN_PREAMBLE = """\
+Faults planted into kvimpl one at a time (`tools/kvtools/zoo/unseen.py`) after the generator was frozen, by
+someone who never ran the generator on them: faults from vLLM's history (the upstream number is given) and
+mutation operators at kvimpl's decision points, most inside the coordinator, the managers and the block pool.
+Each was hunted like a zoo entry, with
+`kvref check --target kvtools.zoo.unseen:<name> --against spec --profile {profile} --seed {seed} --budget {budget:g}
+--min-steps {hunt}` (in-process), under the release the fault lives in (`PROFILE_OF` in the module, vLLM 0.25.1
+unless named; `--semantics` overrides it). Regenerate with `python -m kvtools zoo --unseen`. Columns as in
+bug-zoo.md, the upstream column naming the mutation operator; steps are the machine-independent measure."""
+
 
 def write_markdown(
     rows: Sequence[dict[str, Any]],
@@ -49,9 +59,10 @@ def write_markdown(
     profile: str,
     notes: Sequence[str] = (),
     fresh: bool = False,
+    unseen: bool = False,
 ) -> None:
     """The kill table as Markdown; ``notes`` are extra paragraphs for the preamble
-    (``fresh``: the fresh fault set's title and preamble).
+    (``fresh``, ``unseen``: that fault set's title and preamble).
 
     The rows of :data:`kvtools.zoo.vllm.VLLM_ZOO` (faults planted into real
     vLLM) get a table of their own.
@@ -62,6 +73,8 @@ def write_markdown(
     fast = [r for r in killed if r.get("within_budget", r["seconds"] <= budget)]
     unreachable = [r for r in rows if ZOO.get(r["name"]) is not None and ZOO[r["name"]].unreachable]
     title, text = ("# The fresh fault set", FRESH_PREAMBLE) if fresh else ("# The upstream bug zoo", PREAMBLE)
+    if unseen:
+        title, text = "# The unseen fault set", UNSEEN_PREAMBLE
     lines = [title, "", text.format(profile=profile, seed=seed, budget=budget, hunt=HUNT_STEPS)]
     lines += ["", *notes] if notes else []
     lines += [
