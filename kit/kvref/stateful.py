@@ -50,6 +50,7 @@ from kvspec.config import (
 )
 from kvspec.errors import ConfigError, InvalidRequestError, UnsupportedByProfileError
 from kvspec.hashing import HASH_FUNCTION_NAMES, ExtraKeySource, LoRA
+from kvspec.mamba_tail import mamba_tail_boundary
 from kvspec.profiles import NEWEST, SemanticsProfile, profile_named
 from kvspec.request import RequestBlockHasher
 
@@ -77,6 +78,7 @@ BAD_CONFIGS = (
     "max_model_len", "batched_tokens", "cp_size", "hash_block", "hash_block_coarse", "hash_block_unitary",
     "ring_only_hybrid", "equal_groups", "chunk", "chunked_eagle", "chunked_block_size", "mamba_mode",
     "mamba_spec_blocks", "cross_cached", "cp_sink", "cp_hybrid", "fine_hits_blocked", "cp_ring", "cp_cached_mamba",
+    "foreign_kind", "old_release_watermark", "old_release_budget",
 )  # fmt: skip
 """Broken configurations ``invalid_other`` tries (each must raise ConfigError; see :func:`bad_config`)."""
 BAD_ALLOCATIONS = ("negative", "zero", "too_long", "groups", "running_hit", "stale_hit", "foreign_hit", "bad_hit")
@@ -101,6 +103,13 @@ def draw_tokens(data: st.DataObject, min_size: int, max_size: int) -> list[int]:
     choice a ci run made. It shrinks the same way: shorter, then towards 0.
     """
     return [b % VOCAB for b in byte_string(data, min_size, max_size)]
+
+
+@dataclass(frozen=True)
+class ForeignKind:
+    """A group object that is no attention kind (``bad_config``'s ``foreign_kind``)."""
+
+    block_size: int
 
 
 def bad_config(cfg: KVCacheConfig, kind: str) -> dict[str, Any] | None:
@@ -137,6 +146,9 @@ def bad_config(cfg: KVCacheConfig, kind: str) -> dict[str, Any] | None:
         "cross_cached": dict(cached, groups=(CrossAttention(bs),)),
         "cp_sink": dict(cached, groups=(SinkFullAttention(4, 4),), dcp_world_size=2),
         "cp_hybrid": hybrid_cp if p.cp_block_scaling == "dcp-pcp" else None,
+        "foreign_kind": {"groups": (*cfg.groups, ForeignKind(bs))},
+        "old_release_watermark": None if p.admission_controls else {"watermark": 0.1},
+        "old_release_budget": None if p.admission_controls else {"max_num_batched_tokens": 8},
         # the last three: configurations the release fails on, or that kvspec does not model for it
         "fine_hits_blocked": dict(cached, groups=(FullAttention(4), Mamba(8, "align"), SlidingWindow(8, 4)))
         if p.partial_hash_hits and not p.partial_hits_gated
@@ -717,37 +729,77 @@ class SchedulerMachine(RuleBasedStateMachine):
             turn["extra"] = extra
         self._admit_whole(data, turn, reusable=True, connector=True)
 
-    def twin(self, data: st.DataObject) -> None:
-        """Directed, for configurations with fine-grained hits (vLLM 0.26.0 to
-        0.29.0): a running request's prompt arrives again and is admitted at
-        once, after a step boundary (so its lookup may end inside a block,
-        at the Mamba tail boundary: a fine-grained hit with copy-on-write) or
-        skipping the prefix cache (so the same tail key lands on a second
-        block, which the first request's next step moves away from).
+    def tail_pair(self, data: st.DataObject) -> None:
+        """Directed, for configurations with fine-grained hits (a cached hybrid
+        whose Mamba align group is coarser than the hash block, vLLM 0.26.0
+        to 0.29.0): a fresh request A whose prompt's Mamba tail boundary lies
+        inside a coarse block is admitted and prefilled up to that boundary
+        (the scheduler's tail stop cuts its chunks there, and the coarse
+        groups key their blocks at it); one pair in four a connector then
+        reports A's keyed Mamba state lost; under EAGLE A goes one hash block
+        further (an EAGLE lookup drops one); a scheduler step starts; then B,
+        A's tokens up to there and up to two more, is admitted with its
+        lookup: a hit that ends inside the coarse blocks, served by
+        copy-on-write and handed off.
 
-        NOTE: directed because random search rarely lines up its three
-        steps (the same prompt, both requests stopped at the tail boundary,
-        before the first request's next step): a ci run of the one shape that
-        has fine-grained hits compared 9 copy-on-write copies in 22,000 steps."""
-        rid = choose(data, tuple(self.running))
-        state = self._sched.reqs[rid]
-        if not state.reusable:
+        NOTE: directed because random search almost never lines these steps
+        up before the eviction and A's next step: the one shape with
+        fine-grained hits compared one copy-on-write copy in 8,394 steps."""
+        cfg = self.cfg
+        hbs = cfg.resolved_hash_block_size()
+        coarse = max(k.block_size for k in cfg.groups)
+        eagle = cfg.use_eagle and cfg.profile.mamba_tail_eagle != "none"
+        lengths = [
+            n for n in range(2, self._prompt_limit() + 1)
+            if (t := mamba_tail_boundary(n, hbs, eagle, cfg.profile.mamba_tail_entries)) % coarse and t < n
+        ]  # fmt: skip
+        if not lengths:
             return
-        req = self._sched.book.requests[rid]
-        skip = boolean(data) and self._allowed("skip_reading_prefix_cache")
-        if not skip:
-            self._call({"op": "new_step_starts"})
-        fields: Json = {"prompt": list(req.all_token_ids[: req.num_prompt_tokens])}
-        if state.extra is not None:
-            fields["extra"] = state.extra
-        if skip:
-            fields["skip_reading_prefix_cache"] = True
-        self._admit_whole(data, fields, reusable=True, connector=False)
+        n = choose(data, tuple(lengths))
+        tail = mamba_tail_boundary(n, hbs, eagle, cfg.profile.mamba_tail_entries)
+        prompt = (choose(data, self.prefixes) + draw_tokens(data, n, n))[:n]
+        a = self._admit_whole(data, {"prompt": prompt}, reusable=True, connector=False)
+        if a is None or not self._prefill(data, a, tail):
+            return
+        if integer(data, 0, 3) == 0:
+            self._lose_tail_state(a, tail)
+        goal = tail + hbs if cfg.use_eagle else tail
+        if not self._prefill(data, a, goal):
+            return
+        self._call({"op": "new_step_starts"})
+        head = self._sched.tokens(a)[:goal] if cfg.use_eagle else prompt
+        more = draw_tokens(data, 1 if cfg.use_eagle else 0, 2) if boolean(data) or cfg.use_eagle else []
+        self._admit_whole(data, {"prompt": (head + more)[: self._prompt_limit()]}, reusable=True, connector=False)
 
-    def _admit_whole(self, data: st.DataObject, fields: Json, reusable: bool, connector: bool) -> None:
+    def _prefill(self, data: st.DataObject, rid: str, goal: int) -> bool:
+        """Advance running ``rid`` chunk by chunk until ``goal`` tokens are
+        computed (sampling where its tokens end); False if a step did not fit."""
+        while rid in self.running and self.reqs[rid].computed < goal:
+            state = self.reqs[rid]
+            if state.computed >= self._num_tokens(rid):
+                self._sample_token(data, rid)
+            if not self._sched.advance(rid, self._sched.chunk(rid, state.computed, goal - state.computed)):
+                return False
+        return rid in self.running
+
+    def _lose_tail_state(self, rid: str, tail: int) -> None:
+        """A connector reports that ``rid``'s Mamba state block at ``tail`` lost
+        its contents (``evict_blocks``), then ``rid`` takes one more token."""
+        assert self.lock is not None
+        g = next(i for i, k in enumerate(self.cfg.groups) if isinstance(k, Mamba))
+        table = self.lock.adapters[0].get_block_ids(rid)[g]
+        idx = -(-tail // self.cfg.groups[g].block_size) - 1
+        if idx < len(table) and table[idx]:
+            self._call({"op": "evict_blocks", "block_ids": [table[idx]]})
+            computed = self.reqs[rid].computed
+            if computed < self._num_tokens(rid):
+                self._sched.advance(rid, self._sched.chunk(rid, computed, 1))
+
+    def _admit_whole(self, data: st.DataObject, fields: Json, reusable: bool, connector: bool) -> str | None:
         """Add a request and admit it at once: its prefix lookup, then one
         allocation of its hit and a chunk of the rest (with ``connector``,
-        part of the rest loaded through the connector instead)."""
+        part of the rest loaded through the connector instead); its id if it
+        was admitted."""
         self.counter += 1
         rid = f"r{self.counter}"
         self._sched.add({"op": "add_request", "rid": rid, **fields}, 0, reusable)
@@ -757,7 +809,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         total = self._num_tokens(rid)
         hit = found["num_tokens"] if found is not None else total
         if total - hit < 1:
-            return
+            return None
         external = integer(data, 1, total - hit - 1) if connector and hit and total - hit > 1 else 0
         if not (self._allowed("external") and self._on("connector")):
             external = 0
@@ -766,7 +818,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                     "num_new_tokens": self._sched.chunk(rid, hit + external, total - hit - external, True)}  # fmt: skip
         if found is not None and any(found["blocks"]):
             op["new_computed_blocks"] = found["blocks"]
-        self._sched.admit(op, hit, external)
+        return rid if self._sched.admit(op, hit, external) else None
 
     def deferred_free(self, data: st.DataObject) -> None:
         """The scheduler frees popped blocks later, reversed."""
@@ -1156,7 +1208,7 @@ ACTIONS: tuple[tuple[str, Callable[[SchedulerMachine], bool]], ...] = (
     ("new_step", lambda m: True),
     ("drain", lambda m: len(m.running) >= 2),
     ("flood", lambda m: bool(m.running) and m.cfg.enable_caching and not m.cross),
-    ("twin", lambda m: m._sched.copies and bool(m.running)),
+    ("tail_pair", lambda m: m.cfg.enable_caching and m._sched.copies and len(m.reqs) < 9),
     ("deferred_free", lambda m: bool(m.pending)),
     ("finish_remote_load", lambda m: bool(m.remote)),
     ("common_prefix", lambda m: bool(m.running)),

@@ -357,6 +357,8 @@ def validate_groups(cfg: KVCacheConfig) -> None:
 def validate_kind(gid: int, kind: AttentionKind, cfg: KVCacheConfig) -> None:
     """Raise ConfigError naming the first broken condition of group ``gid``."""
     where = f"group {gid} ({type(kind).__name__})"
+    if not isinstance(kind, AttentionKind):
+        raise ConfigError(f"{where}: not an attention kind of kvspec.config (FullAttention, SlidingWindow, ...)")
     if kind.block_size < 1:
         raise ConfigError(f"{where}: block_size must be positive, got {kind.block_size}")
     if isinstance(kind, RING_KINDS):

@@ -1,11 +1,13 @@
-"""The unseen fault set: faults planted into kvimpl after the generator was frozen.
+"""The unseen fault set: faults planted into kvimpl that the generator was not tuned against.
 
 The bug zoo (:data:`kvtools.zoo.ZOO`) and the fresh set
 (:data:`kvtools.zoo.fresh.FRESH`) were both written while, or right after,
 the generator was being built; the machine's rules were tuned while the zoo
-was hunted. These faults were written after the generator work was done,
-by someone who never ran the generator on them, and were never used to tune
-it: so their kill rate is a measurement, not a target. Each is either a
+was hunted. These faults were written separately from the generator work
+(by an engineer who worked on neither the machine nor its rules, while
+those were being finished), were never run under the machine while it was
+changed, and were hunted only once the generator was frozen: so their kill
+rate is a measurement, not a target. Each is either a
 fault that vLLM's KV-cache manager really had (or a sibling project had in
 the same code: the entry names the upstream number) re-planted into kvimpl,
 or a classic mutation operator (a bound off by one, a comparison flipped, an
