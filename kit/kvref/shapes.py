@@ -112,6 +112,7 @@ SHAPES = (
     _shape("full", "mamba-align", "mamba-align"),
     _shape("full@2x", "mamba-align"),
     _shape("ring", since="circular_buffer_kind"),
+    _shape("cross", caching=False),
     *(
         _cp_shape("full", 2),
         _cp_shape("full", 4),

@@ -522,7 +522,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         skip = choose(data, (False,) * 9 + (True,))
         if skip and self._allowed("skip_reading_prefix_cache") and self._on("skip_reading"):
             op["skip_reading_prefix_cache"] = True
-        enc = integer(data, 1, 12) if any(isinstance(k, CrossAttention) for k in self.cfg.groups) else 0
+        # encoder tokens for cross attention; 0 is a request without encoder input (no cross-attention block)
+        enc = integer(data, 0, 12) if self.cross else 0
         self._sched.add(op, enc, reusable)
         if reusable:
             self._remember(op["prompt"], op.get("extra"))
