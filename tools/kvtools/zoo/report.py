@@ -41,9 +41,10 @@ vLLM's scheduler passes. Each was hunted like a zoo entry, with
 steps are the machine-independent measure."""
 
 UNSEEN_PREAMBLE = """\
-Faults planted into kvimpl one at a time (`tools/kvtools/zoo/unseen.py`) after the generator was frozen, by
-someone who never ran the generator on them: faults from vLLM's history (the upstream number is given) and
-mutation operators at kvimpl's decision points, most inside the coordinator, the managers and the block pool.
+Faults planted into kvimpl one at a time (`tools/kvtools/zoo/unseen.py`), written apart from the generator work
+by someone who never ran the machine on them, and hunted only once the generator was frozen: faults from
+vLLM's history (the upstream number is given) and mutation operators at kvimpl's decision points, most inside
+the coordinator, the managers and the block pool.
 Each was hunted like a zoo entry, with
 `kvref check --target kvtools.zoo.unseen:<name> --against spec --profile {profile} --seed {seed} --budget {budget:g}
 --min-steps {hunt}` (in-process), under the release the fault lives in (`PROFILE_OF` in the module, vLLM 0.25.1
