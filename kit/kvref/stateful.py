@@ -127,7 +127,8 @@ def bad_config(cfg: KVCacheConfig, kind: str) -> dict[str, Any] | None:
         "watermark": {"watermark": 1.0},
         "hash": {"hash_function": "md5"},
         "eagle_group": {"use_eagle": True, "eagle_groups": (len(cfg.groups),)},
-        "sink": {"groups": (SinkFullAttention(bs, bs + 1),)},
+        # a sink of a block and one token (a block of one token divides any sink: use two)
+        "sink": {"groups": (SinkFullAttention(max(bs, 2), max(bs, 2) + 1),)},
         "profile": {"profile": p.name},
         "no_groups": {"groups": ()},
         "max_model_len": {"max_model_len": 0},
