@@ -889,6 +889,36 @@ class SchedulerMachine(RuleBasedStateMachine):
         rid = choose(data, tuple(sorted(self.reqs)))
         self._call({"op": "estimate_cached_tokens", "rid": rid}, True)
 
+    def cache_past_slots(self, data: st.DataObject) -> None:
+        """A KV connector reports more loaded tokens than a running request
+        has slots for: ``cache_blocks`` with a count that reaches into the
+        block after some group's table. The contract (checked against real
+        vLLM 0.25.1 and 0.33.0): every side caches the full blocks the tables
+        hold and leaves out a partial-tail entry whose block is not in the
+        table yet; only a count past the request's tokens, or one whose full
+        blocks a table does not hold, is refused (``CacheBeyondAllocationError``,
+        sent by :meth:`invalid_other`). The count is the largest such one
+        half the time (it reaches the prompt's tail boundary most often),
+        else any count past the shortest table.
+
+        NOTE: vLLM's scheduler only caches what it allocated, but nothing in
+        vLLM refuses the call, so it is generated: without it a fault in the
+        branch that skips a tail block past the table goes unseen."""
+        assert self.lock is not None
+        rid = choose(data, tuple(self.running))
+        tables = self.lock.adapters[0].get_block_ids(rid)
+        high, low = self._num_tokens(rid), None
+        for kind, table in zip(self.cfg.groups, tables, strict=True):
+            if isinstance(kind, CrossAttention) or not prefix_cacheable(kind):
+                continue
+            high = min(high, (len(table) + 1) * kind.block_size - 1)
+            slots = len(table) * kind.block_size
+            low = slots if low is None else min(low, slots)
+        if low is None or low >= high:
+            return
+        n = high if boolean(data) else integer(data, low + 1, high)
+        self._call({"op": "cache_blocks", "rid": rid, "num_computed_tokens": n})
+
     # -- invalid operations: every side must reject them and change nothing ---
 
     def invalid_allocate(self, data: st.DataObject) -> None:
@@ -1217,6 +1247,7 @@ ACTIONS: tuple[tuple[str, Callable[[SchedulerMachine], bool]], ...] = (
     ("read_tables", lambda m: bool(m.reqs)),
     ("read_computed_tables", lambda m: bool(m.reqs) and m.cfg.profile.computed_block_ids_op),
     ("estimate_cached", lambda m: bool(m.reqs) and m.cfg.profile.estimate_cached_tokens_op),
+    ("cache_past_slots", lambda m: bool(m.running) and m.cfg.enable_caching),
     ("invalid_allocate", lambda m: bool(m.reqs)),
     ("invalid_other", lambda m: True),
     ("absent_operation", lambda m: m.lock is not None and bool(m.lock.absent - m.SETUP.excluded)),

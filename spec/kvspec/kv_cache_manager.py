@@ -741,17 +741,28 @@ def tables_cover_slots(mgr: KVCacheManager, request_id: str, slots: int) -> bool
 
 def inv_hash_content(mgr: KVCacheManager) -> bool:
     """A hashed block at table index ``i`` of group ``g`` is keyed by the
-    request's prefix hash at ``(i+1)*bs`` tokens and ``g``."""
+    request's prefix hash at ``(i+1)*bs`` tokens and ``g``, or, where its
+    primary key stands for fewer tokens (a partial-tail entry that
+    registered on the block after ``evict_blocks`` uncached it while the
+    request held it), by the request's hash at that many tokens, which end
+    inside the block."""
     hbs = mgr.coordinator.hash_block_size
+    pool = mgr.block_pool
     for g, m in enumerate(mgr.coordinator.managers):
         for rid, table in m.req_to_blocks.items():
             req = mgr.requests.get(rid)
             if req is None or m.block_size % hbs:
                 continue
             hashes = coarse_block_hashes(req.block_hashes, hbs, m.block_size, mgr.config.profile.coarse_hash_last_fine)
+            bs = m.block_size
             for i, b in enumerate(table[: m.num_cached_block.get(rid, 0)]):
-                key = mgr.block_pool.block_hash[b]
-                if b != NULL_BLOCK and key is not None and key != make_key(hashes[i], g):
+                key = pool.block_hash[b]
+                if b == NULL_BLOCK or key is None:
+                    continue
+                n = pool.hash_num_tokens[b]
+                if n is None or not (i * bs < n <= (i + 1) * bs and n % hbs == 0):
+                    return False
+                if key != make_key(hashes[i] if n == (i + 1) * bs else req.block_hashes[n // hbs - 1], g):
                     return False
     return True
 

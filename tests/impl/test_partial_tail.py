@@ -349,3 +349,27 @@ def test_impl_agrees_with_spec_call_for_call(profile: SemanticsProfile, eagle: b
     for i, (want, got) in enumerate(zip(spec, impl, strict=True)):
         assert got == want, f"call {i}: kvimpl {got} != kvspec {want}"
     assert any(isinstance(e, BlockStored) and e.block_size == 4 and e.group_idx == 0 for _, _, ev in spec for e in ev)
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_a_held_block_evicted_then_rekeyed_at_the_tail(side: str) -> None:
+    """``evict_blocks`` uncaches block 2 while the request holds it (a full
+    block whose keys are h16 and the partial h12); at the next allocation the
+    tail entry registers again, now as the block's only (primary) key for 12
+    tokens, although the block is full and counted as cached. The invariant
+    on a cached block's key accepts such a key (it once demanded the full
+    key and failed here, after vLLM 0.33.0 and kvspec agreed on every result
+    of the lockstep run that reached it)."""
+    kv, hasher = setup(side, VLLM_0_33_0)
+    a = hasher.new_request("a", list(range(15)))
+    kv.allocate_slots(a, 15)
+    a = decode(kv, hasher, a, 16)
+    assert kv.block_pool.keys_of(BlockId(2)) == [make_key(a.block_hashes[3], 0), make_key(a.block_hashes[2], 0)]
+    kv.evict_blocks([2])
+    assert kv.block_pool.keys_of(BlockId(2)) == []
+    kv.take_events()
+    a = decode(kv, hasher, a, 17)
+    assert kv.block_pool.keys_of(BlockId(2)) == [make_key(a.block_hashes[2], 0)]
+    assert kv.block_pool.hash_num_tokens[2] == 12
+    assert shape(kv.take_events()) == [("BlockStored", (ext(a, 12),), 4, 0)]
+    kv.check_invariants()

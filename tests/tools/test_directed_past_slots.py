@@ -1,0 +1,42 @@
+"""The vLLM 0.33.0 directed traces of ``kvtools.directed.past_slots`` are what
+their scripts record on kvspec now, and each one takes the situation it was
+written for (CI replays them against real vLLM 0.33.0)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvref.traces import Trace
+from kvtools.directed.past_slots import scenarios
+from kvtools.directed.record import DIRECTED_DIR
+
+RELEASE = "vllm-0.33.0"
+FOLDER = DIRECTED_DIR.parent.parent / RELEASE / "directed"
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_committed_trace_is_what_the_script_records(index: int) -> None:
+    sc = scenarios(RELEASE)[index]
+    assert (FOLDER / f"{sc.name}.jsonl").read_text() == sc.record().dumps()
+
+
+def _events(trace: Trace) -> list[list[tuple[str, int | None]]]:
+    """(type, block size) of the events of each take_events, in order."""
+    takes = [step["expect"] for step in trace.steps if step["op"] == "take_events"]
+    return [[(e["type"], e.get("block_size")) for e in events] for events in takes]
+
+
+def test_past_the_slots_the_tail_entry_waits_for_its_block() -> None:
+    """The count of 15 caches block 0 of each group only (the tail entry's
+    block is not in the table); the next allocation registers the entry at
+    12 tokens (one hash unit of 4 tokens)."""
+    events = _events(scenarios(RELEASE)[0].record())
+    assert events[0] == [("BlockStored", 8), ("BlockStored", 8)]
+    assert events[1] == [("BlockStored", 4)]
+
+
+def test_an_evicted_held_block_is_keyed_again_by_its_tail() -> None:
+    """Eviction removes the block's two keys; the next allocation stores the
+    tail entry again, alone."""
+    events = _events(scenarios(RELEASE)[1].record())
+    assert events[1] == [("BlockRemoved", None), ("BlockRemoved", None), ("BlockStored", 4)]

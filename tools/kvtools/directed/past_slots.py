@@ -1,0 +1,102 @@
+"""Directed traces of two cache_blocks corners of partial-tail entries (vLLM 0.26.0 on).
+
+``cache-past-slots``: a KV connector's ``cache_blocks`` count reaches past
+the request's allocated slots into the block after its tables. vLLM's
+scheduler never sends such a count, but nothing in vLLM refuses it: the full
+blocks the tables hold are cached, and the partial-tail entry, whose block
+is not in the table yet, is left out until an allocation brings the block
+(kvspec's ``cache_partial_tail_block``: "past the table"). The lockstep
+machine sends such counts (``SchedulerMachine.cache_past_slots``), but the
+tail boundary falls in the block after the table only for a request
+prefilled in a chunk that ends just there, in a configuration whose every
+cached group is coarser than the hash block; the script does it once.
+
+``evicted-tail-rekeyed``: ``evict_blocks`` uncaches a full block while its
+request holds it; the request's next allocation registers the partial-tail
+entry again, now as the block's only key, standing for fewer tokens than the
+full block holds although the block counts as cached (kvspec's
+``inv_hash_content`` accepts such a key; the lockstep against vLLM 0.33.0
+reached this at seed 0, where kvspec and vLLM agreed on every output).
+
+``python -m kvtools.directed.past_slots vllm-0.33.0 ...`` records both on
+kvspec under each profile named into ``traces/vllm-<release>/directed/``;
+a file is kept only after ``kvref replay --target vllm`` passed on that
+release (CI replays the newest release's corpus against it).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+
+from kvspec.config import FullAttention, SlidingWindow
+from kvspec.profiles import profile_named
+from kvtools.directed.record import DIRECTED_DIR
+from kvtools.directed.script import Scenario, Script, config
+
+
+def scenarios(profile_name: str) -> list[Scenario]:
+    """Both scenarios under ``profile_name``: FA(8) + SWA(8, window 8), hash block 4."""
+    profile = profile_named(profile_name)
+    cfg = config(FullAttention(8), SlidingWindow(8, 8), num_blocks=16, hash_block_size=4, profile=profile)
+    eagle = config(
+        FullAttention(8), SlidingWindow(8, 8), num_blocks=16, hash_block_size=4, use_eagle=True, profile=profile
+    )
+    return [
+        Scenario("cache-past-slots", "a cache_blocks count past the allocated slots", eagle, _past_slots),
+        Scenario("evicted-tail-rekeyed", "a held block evicted, then keyed again by its tail entry", cfg, _rekeyed),
+    ]
+
+
+def _past_slots(s: Script) -> None:
+    s.add("a", list(range(15)))  # tail boundary 12: inside the second 8-token block
+    s.admit("a", new=8)  # one block per group: 8 slots
+    s.call({"op": "cache_blocks", "rid": "a", "num_computed_tokens": 15})  # past the slots: block 0 only
+    s.call({"op": "take_events"})
+    s.new_step()
+    s.step("a")  # the second block arrives: the tail entry at 12 registers now
+    s.call({"op": "take_events"})
+    s.new_step()
+    s.decode("a", 2)
+    s.free("a")
+
+
+def _rekeyed(s: Script) -> None:
+    s.add("a", list(range(15)))
+    s.admit("a")
+    s.new_step()
+    s.decode("a", 1)  # 16 tokens: block 1 full, keyed at 16 and (tail entry) at 12
+    s.call({"op": "take_events"})
+    tables = s.call({"op": "get_block_ids", "rid": "a"})
+    assert isinstance(tables, list)
+    s.call({"op": "evict_blocks", "block_ids": [tables[0][1]]})  # held by a: every key goes
+    s.new_step()
+    s.decode("a", 1, first_token=2)  # the tail entry registers again: the block's only key
+    s.call({"op": "take_events"})
+    s.add("b", [*range(12), 70, 71, 72])  # hits 8 tokens (block 0) and the tail entry at 12
+    s.admit("b")
+    s.free("b")
+    s.free("a")
+
+
+SCRIPTS: dict[str, Callable[[Script], None]] = {"cache-past-slots": _past_slots, "evicted-tail-rekeyed": _rekeyed}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Record the traces under each profile named in ``argv``."""
+    names = list(sys.argv[1:] if argv is None else argv)
+    if not names:
+        print("usage: python -m kvtools.directed.past_slots vllm-0.33.0 [...]", file=sys.stderr)
+        return 2
+    for name in names:
+        release = profile_named(name).name
+        for sc in scenarios(release):
+            out = DIRECTED_DIR.parent.parent / release / "directed" / f"{sc.name}.jsonl"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            sc.record().write(out)
+            print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
