@@ -19,10 +19,12 @@ extension is built), so both classes meet both managers; appends alternate
 between the int and the list form (the scheduler appends one sampled token
 as an int, speculative ones as a list).
 
-Each new mirror also checks, in turn, one caller error of the request API
-(:data:`PROBES`): ``new_request`` with a request id that is not a str, an
-empty prompt, a negative token id, or (where extra keys are tagged) a LoRA
-without a path; an append of a string or of a list with a negative id. Each
+The first mirror of each class checks every caller error of the request API
+(:data:`PROBES`), and each later one checks one of them in turn, so that
+every run with two requests meets them all, whatever its length:
+``new_request`` with a request id that is not a str, an empty prompt, a
+negative token id, or (where extra keys are tagged) a LoRA without a path;
+an append of a string or of a list with a negative id. Each
 must raise :class:`kvspec.errors.InvalidRequestError`, and a refused append
 must leave the request as it was (its block hashes are compared with
 kvspec's at the next call). The last probe is a hasher naming a hash
@@ -105,7 +107,8 @@ class MutableRequests:
             mirror = self._mirrors[rid] = _Mirror(
                 made, prompt, request.num_prompt_tokens, request.extra, request.skip_reading_prefix_cache
             )
-            _probe(PROBES[n // 2 % len(PROBES)], hasher, made, request, self._profile)  # every probe on both classes
+            for probe in PROBES if n < 2 else (PROBES[n // 2 % len(PROBES)],):  # every probe on both classes
+                _probe(probe, hasher, made, request, self._profile)
         mreq = mirror.request
         if mirror.tokens is not tokens:
             new = tokens[len(mirror.tokens) :]
