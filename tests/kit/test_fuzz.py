@@ -6,10 +6,11 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from kvref.cli import build_parser
+from kvref.cli import build_parser, fuzz
 
 FAULT = "kvtools.zoo:unhashed_freed_to_tail"
 """A planted fault the machine finds in its first few steps (docs/reports/bug-zoo.md)."""
@@ -31,3 +32,39 @@ def test_fuzz_saves_a_trace_for_a_planted_fault(tmp_path: Path) -> None:
     header = json.loads(traces[0].read_text().splitlines()[0])
     assert header["format"] == "kvref-trace" and header["failure"]
     assert f"kvref replay {traces[0]}" in done.stdout
+
+
+def _args(out: Path, budget: float) -> Any:
+    return build_parser().parse_args(["fuzz", "--target", "impl", "--budget", str(budget), "--out", str(out)])
+
+
+def test_a_fuzzer_that_runs_nothing_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    """The fuzzer process exits at once (as a ``hypothesis`` without HypoFuzz's
+    ``fuzz`` command did): no machine run, so exit 2 with the fuzzer's log."""
+    monkeypatch.setattr(fuzz, "_has_hypofuzz", lambda: True)
+    monkeypatch.setattr(fuzz, "HYPOTHESIS_CLI", "import sys; print('no such command'); sys.exit(2)")
+    assert fuzz.run(_args(tmp_path / "out", 60)) == 2
+    err = capsys.readouterr().err
+    assert "ran no machine run" in err and "no such command" in err
+
+
+def test_a_fuzzer_that_stops_early_without_a_failure_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """Machine runs were counted, but the fuzzer stopped before the budget and saved nothing."""
+    out = tmp_path / "out"
+    folder = str(out / "progress")
+    script = f"from pathlib import Path; from kvref.cli.fuzz import Progress; Progress(Path({folder!r})).update(3, 40)"
+    monkeypatch.setattr(fuzz, "_has_hypofuzz", lambda: True)
+    monkeypatch.setattr(fuzz, "HYPOTHESIS_CLI", script)
+    assert fuzz.run(_args(out, 60)) == 2
+    captured = capsys.readouterr()
+    assert "3 machine runs, 40 lockstep steps" in captured.out
+    assert "stopped after" in captured.err
+
+
+def test_progress_adds_up_every_process(tmp_path: Path) -> None:
+    (tmp_path / "1.json").write_text(json.dumps({"runs": 2, "steps": 30}))
+    (tmp_path / "2.json").write_text(json.dumps({"runs": 5, "steps": 70}))
+    (tmp_path / "3.json").write_text("{")  # being rewritten
+    assert fuzz.read_progress(tmp_path) == (7, 100)

@@ -14,7 +14,15 @@ traces), so ``kvref replay`` reruns it; the corpus lives in
 HypoFuzz is an optional extra (``pip install 'kvref[fuzz]'``); without it the
 command says so and exits 2. It collects tests through pytest, so the command
 writes a one-line test module into ``<out>`` that builds the machine from
-environment variables (``KVREF_FUZZ_*``) and runs ``hypothesis fuzz`` on it.
+environment variables (``KVREF_FUZZ_*``) and runs ``hypothesis fuzz`` on it,
+with the Hypothesis command line of kvref's own interpreter (not whichever
+``hypothesis`` comes first on ``PATH``, which may lack HypoFuzz).
+
+A fuzzing run never passes vacuously: each fuzzing process writes how many
+machine runs and lockstep steps it has done (``<out>/progress/``), the
+command prints the totals, and it exits 2, with the end of the fuzzer's log
+(``<out>/fuzz.log``), when no machine run happened or when the fuzzer
+stopped on its own, before the budget, without saving a failure.
 
 NOTE: HypoFuzz runs each example as one machine run and shrinks what fails;
 the lockstep writes the history of each divergence, and the machine's
@@ -25,6 +33,7 @@ failure found again, or shrunk, is still one file.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -59,25 +68,31 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Fuzz until the budget ends; 1 when a failure was saved, 0 when none, 2 without HypoFuzz."""
-    if shutil.which("hypothesis") is None or not _has_hypofuzz():
+    """Fuzz until the budget ends; 1 when a failure was saved, 0 when none, 2
+    without HypoFuzz or when the fuzzer ran nothing or stopped early for no failure."""
+    if not _has_hypofuzz():
         print("kvref fuzz: HypoFuzz is not installed; pip install 'kvref[fuzz]'", file=sys.stderr)
         return USAGE
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     (out / "test_kvref_fuzz.py").write_text(TEST_MODULE)
+    progress = out / "progress"
+    shutil.rmtree(progress, ignore_errors=True)
+    progress.mkdir()
     before = {p: p.read_text() for p in out.glob("fuzz-*.jsonl")}
     env = dict(os.environ)
     env.update({ENV_TARGET: args.target, ENV_AGAINST: args.against, ENV_OUT: str(out)})
     if args.semantics:
         env[ENV_SEMANTICS] = args.semantics
-    cmd = ["hypothesis", "fuzz", "--no-dashboard", "-n", str(args.workers), "--",
+    cmd = [sys.executable, "-c", HYPOTHESIS_CLI, "fuzz", "--no-dashboard", "-n", str(args.workers), "--",
            str(out / "test_kvref_fuzz.py"), "-p", "no:cacheprovider", "-q"]  # fmt: skip
     start = time.monotonic()
-    with subprocess.Popen(cmd, env=env, cwd=out, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+    stopped_by_us = False
+    with (out / "fuzz.log").open("w") as log, subprocess.Popen(cmd, env=env, cwd=out, stdout=log, stderr=log) as proc:
         try:
             proc.wait(timeout=args.budget)
         except subprocess.TimeoutExpired:
+            stopped_by_us = True
             proc.terminate()
             try:
                 proc.wait(timeout=30)
@@ -85,10 +100,61 @@ def run(args: argparse.Namespace) -> int:
                 proc.kill()
     new = sorted(p for p in out.glob("fuzz-*.jsonl") if before.get(p) != p.read_text())
     seconds = time.monotonic() - start
-    print(f"kvref fuzz: {args.target} vs {args.against}, {seconds:.0f} s: {len(new)} new or shorter failure trace(s)")
+    runs, steps = read_progress(progress)
+    print(
+        f"kvref fuzz: {args.target} vs {args.against}, {seconds:.0f} s, {runs} machine runs, {steps} lockstep steps: "
+        f"{len(new)} new or shorter failure trace(s)"
+    )
     for path in new:
         print(f"  {path.name}: kvref replay {path} --target {args.target}")
+    problem = None
+    if runs == 0:
+        problem = "the fuzzer ran no machine run"
+    elif not stopped_by_us and not new:
+        problem = f"the fuzzer stopped after {seconds:.0f} s (exit code {proc.returncode}) without a failure"
+    if problem is not None:
+        tail = (out / "fuzz.log").read_text().splitlines()[-15:]
+        print(f"kvref fuzz: {problem}; the end of {out / 'fuzz.log'}:", *tail, sep="\n  ", file=sys.stderr)
+        return USAGE
     return 1 if new else 0
+
+
+HYPOTHESIS_CLI = "from hypothesis.extra.cli import main; main()"
+"""The ``hypothesis`` command of this interpreter (HypoFuzz adds ``fuzz`` to it)."""
+
+
+def read_progress(folder: Path) -> tuple[int, int]:
+    """Machine runs and lockstep steps that the fuzzing processes reported (:class:`Progress`)."""
+    runs = steps = 0
+    for path in folder.glob("*.json"):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # being rewritten right now: a process's count is a lower bound anyway
+        runs, steps = runs + int(data["runs"]), steps + int(data["steps"])
+    return runs, steps
+
+
+class Progress:
+    """A fuzzing process's count of machine runs and lockstep steps, written to
+    ``<folder>/<pid>.json`` after its first run and then at most once a second
+    (a process the budget stops may lose its last second)."""
+
+    def __init__(self, folder: Path) -> None:
+        """Count into ``folder``."""
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / f"{os.getpid()}.json"
+        self.written = 0.0
+
+    def update(self, runs: int, steps: int) -> None:
+        """Record the totals so far."""
+        now = time.monotonic()
+        if self.written and now - self.written < 1.0:
+            return
+        self.written = now
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"runs": runs, "steps": steps}))
+        tmp.replace(self.path)
 
 
 def machine_from_environment() -> Any:
@@ -120,12 +186,15 @@ def machine_from_environment() -> Any:
     setup = MachineSetup(factories, failure_dir=failures, profile=profile)
     base = make_lockstep_machine(setup)
 
+    progress = Progress(out / "progress")
+
     class FuzzMachine(base):  # type: ignore[misc, valid-type]  # a class built at run time
         def teardown(self) -> None:
             try:
                 super().teardown()
             finally:
                 _keep_failure(setup, out)
+                progress.update(setup.stats.runs, setup.stats.steps)
 
     FuzzMachine.TestCase.settings = settings.get_profile("kvref-fuzz")
     return FuzzMachine
