@@ -14,12 +14,11 @@ is kept only after ``kvref replay --target vllm`` passed on that release.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 from kvspec.config import FullAttention, Mamba, SlidingWindow
 from kvspec.profiles import profile_named
-from kvtools.directed.record import DIRECTED_DIR
+from kvtools.directed.record import record_releases
 from kvtools.directed.script import Scenario, Script, config
 
 NAME = "cow-partial-hit"
@@ -58,17 +57,7 @@ def _script(s: Script) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Record the trace under each profile named in ``argv``."""
-    names = list(sys.argv[1:] if argv is None else argv)
-    if not names:
-        print("usage: python -m kvtools.directed.cow vllm-0.26.0 [...]", file=sys.stderr)
-        return 2
-    for name in names:
-        release = profile_named(name).name
-        out = DIRECTED_DIR.parent.parent / release / "directed" / f"{NAME}.jsonl"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        scenario(release).record().write(out)
-        print(out)
-    return 0
+    return record_releases(argv, lambda release: [scenario(release)], "kvtools.directed.cow")
 
 
 if __name__ == "__main__":

@@ -26,12 +26,11 @@ release (CI replays the newest release's corpus against it).
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from kvspec.config import FullAttention, SlidingWindow
 from kvspec.profiles import profile_named
-from kvtools.directed.record import DIRECTED_DIR
+from kvtools.directed.record import record_releases
 from kvtools.directed.script import Scenario, Script, config
 
 
@@ -79,23 +78,9 @@ def _rekeyed(s: Script) -> None:
     s.free("a")
 
 
-SCRIPTS: dict[str, Callable[[Script], None]] = {"cache-past-slots": _past_slots, "evicted-tail-rekeyed": _rekeyed}
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Record the traces under each profile named in ``argv``."""
-    names = list(sys.argv[1:] if argv is None else argv)
-    if not names:
-        print("usage: python -m kvtools.directed.past_slots vllm-0.33.0 [...]", file=sys.stderr)
-        return 2
-    for name in names:
-        release = profile_named(name).name
-        for sc in scenarios(release):
-            out = DIRECTED_DIR.parent.parent / release / "directed" / f"{sc.name}.jsonl"
-            out.parent.mkdir(parents=True, exist_ok=True)
-            sc.record().write(out)
-            print(out)
-    return 0
+    return record_releases(argv, scenarios, "kvtools.directed.past_slots")
 
 
 if __name__ == "__main__":

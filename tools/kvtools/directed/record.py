@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from kvspec.profiles import profile_named
 from kvtools.directed import allocation, arguments, boundary, hits
 from kvtools.directed.script import Scenario
 
@@ -19,6 +20,25 @@ ROOT = Path(__file__).resolve().parents[3]
 DIRECTED_DIR = ROOT / "traces" / "vllm-0.25.1" / "directed"
 THEMES = (allocation, arguments, hits, boundary)
 """The scenario modules (the trace files sort by scenario name, whatever the theme)."""
+
+
+def record_releases(argv: Sequence[str] | None, build: Callable[[str], list[Scenario]], command: str) -> int:
+    """Record ``build(release)``'s scenarios for each release named in ``argv``
+    (default: the command line) into ``traces/<release>/directed/``; the
+    scripts of one situation under the releases that have it (``command`` is
+    how the usage line names the script)."""
+    names = list(sys.argv[1:] if argv is None else argv)
+    if not names:
+        print(f"usage: python -m {command} vllm-<release> [...]", file=sys.stderr)
+        return 2
+    for name in names:
+        release = profile_named(name).name
+        for sc in build(release):
+            out = DIRECTED_DIR.parent.parent / release / "directed" / f"{sc.name}.jsonl"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            sc.record().write(out)
+            print(out)
+    return 0
 
 
 def scenarios() -> list[Scenario]:
