@@ -44,7 +44,7 @@ from kvimpl.invariants import require
 from kvimpl.kv_cache_coordinator import GroupBlocks, make_coordinator
 from kvimpl.step_api import WATERMARKED, StepAPI, inv_device_rows_match
 from kvspec.block_pool import BlockId
-from kvspec.config import CrossAttention, KVCacheConfig
+from kvspec.config import CrossAttention, KVCacheConfig, speculative_blocks
 from kvspec.errors import (
     CacheBeyondAllocationError,
     ContextParallelLookupError,
@@ -484,11 +484,11 @@ class KVCacheManager(StepAPI):
             )
         rid = request.request_id
         for g, (kind, m) in enumerate(zip(self.kinds, self.coordinator.managers, strict=True)):
-            have = len(m.req_to_blocks.get(rid, ()))
+            have = len(m.req_to_blocks.get(rid, ())) - speculative_blocks(kind)
             ring_or_cross = isinstance(kind, CrossAttention) or not prefix_cacheable(kind)
             if not ring_or_cross and num_computed_tokens // kind.block_size > have:
                 raise CacheBeyondAllocationError(
-                    f"cache_blocks: group {g} holds {have} blocks, fewer than "
+                    f"cache_blocks: group {g} holds {have} blocks for tokens, fewer than "
                     f"{num_computed_tokens // kind.block_size} full blocks to cache"
                 )
         self._forget_quiet(rid)

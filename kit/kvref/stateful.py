@@ -47,6 +47,7 @@ from kvspec.config import (
     SinkFullAttention,
     SlidingWindow,
     prefix_cacheable,
+    speculative_blocks,
 )
 from kvspec.errors import ConfigError, InvalidRequestError, UnsupportedByProfileError
 from kvspec.hashing import HASH_FUNCTION_NAMES, ExtraKeySource, LoRA
@@ -895,11 +896,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         block after some group's table. The contract (checked against real
         vLLM 0.25.1 and 0.33.0): every side caches the full blocks the tables
         hold and leaves out a partial-tail entry whose block is not in the
-        table yet; only a count past the request's tokens, or one whose full
-        blocks a table does not hold, is refused (``CacheBeyondAllocationError``,
-        sent by :meth:`invalid_other`). The count is the largest such one
-        half the time (it reaches the prompt's tail boundary most often),
-        else any count past the shortest table.
+        table yet. One block further is refused with
+        ``CacheBeyondAllocationError`` on every side (vLLM would cache blocks
+        no token reached, a Mamba group's speculative blocks as states), and
+        one call in four sends that count. Otherwise the count is the largest
+        accepted one half the time (it reaches the prompt's tail boundary most
+        often), else any count past the shortest table.
 
         NOTE: vLLM's scheduler only caches what it allocated, but nothing in
         vLLM refuses the call, so it is generated: without it a fault in the
@@ -908,13 +910,19 @@ class SchedulerMachine(RuleBasedStateMachine):
         rid = choose(data, tuple(self.running))
         tables = self.lock.adapters[0].get_block_ids(rid)
         high, low = self._num_tokens(rid), None
-        for kind, table in zip(self.cfg.groups, tables, strict=True):
+        for kind, table in zip(self.cfg.manager_groups(), tables, strict=True):  # block sizes under context parallelism
             if isinstance(kind, CrossAttention) or not prefix_cacheable(kind):
                 continue
-            high = min(high, (len(table) + 1) * kind.block_size - 1)
-            slots = len(table) * kind.block_size
+            slots = max(len(table) - speculative_blocks(kind), 0) * kind.block_size
+            high = min(high, slots + kind.block_size - 1)
             low = slots if low is None else min(low, slots)
-        if low is None or low >= high:
+        if low is None:
+            return
+        if integer(data, 0, 3) == 0:
+            if high + 1 <= self._num_tokens(rid):
+                self._call({"op": "cache_blocks", "rid": rid, "num_computed_tokens": high + 1}, expect_unchanged=True)
+            return
+        if low >= high:
             return
         n = high if boolean(data) else integer(data, low + 1, high)
         self._call({"op": "cache_blocks", "rid": rid, "num_computed_tokens": n})

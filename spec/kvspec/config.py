@@ -134,6 +134,13 @@ def prefix_cacheable(kind: AttentionKind) -> bool:
     return not isinstance(kind, RING_KINDS)
 
 
+def speculative_blocks(kind: AttentionKind) -> int:
+    """The spare blocks a group's tables hold past the request's tokens: a
+    Mamba group's ``num_speculative_blocks`` (every mode allocates them), else 0.
+    ``cache_blocks`` does not count them as blocks that tokens fill."""
+    return kind.num_speculative_blocks if isinstance(kind, Mamba) else 0
+
+
 def kind_name(kind: AttentionKind) -> str:
     """The kind string carried by BlockStored events (vLLM's ``KVCacheSpecKind``)."""
     names: dict[type, str] = {

@@ -25,6 +25,7 @@ from kvspec.config import (
     event_sliding_window,
     kind_name,
     prefix_cacheable,
+    speculative_blocks,
 )
 from kvspec.errors import (
     CacheBeyondAllocationError,
@@ -375,7 +376,9 @@ class KVCacheManager:
 
         Raises:
             InvalidTokenCountError: A negative count.
-            CacheBeyondAllocationError: Tokens beyond the request or its tables.
+            CacheBeyondAllocationError: Tokens beyond the request, or more
+                full blocks than a table holds for tokens (a Mamba group's
+                speculative blocks left out: :func:`kvspec.config.speculative_blocks`).
         """
         if not self.enable_caching:
             return
@@ -388,9 +391,10 @@ class KVCacheManager:
             )
         for g, (kind, table) in enumerate(zip(self.kinds, self.get_blocks(request.request_id), strict=True)):
             ring_or_cross = isinstance(kind, CrossAttention) or not prefix_cacheable(kind)
-            if not ring_or_cross and num_computed_tokens // kind.block_size > len(table):
+            have = len(table) - speculative_blocks(kind)
+            if not ring_or_cross and num_computed_tokens // kind.block_size > have:
                 raise CacheBeyondAllocationError(
-                    f"cache_blocks: group {g} holds {len(table)} blocks, fewer than "
+                    f"cache_blocks: group {g} holds {have} blocks for tokens, fewer than "
                     f"{num_computed_tokens // kind.block_size} full blocks to cache"
                 )
         self.coordinator.cache_blocks(request, num_computed_tokens)

@@ -871,11 +871,12 @@ static PyObject *Core_cache_blocks(Core *c, PyObject *const *args, Py_ssize_t na
         goto end;
     }
     for (int g = 0; g < c->G; g++) {
-        Py_ssize_t have = table_len_pub(c, slot, g);
+        /* a Mamba group's speculative blocks hold no tokens (kvspec.config.speculative_blocks) */
+        Py_ssize_t have = table_len_pub(c, slot, g) - (c->groups[g].kind == K_MAMBA ? c->groups[g].spec : 0);
         if (n / c->groups[g].bs > have) {
             PyErr_Format(G_.CacheBeyondAllocationError,
-                         "cache_blocks: group %d holds %zd blocks, fewer than %zd full blocks to cache", g, have,
-                         n / c->groups[g].bs);
+                         "cache_blocks: group %d holds %zd blocks for tokens, fewer than %zd full blocks to cache", g,
+                         have, n / c->groups[g].bs);
             goto end;
         }
     }

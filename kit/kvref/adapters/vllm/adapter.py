@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from kvref.adapters import DeclaredSemantics
-from kvspec.config import FULL_TYPE_KINDS, KVCacheConfig, prefix_cacheable
+from kvspec.config import FULL_TYPE_KINDS, KVCacheConfig, prefix_cacheable, speculative_blocks
 from kvspec.errors import (
     CacheBeyondAllocationError,
     ContextParallelLookupError,
@@ -548,11 +548,12 @@ class VllmAdapter:
         for g in range(self._num_groups):
             if self._is_cross[g] or not prefix_cacheable(self.config.groups[g]):
                 continue  # ring groups cache nothing: vLLM's cache_blocks is a no-op there
-            have = self._table_len(g, request.request_id)
+            # vLLM caches a Mamba group's speculative blocks as states no token filled
+            have = self._table_len(g, request.request_id) - speculative_blocks(self.config.groups[g])
             if n // self._block_sizes[g] > have:
                 raise CacheBeyondAllocationError(
                     f"request {request.request_id!r}: {n} tokens need "
-                    f"{n // self._block_sizes[g]} blocks in group {g}, it holds {have}"
+                    f"{n // self._block_sizes[g]} blocks in group {g}, it holds {have} for tokens"
                 )
         self.api.cache_blocks(self.manager, vreq, n)
 
