@@ -263,3 +263,10 @@ def estimate_groups(config: KVCacheConfig) -> tuple[int, ...]:
         for g, k in enumerate(config.groups)
         if not isinstance(k, CrossAttention) and (prefix_cacheable(k) or not skip)
     )
+
+
+def speculative_blocks(kind: AttentionKind) -> int:
+    """The spare blocks a group's tables hold past the request's tokens: a
+    Mamba group's ``num_speculative_blocks``, else 0 (as
+    :func:`kvspec.config.speculative_blocks`)."""
+    return kind.num_speculative_blocks if isinstance(kind, Mamba) else 0

@@ -38,13 +38,14 @@ from kvimpl.config_rules import (
     kind_name,
     manager_kinds,
     prefix_cacheable,
+    speculative_blocks,
     unmodelled_features,
 )
 from kvimpl.invariants import require
 from kvimpl.kv_cache_coordinator import GroupBlocks, make_coordinator
 from kvimpl.step_api import WATERMARKED, StepAPI, inv_device_rows_match
 from kvspec.block_pool import BlockId
-from kvspec.config import CrossAttention, KVCacheConfig, speculative_blocks
+from kvspec.config import CrossAttention, KVCacheConfig
 from kvspec.errors import (
     CacheBeyondAllocationError,
     ContextParallelLookupError,
