@@ -909,7 +909,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert self.lock is not None
         rid = choose(data, tuple(self.running))
         tables = self.lock.adapters[0].get_block_ids(rid)
-        high, low = self._num_tokens(rid), None
+        total = self._num_tokens(rid)
+        high, low = total, None
         for kind, table in zip(self.cfg.manager_groups(), tables, strict=True):  # block sizes under context parallelism
             if isinstance(kind, CrossAttention) or not prefix_cacheable(kind):
                 continue
@@ -919,7 +920,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         if low is None:
             return
         if integer(data, 0, 3) == 0:
-            if high + 1 <= self._num_tokens(rid):
+            if high < total:
                 self._call({"op": "cache_blocks", "rid": rid, "num_computed_tokens": high + 1}, expect_unchanged=True)
             return
         if low >= high:

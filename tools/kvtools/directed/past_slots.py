@@ -27,6 +27,7 @@ release (CI replays the newest release's corpus against it).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from kvspec.config import FullAttention, SlidingWindow
 from kvspec.profiles import profile_named
@@ -38,9 +39,7 @@ def scenarios(profile_name: str) -> list[Scenario]:
     """Both scenarios under ``profile_name``: FA(8) + SWA(8, window 8), hash block 4."""
     profile = profile_named(profile_name)
     cfg = config(FullAttention(8), SlidingWindow(8, 8), num_blocks=16, hash_block_size=4, profile=profile)
-    eagle = config(
-        FullAttention(8), SlidingWindow(8, 8), num_blocks=16, hash_block_size=4, use_eagle=True, profile=profile
-    )
+    eagle = replace(cfg, use_eagle=True)
     return [
         Scenario("cache-past-slots", "a cache_blocks count past the allocated slots", eagle, _past_slots),
         Scenario("evicted-tail-rekeyed", "a held block evicted, then keyed again by its tail entry", cfg, _rekeyed),
