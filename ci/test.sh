@@ -42,7 +42,10 @@ fi
 # the baseline profile, and under the newest kvimpl's own mutable requests
 # (--target impl-mutable) and its batched step API with device tables on the
 # pure-Python manager and on the native core (--target impl-batch,
-# impl-batch-native): `python -m kvtools coverage --ci-runs` lists them.
+# impl-batch-native), and two short runs of one shape each: `wide` (65 groups,
+# kvimpl's pure-Python fallback past the native core's 64) and a cached Mamba
+# group under context parallelism:
+# `python -m kvtools coverage --ci-runs` lists them.
 # Each run also writes its branch coverage of kvspec and kvimpl; the gate
 # merges them (an outcome is taken if any run took it) and fails on a gap not
 # in tools/kvtools/coverage_gaps.toml, on a listed gap now taken, and on a
@@ -51,15 +54,25 @@ echo "==> kvimpl build: $(python -c 'from kvimpl.native import build_description
 COVERAGE_DIR="$(mktemp -d)"
 trap 'rm -rf "$COVERAGE_DIR"' EXIT
 CI_RUNS="$(python -m kvtools coverage --ci-runs)"
-while read -r profile target build; do
+run=0
+while read -r profile target build shapes steps; do
     env_prefix=(env)
     label="$target vs spec, $profile"
+    extra=()
     if [[ "$build" == pure-python ]]; then
         env_prefix=(env KVREF_NATIVE=0)
         label+=", pure Python"
     fi
+    if [[ "$shapes" != - ]]; then
+        extra+=(--shapes "$shapes")
+        label+=", shapes $shapes"
+    fi
+    if [[ "$steps" != - ]]; then
+        extra+=(--min-steps "$steps")
+    fi
     timed "lockstep ($label)" "${env_prefix[@]}" kvref check --target "$target" --against spec --profile ci \
-        --seed 0 --semantics "$profile" --coverage-json "$COVERAGE_DIR/$profile-$target-$build.json" </dev/null
+        --seed 0 --semantics "$profile" "${extra[@]}" \
+        --coverage-json "$COVERAGE_DIR/$profile-$target-$build-$((++run)).json" </dev/null
 done <<<"$CI_RUNS"
 timed "branch-coverage gate (the runs above, merged)" python -m kvtools coverage --merge "$COVERAGE_DIR"/*.json --check
 

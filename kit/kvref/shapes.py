@@ -131,6 +131,12 @@ caching off, where their lookups (which refuse context parallelism) never
 run, and so does the hybrid one, which up to vLLM 0.25.1 refuses prefix
 caching under context parallelism (later releases are not modelled)."""
 
+WIDE = Shape("wide", ("full",) * 65)
+"""65 full-attention groups: more than kvimpl's native core takes (64), so
+kvimpl runs the model in pure Python. Not drawn with the others (a step
+touches every group); ``--shapes wide`` runs it alone, and the machine
+gives it a pool of about as many blocks per group as the others get."""
+
 CP_SHAPES = tuple(s for s in SHAPES if s.dcp * s.pcp > 1)
 """The context-parallel shapes of :data:`SHAPES` (``--shapes`` takes their names)."""
 
@@ -183,7 +189,7 @@ def shape_named(name: str) -> Shape:
     Raises:
         ValueError: If a token of ``name`` is not a kind token.
     """
-    for shape in SHAPES:
+    for shape in (*SHAPES, WIDE):
         if shape.name == name:
             return shape
     kinds = tuple(name.split("+"))

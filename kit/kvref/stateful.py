@@ -52,6 +52,7 @@ from kvspec.config import (
 from kvspec.errors import ConfigError, InvalidRequestError, UnsupportedByProfileError
 from kvspec.hashing import HASH_FUNCTION_NAMES, ExtraKeySource, LoRA
 from kvspec.mamba_tail import mamba_tail_boundary
+from kvspec.partial_tail import fa_tail_boundary, registers_partial_tail
 from kvspec.profiles import NEWEST, SemanticsProfile, profile_named
 from kvspec.request import RequestBlockHasher
 
@@ -163,6 +164,20 @@ def bad_config(cfg: KVCacheConfig, kind: str) -> dict[str, Any] | None:
     return table[kind]
 
 
+def fine_tail_group(cfg: KVCacheConfig) -> int | None:
+    """The first group that registers partial-tail entries at two hash
+    boundaries or more inside one block (the situation of
+    ``SchedulerMachine.rekeyed_tails``), or None; only with caching on and
+    without EAGLE or context parallelism."""
+    if not cfg.enable_caching or cfg.use_eagle or cfg.dcp_world_size * cfg.pcp_world_size > 1:
+        return None
+    hbs = cfg.resolved_hash_block_size()
+    for g, kind in enumerate(cfg.groups):
+        if registers_partial_tail(kind, cfg.profile, hbs) and kind.block_size // hbs >= 3:
+            return g
+    return None
+
+
 @st.composite
 def configs(
     draw: st.DrawFn,
@@ -207,6 +222,7 @@ def configs(
     )
     if draw(st.integers(0, 15)) == 15:  # one run in sixteen: besides the null block, none, one or two
         fields["num_blocks"] = draw(st.sampled_from([1, 2, 3]))
+    fields["num_blocks"] *= -(-len(groups) // 4)  # kvref.shapes.WIDE: as many blocks per group (1x up to 4 groups)
     # One event log in three carries the block hashes as bytes, not 64-bit ints.
     fields["int_block_hashes"] = draw(st.sampled_from([True, True, False]))
     # One cached hybrid in four hashes finer than every group (half the base block), so every
@@ -317,6 +333,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.swarm: Swarm = ALL_ON
         self.actions_off: frozenset[str] = frozenset()
         self.cross = False
+        self.tail_group: int | None = None
 
     # -- configuration -------------------------------------------------------
 
@@ -335,6 +352,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             reject()
         self.cfg, self.shape = cfg, name
         self.cross = any(isinstance(k, CrossAttention) for k in cfg.groups)
+        self.tail_group = fine_tail_group(cfg)
         try:
             self.lock = Lockstep(
                 cfg, setup.factories, stats, setup.failure_dir, name, setup.op_timeout, setup.known, setup.excluded
@@ -422,8 +440,13 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def _chunk(self, data: st.DataObject, st_: ReqState, start: int, admission: bool = False) -> int:
         """Tokens to schedule from ``start``: a drawn chunk of what remains
-        (see :func:`kvref.scheduler.schedule_chunk`), cut at the prefix hint's junction."""
-        n = integer(data, 1, self._sched.chunk_bound(st_.rid, start))
+        (see :func:`kvref.scheduler.schedule_chunk`), cut at the prefix hint's junction.
+        One chunk in four asks for everything the step budget allows, as
+        vLLM's scheduler does whenever the rest fits: a uniform draw rarely
+        schedules a long prompt whole, the one admission where a Mamba align
+        table ends past the block holding the prompt's tail boundary."""
+        bound = self._sched.chunk_bound(st_.rid, start)
+        n = bound if integer(data, 0, 3) == 0 else integer(data, 1, bound)
         return self._sched.chunk(st_.rid, start, n, admission)
 
     def _sample_token(self, data: st.DataObject, rid: str) -> None:
@@ -745,9 +768,20 @@ class SchedulerMachine(RuleBasedStateMachine):
         lookup: a hit that ends inside the coarse blocks, served by
         copy-on-write and handed off.
 
+        One pair in four (where the run sends delayed connector loads) has a
+        twin instead of the connector's loss: a request for the same prompt
+        is admitted before A with its tokens up to the tail boundary loaded
+        through a connector, caching delayed; A misses it, runs to the
+        boundary and keys its own state block there; the twin's load ends
+        and keys the twin's block under the same key; A takes one more
+        token, which moves A's entry to a private copy while the twin's
+        block keeps the key.
+
         NOTE: directed because random search almost never lines these steps
         up before the eviction and A's next step: the one shape with
-        fine-grained hits compared one copy-on-write copy in 8,394 steps."""
+        fine-grained hits compared one copy-on-write copy in 8,394 steps;
+        and a key on two state blocks needs the delayed load to end at the
+        tail boundary exactly."""
         cfg = self.cfg
         hbs = cfg.resolved_hash_block_size()
         coarse = max(k.block_size for k in cfg.groups)
@@ -761,10 +795,19 @@ class SchedulerMachine(RuleBasedStateMachine):
         n = choose(data, tuple(lengths))
         tail = mamba_tail_boundary(n, hbs, eagle, cfg.profile.mamba_tail_entries)
         prompt = (choose(data, self.prefixes) + draw_tokens(data, n, n))[:n]
+        twin = None
+        if integer(data, 0, 3) == 0 and self._delayed_loads():
+            twin = self._admit_loading(prompt, tail)
+            if twin is None:
+                return
         a = self._admit_whole(data, {"prompt": prompt}, reusable=True, connector=False)
         if a is None or not self._prefill(data, a, tail):
             return
-        if integer(data, 0, 3) == 0:
+        if twin is not None:
+            self._sched.remote_loaded(twin)
+            if not self._prefill(data, a, tail + 1):
+                return
+        elif integer(data, 0, 3) == 0:
             self._lose_tail_state(a, tail)
         goal = tail + hbs if cfg.use_eagle else tail
         if not self._prefill(data, a, goal):
@@ -773,6 +816,111 @@ class SchedulerMachine(RuleBasedStateMachine):
         head = self._sched.tokens(a)[:goal] if cfg.use_eagle else prompt
         more = draw_tokens(data, 1 if cfg.use_eagle else 0, 2) if boolean(data) or cfg.use_eagle else []
         self._admit_whole(data, {"prompt": (head + more)[: self._prompt_limit()]}, reusable=True, connector=False)
+
+    def rekeyed_tails(self, data: st.DataObject) -> None:
+        """Directed, for a full-attention group with partial-tail entries and
+        two hash boundaries or more inside a block (vLLM 0.26.0 on): two
+        requests share a block that holds both prompts' tail boundaries, a
+        connector reports it lost, and each request keys it again.
+
+        Y, a fresh prompt whose tail boundary lies inside a block, runs past
+        that block's end, so the block is cached whole (with Y's partial key
+        besides). X, Y's prompt cut to an earlier boundary in the same
+        block, runs and produces Y's tokens (a model continues a prefix the
+        same way) past the block's end; preempted and admitted again, its
+        lookup hits Y's block. The block's keys are evicted; X takes a
+        token and keys it under its own boundary; Y takes a token and keys
+        it under its later boundary, which first removes X's key (the block
+        now holds more tokens than that key stands for).
+
+        NOTE: directed because random search does not line these up: two
+        requests hold a block at their tail boundaries only when one was
+        preempted after producing the other's tokens, and the keys are
+        re-registered only after a loss of that very block."""
+        assert self.lock is not None and self.tail_group is not None
+        cfg, g = self.cfg, self.tail_group
+        bs, hbs = cfg.groups[g].block_size, cfg.resolved_hash_block_size()
+        below = cfg.profile.fa_tail_below_last_token
+        inner = {
+            n: t for n in range(2, self._prompt_limit() + 1) if (t := fa_tail_boundary(n, hbs, False, below)) % bs
+        }  # fmt: skip
+        pairs = [
+            (nx, ny) for nx, tx in inner.items() for ny, ty in inner.items()
+            if tx < ty and tx // bs == ty // bs and (ty // bs + 1) * bs + 2 <= cfg.max_model_len
+        ]  # fmt: skip
+        if not pairs:
+            return
+        nx, ny = choose(data, tuple(pairs))
+        end = (inner[ny] // bs + 1) * bs  # the end of the block holding both boundaries
+        tokens = draw_tokens(data, end + 1, end + 1)
+        y = self._admit_whole(data, {"prompt": tokens[:ny]}, reusable=True, connector=False)
+        if y is None or not self._run_to(y, end + 1, tokens):
+            return
+        x = self._admit_whole(data, {"prompt": tokens[:nx]}, reusable=True, connector=False)
+        if x is None or not self._run_to(x, end + 1, tokens):
+            return
+        self._sched.preempt(x, False)
+        self._call({"op": "new_step_starts"})
+        if not self._admit_again(x):
+            return
+        block = self.lock.adapters[0].get_block_ids(x)[g][inner[ny] // bs]
+        self._call({"op": "new_step_starts"})
+        self._call({"op": "evict_blocks", "block_ids": [block]})
+        for rid in (x, y):
+            if rid in self.running:
+                self._run_to(rid, self.reqs[rid].computed + 1, tokens)
+
+    def _run_to(self, rid: str, goal: int, tokens: list[int]) -> bool:
+        """Advance running ``rid`` until ``goal`` tokens are computed, its
+        outputs taken from ``tokens`` (then token 0); False if a step did not fit."""
+        while rid in self.running and self.reqs[rid].computed < goal:
+            n = self._num_tokens(rid)
+            if self.reqs[rid].computed >= n:
+                self._sched.sample(rid, tokens[n] if n < len(tokens) else 0)
+            state = self.reqs[rid]
+            if not self._sched.advance(rid, self._sched.chunk(rid, state.computed, goal - state.computed)):
+                return False
+        return rid in self.running
+
+    def _admit_again(self, rid: str) -> bool:
+        """Admit waiting ``rid`` with its prefix lookup and the rest of its
+        tokens in one chunk; whether it runs."""
+        found = self._lookup(rid)
+        total = self._num_tokens(rid)
+        hit = found["num_tokens"] if found is not None else total
+        if total - hit < 1:
+            return False
+        op: Json = {"op": "allocate_slots", "rid": rid, "num_new_computed_tokens": hit,
+                    "num_new_tokens": self._sched.chunk(rid, hit, total - hit, True)}  # fmt: skip
+        if found is not None and any(found["blocks"]):
+            op["new_computed_blocks"] = found["blocks"]
+        return self._sched.admit(op, hit)
+
+    def _delayed_loads(self) -> bool:
+        """Whether this run sends connector loads with delayed caching."""
+        return (
+            self._allowed("external") and self._allowed("delay_cache_blocks")
+            and self._on("connector") and self._on("delay")
+        )  # fmt: skip
+
+    def _admit_loading(self, prompt: list[int], upto: int) -> str | None:
+        """Add a request for ``prompt`` and admit it with its tokens after the
+        prefix hit and up to ``upto`` loaded through a connector, caching
+        delayed; its id, or None where the lookup fails or hits ``upto``
+        tokens or more, or the admission does not fit."""
+        self.counter += 1
+        rid = f"r{self.counter}"
+        self._sched.add({"op": "add_request", "rid": rid, "prompt": prompt}, 0, True)
+        self._remember(prompt, None)
+        found = self._lookup(rid)
+        if found is None or found["num_tokens"] >= upto:
+            return None
+        hit = found["num_tokens"]
+        op: Json = {"op": "allocate_slots", "rid": rid, "num_new_computed_tokens": hit, "num_new_tokens": 0,
+                    "num_external_computed_tokens": upto - hit, "delay_cache_blocks": True}  # fmt: skip
+        if any(found["blocks"]):
+            op["new_computed_blocks"] = found["blocks"]
+        return rid if self._sched.admit(op, hit, upto - hit, delay=True) else None
 
     def _prefill(self, data: st.DataObject, rid: str, goal: int) -> bool:
         """Advance running ``rid`` chunk by chunk until ``goal`` tokens are
@@ -1260,6 +1408,7 @@ ACTIONS: tuple[tuple[str, Callable[[SchedulerMachine], bool]], ...] = (
     ("invalid_allocate", lambda m: bool(m.reqs)),
     ("invalid_other", lambda m: True),
     ("absent_operation", lambda m: m.lock is not None and bool(m.lock.absent - m.SETUP.excluded)),
+    ("rekeyed_tails", lambda m: m.tail_group is not None and len(m.reqs) < 9 and m._allowed("evict_blocks")),
 )
 """What a scheduler step may do, each with when it is ready (the machine is
 live): the names of :class:`SchedulerMachine`'s action methods, simplest

@@ -7,11 +7,24 @@ from pathlib import Path
 
 import pytest
 
+from kvimpl.native import native_module, native_unsupported
 from kvref.adapters.impl import IMPL_PROFILES
 from kvref.branches import Unreachable, build_report, function_lines, load_unreachable, package_relative
 from kvref.config_coverage import NAMES
+from kvref.shapes import WIDE, build_kinds
+from kvspec.config import KVCacheConfig
 from kvspec.profiles import NEWEST, VLLM_0_25_1
-from kvtools.coverage import Run, ci_runs, main, parse_profiles, parse_seeds, source_lines
+from kvtools.coverage import (
+    PCP_MAMBA_SHAPE,
+    PCP_MAMBA_STEPS,
+    WIDE_STEPS,
+    Run,
+    ci_runs,
+    main,
+    parse_profiles,
+    parse_seeds,
+    source_lines,
+)
 from kvtools.coverage_gate import KnownGap, gaps_of, gate, load_gaps, merge_runs, write_gaps
 
 SOURCE = """\
@@ -203,6 +216,8 @@ def test_ci_runs_cover_every_profile() -> None:
     assert Run(NEWEST.name, "impl-mutable") in runs
     assert Run(NEWEST.name, "impl-batch") in runs
     assert Run(NEWEST.name, "impl-batch-native") in runs
+    assert Run(NEWEST.name, "impl", shapes="wide", min_steps=WIDE_STEPS) in runs
+    assert Run(NEWEST.name, "impl", shapes=PCP_MAMBA_SHAPE, min_steps=PCP_MAMBA_STEPS) in runs
     assert parse_profiles("newest") == [NEWEST.name]
     assert set(parse_profiles("all")) == IMPL_PROFILES
     with pytest.raises(SystemExit):
@@ -217,3 +232,16 @@ def test_known_gaps_file_quotes_its_lines() -> None:
         src = source_lines(g.file)
         assert 0 < g.line <= len(src) and src[g.line - 1].strip() == g.code, g
         assert (g.file, g.line, g.to) not in listed, g
+
+
+def test_the_wide_shape_is_past_the_native_core() -> None:
+    """CI's ``wide`` run exists to run kvimpl's pure-Python fallback: the native
+    core refuses that many groups (with the core built), and the lines CI reads
+    name the shape and the step goal."""
+    cfg = KVCacheConfig(num_blocks=300, groups=build_kinds(WIDE, 4), max_model_len=32)
+    reason = native_unsupported(cfg)
+    assert reason is not None
+    if native_module() is not None:
+        assert reason == "65 groups (the native core takes up to 64)"
+    assert Run(NEWEST.name, "impl", shapes="wide", min_steps=7).ci_line() == f"{NEWEST.name} impl native wide 7"
+    assert Run(NEWEST.name, "impl").ci_line() == f"{NEWEST.name} impl native - -"

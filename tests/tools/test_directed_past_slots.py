@@ -14,7 +14,7 @@ RELEASE = "vllm-0.33.0"
 FOLDER = DIRECTED_DIR.parent.parent / RELEASE / "directed"
 
 
-@pytest.mark.parametrize("index", [0, 1])
+@pytest.mark.parametrize("index", [0, 1, 2])
 def test_committed_trace_is_what_the_script_records(index: int) -> None:
     sc = scenarios(RELEASE)[index]
     assert (FOLDER / f"{sc.name}.jsonl").read_text() == sc.record().dumps()
@@ -40,3 +40,16 @@ def test_an_evicted_held_block_is_keyed_again_by_its_tail() -> None:
     tail entry again, alone."""
     events = _events(scenarios(RELEASE)[1].record())
     assert events[1] == [("BlockRemoved", None), ("BlockRemoved", None), ("BlockStored", 4)]
+
+
+def test_a_shared_block_keyed_again_keeps_the_later_tail() -> None:
+    """y's block is evicted with its three keys (the full key, y's tail
+    entry at 14, x's at 10); x keys it again at 10 (one hash unit of 2
+    tokens), then y's entry at 14 stands for more tokens than the block's
+    key, so that key is removed before y's is stored."""
+    trace = scenarios(RELEASE)[2].record()
+    last = [events for events in _events(trace) if events][-1]
+    assert last == [("BlockRemoved", None)] * 3 + [("BlockStored", 2), ("BlockRemoved", None), ("BlockStored", 2)]
+    stored = [step["expect"] for step in trace.steps if step["op"] == "take_events" and step["expect"]][-1]
+    assert stored[3]["block_hashes"] == stored[4]["block_hashes"]  # the key x stored is the one removed
+    assert stored[5]["token_ids"] == [12, 13]  # y's entry: the hash unit ending at 14

@@ -59,11 +59,34 @@ class Run:
     target: str
     native: bool = True
     """False: ``KVREF_NATIVE=0`` (the pure-Python build)."""
+    shapes: str | None = None
+    """``--shapes`` (None: the machine's whole catalog)."""
+    min_steps: int | None = None
+    """``--min-steps`` (None: the ci profile's step goal)."""
 
     @property
     def label(self) -> str:
-        """``vllm-0.33.0/impl`` (``+pure-python`` for ``KVREF_NATIVE=0``)."""
-        return f"{self.profile}/{self.target}" + ("" if self.native else "+pure-python")
+        """``vllm-0.33.0/impl`` (``+pure-python`` for ``KVREF_NATIVE=0``, ``[wide]`` for ``--shapes wide``)."""
+        shapes = f"[{self.shapes}]" if self.shapes else ""
+        return f"{self.profile}/{self.target}" + ("" if self.native else "+pure-python") + shapes
+
+    def ci_line(self) -> str:
+        """The run as ``ci/test.sh`` reads it: profile, target, build, shapes and step goal (``-``: default)."""
+        build = "native" if self.native else "pure-python"
+        return f"{self.profile} {self.target} {build} {self.shapes or '-'} {self.min_steps or '-'}"
+
+
+WIDE_STEPS = 200
+"""The step goal of CI's run of the 65-group shape (a step touches every group; the
+ci profile's machine runs still end far past it, at about 4,400 steps)."""
+
+
+PCP_MAMBA_SHAPE = "mamba-align@dcp2-pcp2"
+PCP_MAMBA_STEPS = 1000
+"""A short run of a lone cached Mamba group under decode and prefill context parallelism: from
+vLLM 0.29.0 its lookup is refused for the prefill size alone (the decode size does not scale a
+Mamba group). In the full runs the shape is one of 34 and cached in two draws of three, and
+seeds 1, 3 and 4 never looked it up; alone it does at seeds 0-4."""
 
 
 def ci_runs() -> list[Run]:
@@ -74,7 +97,10 @@ def ci_runs() -> list[Run]:
     (``impl-batch``: the only run that reaches most of kvimpl/step_api.py and
     kvimpl/device_tables.py) and on the native core (``impl-batch-native``:
     the core's batch entry points and host rows, the native manager's
-    device-table calls and its constructor's refusals)."""
+    device-table calls and its constructor's refusals); and two short runs of
+    one shape each: :data:`kvref.shapes.WIDE` (65 groups, more than the native
+    core takes), where kvimpl falls back to pure Python, and
+    :data:`PCP_MAMBA_SHAPE`."""
     from kvref.adapters.impl import IMPL_PROFILES  # noqa: PLC0415 - imports kvimpl
     from kvspec.profiles import NEWEST, VLLM_0_25_1  # noqa: PLC0415
 
@@ -85,6 +111,8 @@ def ci_runs() -> list[Run]:
         Run(NEWEST.name, "impl-mutable"),
         Run(NEWEST.name, "impl-batch"),
         Run(NEWEST.name, "impl-batch-native"),
+        Run(NEWEST.name, "impl", shapes="wide", min_steps=WIDE_STEPS),
+        Run(NEWEST.name, "impl", shapes=PCP_MAMBA_SHAPE, min_steps=PCP_MAMBA_STEPS),
     ]
 
 
@@ -99,7 +127,8 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--profiles", default="all", help="semantics profiles: all (default), newest, or P,Q")
     parser.add_argument("--ci", action="store_true", help="run what CI's lockstep runs (see --ci-runs)")
-    parser.add_argument("--ci-runs", action="store_true", help="print CI's runs (profile target native), then exit")
+    parser.add_argument("--ci-runs", action="store_true",
+                        help="print CI's runs (profile target build shapes steps), then exit")  # fmt: skip
     parser.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON",
                         help="run nothing: merge these kvref check --coverage-json reports (one seed)")  # fmt: skip
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
@@ -111,7 +140,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.ci_runs:
         for r in ci_runs():
-            print(r.profile, r.target, "native" if r.native else "pure-python")
+            print(r.ci_line())
         return 0
     if args.merge is not None:
         reports = [_read_report(p) for p in args.merge]
@@ -195,11 +224,13 @@ def parse_seeds(text: str) -> list[int]:
 
 def run_seed(seed: int, tmp: Path, run: Run, min_steps: int | None) -> dict[str, Any]:
     """One ``kvref check --coverage`` run; its branch report, exit code and seconds."""
-    out = tmp / f"seed-{seed}-{run.profile}-{run.target}-{'n' if run.native else 'p'}.json"
+    out = tmp / f"seed-{seed}-{run.profile}-{run.target}-{'n' if run.native else 'p'}-{run.shapes or 'all'}.json"
     cmd = [sys.executable, "-m", "kvref", "check", "--target", run.target, "--against", "spec", "--profile", "ci",
            "--seed", str(seed), "--semantics", run.profile, "--coverage-json", str(out)]  # fmt: skip
-    if min_steps:
-        cmd += ["--min-steps", str(min_steps)]
+    if run.shapes:
+        cmd += ["--shapes", run.shapes]
+    if run.min_steps or min_steps:
+        cmd += ["--min-steps", str(run.min_steps or min_steps)]
     env = dict(os.environ, **({} if run.native else {"KVREF_NATIVE": "0"}))
     start = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=tmp, env=env)

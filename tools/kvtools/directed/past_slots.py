@@ -36,13 +36,20 @@ from kvtools.directed.script import Scenario, Script, config
 
 
 def scenarios(profile_name: str) -> list[Scenario]:
-    """Both scenarios under ``profile_name``: FA(8) + SWA(8, window 8), hash block 4."""
+    """The three scenarios under ``profile_name``: FA(8) + SWA(8, window 8), hash block 4 (2 for
+    ``shared-tail-rekeyed``, which needs two hash boundaries inside a block)."""
     profile = profile_named(profile_name)
     cfg = config(FullAttention(8), SlidingWindow(8, 8), num_blocks=16, hash_block_size=4, profile=profile)
     eagle = replace(cfg, use_eagle=True)
     return [
         Scenario("cache-past-slots", "a cache_blocks count past the allocated slots", eagle, _past_slots),
         Scenario("evicted-tail-rekeyed", "a held block evicted, then keyed again by its tail entry", cfg, _rekeyed),
+        Scenario(
+            "shared-tail-rekeyed",
+            "a block two requests hold evicted, then keyed again by both tail entries, the later one last",
+            replace(cfg, hash_block_size=2, num_blocks=24),
+            _shared_rekeyed,
+        ),
     ]
 
 
@@ -75,6 +82,34 @@ def _rekeyed(s: Script) -> None:
     s.admit("b")
     s.free("b")
     s.free("a")
+
+
+def _shared_rekeyed(s: Script) -> None:
+    y = [*range(15), 1, 3]  # y's prompt, then the tokens y and x produce
+    s.add("y", y[:15])  # tail boundary 14 (hash block 2): inside the second 8-token block
+    s.admit("y")
+    s.new_step()
+    s.decode("y", 1)  # 16 tokens: y's block 1 full, keyed at 16 and (tail entry) at 14
+    s.add("x", y[:11])  # tail boundary 10, in the same block
+    s.admit("x")  # hits block 0; x's own block 1 gets the tail entry at 10
+    for token in y[11:]:  # x produces y's tokens: its block 1 is keyed at 16 too
+        s.new_step()
+        s.sched.sample("x", token)
+        s.step("x")
+    s.preempt("x")
+    s.new_step()
+    s.admit("x")  # x's lookup hits y's block 1 (the first block under that key)
+    s.call({"op": "take_events"})
+    tables = s.call({"op": "get_block_ids", "rid": "x"})
+    assert isinstance(tables, list)
+    s.new_step()
+    s.call({"op": "evict_blocks", "block_ids": [tables[0][1]]})  # held by x and y: every key goes
+    s.new_step()
+    s.decode("x", 1, first_token=2)  # x's tail entry at 10: the block's only key
+    s.decode("y", 1, first_token=2)  # y's at 14 stands for more tokens: x's key leaves first
+    s.call({"op": "take_events"})
+    s.free("x")
+    s.free("y")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
