@@ -861,7 +861,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         self._sched.preempt(x, False)
         self._call({"op": "new_step_starts"})
-        if not self._admit_again(x):
+        if not self._admit_now(data, x, connector=False):
             return
         block = self.lock.adapters[0].get_block_ids(x)[g][inner[ny] // bs]
         self._call({"op": "new_step_starts"})
@@ -881,20 +881,6 @@ class SchedulerMachine(RuleBasedStateMachine):
             if not self._sched.advance(rid, self._sched.chunk(rid, state.computed, goal - state.computed)):
                 return False
         return rid in self.running
-
-    def _admit_again(self, rid: str) -> bool:
-        """Admit waiting ``rid`` with its prefix lookup and the rest of its
-        tokens in one chunk; whether it runs."""
-        found = self._lookup(rid)
-        total = self._num_tokens(rid)
-        hit = found["num_tokens"] if found is not None else total
-        if total - hit < 1:
-            return False
-        op: Json = {"op": "allocate_slots", "rid": rid, "num_new_computed_tokens": hit,
-                    "num_new_tokens": self._sched.chunk(rid, hit, total - hit, True)}  # fmt: skip
-        if found is not None and any(found["blocks"]):
-            op["new_computed_blocks"] = found["blocks"]
-        return self._sched.admit(op, hit)
 
     def _delayed_loads(self) -> bool:
         """Whether this run sends connector loads with delayed caching."""
@@ -956,11 +942,17 @@ class SchedulerMachine(RuleBasedStateMachine):
         self._sched.add({"op": "add_request", "rid": rid, **fields}, 0, reusable)
         if reusable:
             self._remember(fields["prompt"], fields.get("extra"))
+        return rid if self._admit_now(data, rid, connector) else None
+
+    def _admit_now(self, data: st.DataObject, rid: str, connector: bool) -> bool:
+        """Admit waiting ``rid`` at once: its prefix lookup, then one allocation
+        of its hit and a chunk of the rest (with ``connector``, part of the
+        rest loaded through the connector instead); whether it runs."""
         found = self._lookup(rid)
         total = self._num_tokens(rid)
         hit = found["num_tokens"] if found is not None else total
         if total - hit < 1:
-            return None
+            return False
         external = integer(data, 1, total - hit - 1) if connector and hit and total - hit > 1 else 0
         if not (self._allowed("external") and self._on("connector")):
             external = 0
@@ -969,7 +961,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                     "num_new_tokens": self._sched.chunk(rid, hit + external, total - hit - external, True)}  # fmt: skip
         if found is not None and any(found["blocks"]):
             op["new_computed_blocks"] = found["blocks"]
-        return rid if self._sched.admit(op, hit, external) else None
+        return self._sched.admit(op, hit, external)
 
     def deferred_free(self, data: st.DataObject) -> None:
         """The scheduler frees popped blocks later, reversed."""
