@@ -921,3 +921,38 @@ class TestEraSmoke:
             else:
                 make_vllm_adapter(changed)
         assert adapter.allocate_slots(req, 8) is not None
+
+
+def test_secondary_keys_keep_insertion_order() -> None:
+    """vLLM's per-block set of secondary keys iterates in an order that changes
+    with PYTHONHASHSEED; the adapter's replacement keeps insertion order for
+    what the pool does with it (add, pop and walk, membership, clear), and
+    leaves a pool without the map (before vLLM 0.26.0) or a used map alone."""
+    from kvref.adapters.vllm.adapter import pin_secondary_key_order  # noqa: PLC0415
+
+    class Pool:
+        cached_block_hashes_by_block: dict[int, set[bytes]]
+
+    pool = Pool()
+    pool.cached_block_hashes_by_block = {}
+    pin_secondary_key_order(pool)
+    keys = pool.cached_block_hashes_by_block
+    order = [bytes([b]) * 8 for b in (9, 1, 5, 3, 7)]
+    for key in order:
+        keys.setdefault(4, set()).add(key)
+    keys.setdefault(4, set()).add(order[0])  # already there: stays first
+    assert 4 in keys and list(keys[4]) == order
+    walked: list[bytes] = []
+    walked.extend(keys.pop(4, ()))
+    assert walked == order and 4 not in keys
+    keys.setdefault(2, set()).add(order[1])
+    keys.clear()
+    assert not keys
+
+    old = Pool()
+    pin_secondary_key_order(old)
+    assert not hasattr(old, "cached_block_hashes_by_block")
+    used = Pool()
+    used.cached_block_hashes_by_block = {1: {b"k"}}
+    pin_secondary_key_order(used)
+    assert type(used.cached_block_hashes_by_block) is dict

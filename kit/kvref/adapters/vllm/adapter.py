@@ -67,6 +67,46 @@ _STATUS_NAMES: Final[dict[RequestStatus, str]] = {
 """kvspec request status -> vLLM ``RequestStatus`` member name."""
 
 
+class _InsertionOrderedKeys(dict[Any, None]):
+    """A set of cache keys that iterates in insertion order (what vLLM's
+    block pool calls on a block's set of secondary keys: ``add``, iteration,
+    ``in``, ``len``)."""
+
+    def add(self, key: Any) -> None:
+        self[key] = None
+
+    def discard(self, key: Any) -> None:
+        self.pop(key, None)
+
+
+class _SecondaryKeysByBlock(dict[int, _InsertionOrderedKeys]):
+    """vLLM's ``BlockPool.cached_block_hashes_by_block`` with insertion-ordered sets."""
+
+    def setdefault(self, key: int, default: object = None) -> _InsertionOrderedKeys:
+        if key not in self:
+            self[key] = _InsertionOrderedKeys()
+        return self[key]
+
+
+def pin_secondary_key_order(pool: Any) -> None:
+    """Give the real pool's secondary keys insertion order.
+
+    From vLLM 0.26.0 a block's keys besides its primary one (partial-tail
+    entries) live in a ``set`` per block (``cached_block_hashes_by_block``),
+    and evicting, promoting or moving the block walks that set: with two
+    secondary keys or more, the order of the ``BlockRemoved`` events (and of
+    the keys a copy receives) follows the set's iteration order, which for
+    keys of hash bytes changes with ``PYTHONHASHSEED`` from one process to
+    the next. kvspec specifies insertion order, one of the orders vLLM can
+    produce; so that a run against vLLM is reproducible, the adapter replaces
+    that empty map by one whose sets keep insertion order (nothing else of
+    the pool changes). A release without the map is left alone.
+    """
+    keys = getattr(pool, "cached_block_hashes_by_block", None)
+    if isinstance(keys, dict) and not keys:
+        pool.cached_block_hashes_by_block = _SecondaryKeysByBlock()
+
+
 class VllmAdapter:
     """:class:`kvref.adapters.KVCacheAdapter` over a real vLLM ``KVCacheManager``.
 
@@ -113,6 +153,7 @@ class VllmAdapter:
         self.construction_workaround: str | None
         self.manager, self.construction_workaround = build_manager(api, config, self._hbs)
         self._pool: Any = api.block_pool(self.manager)
+        pin_secondary_key_order(self._pool)
         self._managers: tuple[Any, ...] = api.single_type_managers(self.manager)
         self._block_sizes: tuple[int, ...] = tuple(api.manager_block_size(m) for m in self._managers)
         self._is_cross: tuple[bool, ...] = tuple(api.is_cross_attention(m) for m in self._managers)
