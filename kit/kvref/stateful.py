@@ -854,10 +854,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         end = (inner[ny] // bs + 1) * bs  # the end of the block holding both boundaries
         tokens = draw_tokens(data, end + 1, end + 1)
         y = self._admit_whole(data, {"prompt": tokens[:ny]}, reusable=True, connector=False)
-        if y is None or not self._run_to(y, end + 1, tokens):
+        if y is None or not self._prefill(data, y, end + 1, tokens):
             return
         x = self._admit_whole(data, {"prompt": tokens[:nx]}, reusable=True, connector=False)
-        if x is None or not self._run_to(x, end + 1, tokens):
+        if x is None or not self._prefill(data, x, end + 1, tokens):
             return
         self._sched.preempt(x, False)
         self._call({"op": "new_step_starts"})
@@ -868,19 +868,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self._call({"op": "evict_blocks", "block_ids": [block]})
         for rid in (x, y):
             if rid in self.running:
-                self._run_to(rid, self.reqs[rid].computed + 1, tokens)
-
-    def _run_to(self, rid: str, goal: int, tokens: list[int]) -> bool:
-        """Advance running ``rid`` until ``goal`` tokens are computed, its
-        outputs taken from ``tokens`` (then token 0); False if a step did not fit."""
-        while rid in self.running and self.reqs[rid].computed < goal:
-            n = self._num_tokens(rid)
-            if self.reqs[rid].computed >= n:
-                self._sched.sample(rid, tokens[n] if n < len(tokens) else 0)
-            state = self.reqs[rid]
-            if not self._sched.advance(rid, self._sched.chunk(rid, state.computed, goal - state.computed)):
-                return False
-        return rid in self.running
+                self._prefill(data, rid, self.reqs[rid].computed + 1, tokens)
 
     def _delayed_loads(self) -> bool:
         """Whether this run sends connector loads with delayed caching."""
@@ -894,10 +882,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         prefix hit and up to ``upto`` loaded through a connector, caching
         delayed; its id, or None where the lookup fails or hits ``upto``
         tokens or more, or the admission does not fit."""
-        self.counter += 1
-        rid = f"r{self.counter}"
-        self._sched.add({"op": "add_request", "rid": rid, "prompt": prompt}, 0, True)
-        self._remember(prompt, None)
+        rid = self._add({"prompt": prompt}, True)
         found = self._lookup(rid)
         if found is None or found["num_tokens"] >= upto:
             return None
@@ -908,13 +893,18 @@ class SchedulerMachine(RuleBasedStateMachine):
             op["new_computed_blocks"] = found["blocks"]
         return rid if self._sched.admit(op, hit, upto - hit, delay=True) else None
 
-    def _prefill(self, data: st.DataObject, rid: str, goal: int) -> bool:
+    def _prefill(self, data: st.DataObject, rid: str, goal: int, tokens: list[int] | None = None) -> bool:
         """Advance running ``rid`` chunk by chunk until ``goal`` tokens are
-        computed (sampling where its tokens end); False if a step did not fit."""
+        computed (sampling where its tokens end: a drawn token, or with
+        ``tokens`` the one at that position, then 0); False if a step did not fit."""
         while rid in self.running and self.reqs[rid].computed < goal:
             state = self.reqs[rid]
-            if state.computed >= self._num_tokens(rid):
-                self._sample_token(data, rid)
+            n = self._num_tokens(rid)
+            if state.computed >= n:
+                if tokens is None:
+                    self._sample_token(data, rid)
+                else:
+                    self._sched.sample(rid, tokens[n] if n < len(tokens) else 0)
             if not self._sched.advance(rid, self._sched.chunk(rid, state.computed, goal - state.computed)):
                 return False
         return rid in self.running
@@ -937,12 +927,17 @@ class SchedulerMachine(RuleBasedStateMachine):
         allocation of its hit and a chunk of the rest (with ``connector``,
         part of the rest loaded through the connector instead); its id if it
         was admitted."""
+        rid = self._add(fields, reusable)
+        return rid if self._admit_now(data, rid, connector) else None
+
+    def _add(self, fields: Json, reusable: bool) -> str:
+        """Add a waiting request with ``fields`` (its prompt, maybe extra keys); its id."""
         self.counter += 1
         rid = f"r{self.counter}"
         self._sched.add({"op": "add_request", "rid": rid, **fields}, 0, reusable)
         if reusable:
             self._remember(fields["prompt"], fields.get("extra"))
-        return rid if self._admit_now(data, rid, connector) else None
+        return rid
 
     def _admit_now(self, data: st.DataObject, rid: str, connector: bool) -> bool:
         """Admit waiting ``rid`` at once: its prefix lookup, then one allocation
