@@ -11,12 +11,21 @@ from kvimpl.native import native_module, native_unsupported
 from kvref.adapters.impl import IMPL_PROFILES
 from kvref.branches import Unreachable, build_report, function_lines, load_unreachable, package_relative
 from kvref.config_coverage import NAMES
-from kvref.shapes import WIDE, build_kinds
+from kvref.shapes import WIDE, build_kinds, shape_allowed, shape_named
 from kvspec.config import KVCacheConfig
-from kvspec.profiles import NEWEST, VLLM_0_25_1
+from kvspec.profiles import NEWEST, VLLM_0_25_1, profile_named
 from kvtools.coverage import (
+    CHUNKED_SHAPES,
+    CHUNKED_STEPS,
+    EAGLE_WINDOW_PROFILE,
+    EAGLE_WINDOW_SHAPES,
+    MAMBA_SHAPES,
     PCP_MAMBA_SHAPE,
     PCP_MAMBA_STEPS,
+    RING_SHAPES,
+    SINK_PROFILE,
+    SINK_SHAPES,
+    SINK_STEPS,
     WIDE_STEPS,
     Run,
     ci_runs,
@@ -218,10 +227,26 @@ def test_ci_runs_cover_every_profile() -> None:
     assert Run(NEWEST.name, "impl-batch-native") in runs
     assert Run(NEWEST.name, "impl", shapes="wide", min_steps=WIDE_STEPS) in runs
     assert Run(NEWEST.name, "impl", shapes=PCP_MAMBA_SHAPE, min_steps=PCP_MAMBA_STEPS) in runs
+    assert Run(NEWEST.name, "impl-batch", shapes=CHUNKED_SHAPES, min_steps=CHUNKED_STEPS) in runs
+    assert Run(SINK_PROFILE, "impl", shapes=SINK_SHAPES, min_steps=SINK_STEPS) in runs
+    assert Run(NEWEST.name, "impl", shapes=RING_SHAPES) in runs
+    assert Run(NEWEST.name, "impl", shapes=MAMBA_SHAPES) in runs
+    assert Run(EAGLE_WINDOW_PROFILE, "impl", shapes=EAGLE_WINDOW_SHAPES) in runs
     assert parse_profiles("newest") == [NEWEST.name]
     assert set(parse_profiles("all")) == IMPL_PROFILES
     with pytest.raises(SystemExit):
         parse_profiles("vllm-9.9.9")
+
+
+def test_the_focused_runs_name_shapes_their_profile_has() -> None:
+    """The sink run's profile is one whose sink managers reserve their blocks (the refusal it
+    exists for), and every shape a focused run names is one ``--shapes`` parses."""
+    assert profile_named(SINK_PROFILE).sink_blocks_reserved
+    assert not NEWEST.sink_blocks_reserved
+    for run in ci_runs():
+        for name in (run.shapes or "").split(","):
+            if name:
+                assert shape_allowed(shape_named(name), profile_named(run.profile)), (run, name)
 
 
 def test_known_gaps_file_quotes_its_lines() -> None:

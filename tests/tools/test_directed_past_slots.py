@@ -1,6 +1,7 @@
-"""The vLLM 0.33.0 directed traces of ``kvtools.directed.past_slots`` are what
-their scripts record on kvspec now, and each one takes the situation it was
-written for (CI replays them against real vLLM 0.33.0)."""
+"""The directed traces of ``kvtools.directed.past_slots`` (under vLLM 0.26.0,
+0.29.0 and 0.33.0) are what their scripts record on kvspec now, and each one
+takes the situation it was written for (CI replays the 0.33.0 ones against real
+vLLM 0.33.0; the 0.26.0 and 0.29.0 ones were replayed by those releases)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,16 @@ from kvtools.directed.past_slots import scenarios
 from kvtools.directed.record import DIRECTED_DIR
 
 RELEASE = "vllm-0.33.0"
-FOLDER = DIRECTED_DIR.parent.parent / RELEASE / "directed"
+RECORDED = ("vllm-0.26.0", "vllm-0.29.0", RELEASE)
+"""The releases whose ``directed/`` folder holds the three traces."""
 
 
+@pytest.mark.parametrize("release", RECORDED)
 @pytest.mark.parametrize("index", [0, 1, 2])
-def test_committed_trace_is_what_the_script_records(index: int) -> None:
-    sc = scenarios(RELEASE)[index]
-    assert (FOLDER / f"{sc.name}.jsonl").read_text() == sc.record().dumps()
+def test_committed_trace_is_what_the_script_records(release: str, index: int) -> None:
+    sc = scenarios(release)[index]
+    folder = DIRECTED_DIR.parent.parent / release / "directed"
+    assert (folder / f"{sc.name}.jsonl").read_text() == sc.record().dumps()
 
 
 def _events(trace: Trace) -> list[list[tuple[str, int | None]]]:

@@ -89,6 +89,54 @@ Mamba group). In the full runs the shape is one of 34 and cached in two draws of
 seeds 1, 3 and 4 never looked it up; alone it does at seeds 0-4."""
 
 
+CHUNKED_SHAPES = "chunked,full+chunked"
+CHUNKED_STEPS = 25000
+"""A run of the two chunked-local shapes through the batch API on the pure-Python manager. The
+native core serves every lookup and allocation of the other runs but two (the pure-Python build
+under vLLM 0.25.1 and ``impl-batch``), where chunked-local shapes are 2 draws of 34: at seed 0
+neither met a chunked-local hit of one block or more (kvimpl's ``chunked_local_hit`` loop never
+ran) nor a sparse table of null blocks only (a delayed connector load whose tokens end on a chunk
+boundary: every block it covers is skipped). Alone the two shapes meet the hit in their first
+4,000 steps at seeds 0-4; the all-null table at seed 0 within 3,900 steps, at seeds 1-3 within
+14,200 and at seed 4 within 27,400 (``kvref check --target impl-batch --shapes chunked,full+chunked
+--min-steps N --coverage-json F`` with N = 400, 12,000 and 25,000: the ci profile's machine runs
+end past the goal)."""
+
+
+SINK_SHAPES = "sink,sink@dcp2"
+SINK_PROFILE = "vllm-0.29.0"
+SINK_STEPS = 45000
+"""A run of the attention-sink shapes under the last release whose sink managers take their sink
+blocks for good when they are built (vLLM 0.29.0; 0.30.0 stopped): a pool too small for them is a
+configuration the release cannot start with, which kvspec refuses (``validate_sink_room``). The full
+runs draw it only in a few of their sink configurations, and only under 0.16.0-0.29.0: at seed 1 no
+run met it. Alone the two shapes meet it at seeds 0-2 and 4 within the ci profile's 20,000 steps,
+at seed 3 within 45,500."""
+
+
+RING_SHAPES = "full+ring,ring"
+"""The ring-kind shapes under the newest profile: a lookup over a ring group (no hit: it is not
+prefix cacheable) and a hit list sent for one (refused). The full runs draw them as 2 of 34
+shapes: at seed 2 neither was met, at seeds 1 and 4 one of them. Alone the shapes meet both at
+seeds 0-4 (the ci profile's 20,000 steps)."""
+
+MAMBA_SHAPES = (
+    "mamba-all,mamba-align,full+mamba-align,full+mamba-all,full@2x+mamba-align,full+mamba-align+mamba-align"
+)
+"""The Mamba shapes under the newest profile: a ``cache_blocks`` that reaches a prompt's Mamba tail
+boundary where the state block holding it is null or not in the table (vLLM 0.32.0 on keys the
+tail state of every align group; :mod:`kvspec.mamba_tail`). Missed at seeds 2 and 4 by the full
+runs; met at seeds 0-4 by these shapes alone (20,000 steps)."""
+
+EAGLE_WINDOW_PROFILE = "vllm-0.16.0"
+EAGLE_WINDOW_SHAPES = "full@2x+swa,full@2x+mamba-align@2x+swa,full+swa,mla+swa"
+"""Sliding-window hybrids under vLLM 0.16.0, the release whose sliding-window search under EAGLE
+could find a hit the EAGLE drop then loses (met in ``full@2x+swa`` and
+``full@2x+mamba-align@2x+swa`` with EAGLE and caching on), and which refuses EAGLE on chosen
+groups. The full runs missed both at seed 4; these shapes alone meet both at seeds 0-4
+(20,000 steps)."""
+
+
 def ci_runs() -> list[Run]:
     """The impl-vs-spec locksteps ``ci/test.sh`` runs (each at seed 0 with ``--profile ci``):
     ``impl`` under every profile kvimpl follows, the pure-Python build under the
@@ -100,7 +148,10 @@ def ci_runs() -> list[Run]:
     device-table calls and its constructor's refusals); and two short runs of
     one shape each: :data:`kvref.shapes.WIDE` (65 groups, more than the native
     core takes), where kvimpl falls back to pure Python, and
-    :data:`PCP_MAMBA_SHAPE`."""
+    :data:`PCP_MAMBA_SHAPE`; and runs of a few shapes each, for situations the full runs meet at
+    some seeds only: :data:`CHUNKED_SHAPES` through the batch API, :data:`SINK_SHAPES` under
+    :data:`SINK_PROFILE`, :data:`RING_SHAPES`, :data:`MAMBA_SHAPES`, and
+    :data:`EAGLE_WINDOW_SHAPES` under :data:`EAGLE_WINDOW_PROFILE`."""
     from kvref.adapters.impl import IMPL_PROFILES  # noqa: PLC0415 - imports kvimpl
     from kvspec.profiles import NEWEST, VLLM_0_25_1  # noqa: PLC0415
 
@@ -113,6 +164,11 @@ def ci_runs() -> list[Run]:
         Run(NEWEST.name, "impl-batch-native"),
         Run(NEWEST.name, "impl", shapes="wide", min_steps=WIDE_STEPS),
         Run(NEWEST.name, "impl", shapes=PCP_MAMBA_SHAPE, min_steps=PCP_MAMBA_STEPS),
+        Run(NEWEST.name, "impl-batch", shapes=CHUNKED_SHAPES, min_steps=CHUNKED_STEPS),
+        Run(SINK_PROFILE, "impl", shapes=SINK_SHAPES, min_steps=SINK_STEPS),
+        Run(NEWEST.name, "impl", shapes=RING_SHAPES),
+        Run(NEWEST.name, "impl", shapes=MAMBA_SHAPES),
+        Run(EAGLE_WINDOW_PROFILE, "impl", shapes=EAGLE_WINDOW_SHAPES),
     ]
 
 
@@ -198,12 +254,15 @@ def parse_profiles(text: str) -> list[str]:
 def run_all(
     args: argparse.Namespace, runs: list[Run]
 ) -> tuple[dict[int, dict[str, Any]], dict[int, dict[str, dict[str, Any]]]]:
-    """Every seed's runs: merged per seed, and per profile (its targets merged)."""
+    """Every seed's runs: merged per seed, and per profile (its targets merged). With ``--out``
+    each run's own report stays in its ``runs/`` folder (``--merge`` takes them again)."""
     merged: dict[int, dict[str, Any]] = {}
     per_profile: dict[int, dict[str, dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        where = Path(tmp) if args.out is None else args.out.resolve() / "runs"
+        where.mkdir(parents=True, exist_ok=True)
         for seed in parse_seeds(args.seeds):
-            reports = list(pool.map(lambda r, s=seed: run_seed(s, Path(tmp), r, args.min_steps), runs))
+            reports = list(pool.map(lambda r, s=seed: run_seed(s, where, r, args.min_steps), runs))
             by_profile: dict[str, list[dict[str, Any]]] = {}
             for r, rep in zip(runs, reports, strict=True):
                 by_profile.setdefault(r.profile, []).append(rep)
