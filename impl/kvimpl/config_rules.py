@@ -270,3 +270,12 @@ def speculative_blocks(kind: AttentionKind) -> int:
     Mamba group's ``num_speculative_blocks``, else 0 (as
     :func:`kvspec.config.speculative_blocks`)."""
     return kind.num_speculative_blocks if isinstance(kind, Mamba) else 0
+
+
+def cacheable_blocks(kind: AttentionKind, table_len: int) -> int | None:
+    """Full blocks ``cache_blocks`` may cache in a group of ``kind`` holding
+    ``table_len`` blocks, or None where the group caches nothing (as
+    :func:`kvspec.config.cacheable_blocks`)."""
+    if isinstance(kind, CrossAttention) or not prefix_cacheable(kind):
+        return None
+    return table_len - speculative_blocks(kind)

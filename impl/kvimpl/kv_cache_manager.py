@@ -31,6 +31,7 @@ from kvimpl.block_pool import NULL_BLOCK, TailBlockPool, coarse_hash
 from kvimpl.checks import REQUEST_TYPES, check_request, check_request_id, is_int
 from kvimpl.config_rules import (
     FULL_TYPE_KINDS,
+    cacheable_blocks,
     clip_block_sizes,
     cp_lookup_refusal,
     estimate_groups,
@@ -38,14 +39,13 @@ from kvimpl.config_rules import (
     kind_name,
     manager_kinds,
     prefix_cacheable,
-    speculative_blocks,
     unmodelled_features,
 )
 from kvimpl.invariants import require
 from kvimpl.kv_cache_coordinator import GroupBlocks, make_coordinator
 from kvimpl.step_api import WATERMARKED, StepAPI, inv_device_rows_match
 from kvspec.block_pool import BlockId
-from kvspec.config import CrossAttention, KVCacheConfig
+from kvspec.config import KVCacheConfig
 from kvspec.errors import (
     CacheBeyondAllocationError,
     ContextParallelLookupError,
@@ -485,9 +485,8 @@ class KVCacheManager(StepAPI):
             )
         rid = request.request_id
         for g, (kind, m) in enumerate(zip(self.kinds, self.coordinator.managers, strict=True)):
-            have = len(m.req_to_blocks.get(rid, ())) - speculative_blocks(kind)
-            ring_or_cross = isinstance(kind, CrossAttention) or not prefix_cacheable(kind)
-            if not ring_or_cross and num_computed_tokens // kind.block_size > have:
+            have = cacheable_blocks(kind, len(m.req_to_blocks.get(rid, ())))
+            if have is not None and num_computed_tokens // kind.block_size > have:
                 raise CacheBeyondAllocationError(
                     f"cache_blocks: group {g} holds {have} blocks for tokens, fewer than "
                     f"{num_computed_tokens // kind.block_size} full blocks to cache"

@@ -46,8 +46,8 @@ from kvspec.config import (
     Mamba,
     SinkFullAttention,
     SlidingWindow,
+    cacheable_blocks,
     prefix_cacheable,
-    speculative_blocks,
 )
 from kvspec.errors import ConfigError, InvalidRequestError, UnsupportedByProfileError
 from kvspec.hashing import HASH_FUNCTION_NAMES, ExtraKeySource, LoRA
@@ -1047,9 +1047,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         total = self._num_tokens(rid)
         high, low = total, None
         for kind, table in zip(self.cfg.manager_groups(), tables, strict=True):  # block sizes under context parallelism
-            if isinstance(kind, CrossAttention) or not prefix_cacheable(kind):
+            have = cacheable_blocks(kind, len(table))
+            if have is None:
                 continue
-            slots = max(len(table) - speculative_blocks(kind), 0) * kind.block_size
+            slots = max(have, 0) * kind.block_size
             high = min(high, slots + kind.block_size - 1)
             low = slots if low is None else min(low, slots)
         if low is None:

@@ -141,6 +141,19 @@ def speculative_blocks(kind: AttentionKind) -> int:
     return kind.num_speculative_blocks if isinstance(kind, Mamba) else 0
 
 
+def cacheable_blocks(kind: AttentionKind, table_len: int) -> int | None:
+    """How many full blocks ``cache_blocks`` may cache in a group of ``kind``
+    whose table holds ``table_len`` blocks: the table less its speculative
+    blocks (:func:`speculative_blocks`; vLLM would cache them as states no
+    token filled). None for a group that caches nothing (cross attention and
+    the ring kinds), where any count is accepted. A count ``n`` asks for
+    ``n // block_size`` full blocks; more than this is refused
+    (``CacheBeyondAllocationError``)."""
+    if isinstance(kind, CrossAttention) or not prefix_cacheable(kind):
+        return None
+    return table_len - speculative_blocks(kind)
+
+
 def kind_name(kind: AttentionKind) -> str:
     """The kind string carried by BlockStored events (vLLM's ``KVCacheSpecKind``)."""
     names: dict[type, str] = {

@@ -21,11 +21,11 @@ from kvspec.config import (
     CrossAttention,
     KVCacheConfig,
     Mamba,
+    cacheable_blocks,
     cp_lookup_refusal,
     event_sliding_window,
     kind_name,
     prefix_cacheable,
-    speculative_blocks,
 )
 from kvspec.errors import (
     CacheBeyondAllocationError,
@@ -378,7 +378,7 @@ class KVCacheManager:
             InvalidTokenCountError: A negative count.
             CacheBeyondAllocationError: Tokens beyond the request, or more
                 full blocks than a table holds for tokens (a Mamba group's
-                speculative blocks left out: :func:`kvspec.config.speculative_blocks`).
+                speculative blocks left out: :func:`kvspec.config.cacheable_blocks`).
         """
         if not self.enable_caching:
             return
@@ -390,9 +390,8 @@ class KVCacheManager:
                 f"cache_blocks: {num_computed_tokens} tokens > the request's {request.num_tokens}"
             )
         for g, (kind, table) in enumerate(zip(self.kinds, self.get_blocks(request.request_id), strict=True)):
-            ring_or_cross = isinstance(kind, CrossAttention) or not prefix_cacheable(kind)
-            have = len(table) - speculative_blocks(kind)
-            if not ring_or_cross and num_computed_tokens // kind.block_size > have:
+            have = cacheable_blocks(kind, len(table))
+            if have is not None and num_computed_tokens // kind.block_size > have:
                 raise CacheBeyondAllocationError(
                     f"cache_blocks: group {g} holds {have} blocks for tokens, fewer than "
                     f"{num_computed_tokens // kind.block_size} full blocks to cache"

@@ -14,9 +14,19 @@ from typing import Any
 
 import pytest
 
+from kvimpl.config_rules import cacheable_blocks as impl_cacheable_blocks
 from kvimpl.kv_cache_manager import KVCacheManager as ImplManager
 from kvimpl.native import NativeKVCacheManager, native_module, native_unsupported
-from kvspec.config import FullAttention, KVCacheConfig, Mamba, speculative_blocks
+from kvspec.config import (
+    CircularBuffer,
+    CrossAttention,
+    FullAttention,
+    KVCacheConfig,
+    Mamba,
+    SlidingWindow,
+    cacheable_blocks,
+    speculative_blocks,
+)
 from kvspec.errors import CacheBeyondAllocationError
 from kvspec.kv_cache_manager import KVCacheManager as SpecManager
 from kvspec.profiles import VLLM_0_25_1, VLLM_0_33_0, SemanticsProfile
@@ -36,6 +46,17 @@ BUILDS = [
 def test_only_mamba_groups_have_speculative_blocks() -> None:
     assert speculative_blocks(Mamba(2, "align", num_speculative_blocks=2)) == 2
     assert speculative_blocks(FullAttention(4)) == 0
+
+
+@pytest.mark.parametrize("rule", [cacheable_blocks, impl_cacheable_blocks], ids=["spec", "impl"])
+def test_cacheable_blocks_leave_out_speculative_blocks_and_groups_that_cache_nothing(rule: Any) -> None:
+    # The one rule kvspec, kvimpl, the vLLM adapter and the machine's cache_past_slots apply.
+    assert rule(FullAttention(4), 3) == 3
+    assert rule(SlidingWindow(4, 8), 0) == 0
+    assert rule(Mamba(2, "align", num_speculative_blocks=2), 4) == 2
+    assert rule(Mamba(2, "all", num_speculative_blocks=1), 0) == -1  # a table not allocated yet: nothing fits
+    assert rule(CrossAttention(4), 5) is None
+    assert rule(CircularBuffer(4), 1) is None
 
 
 @pytest.mark.parametrize("profile", [VLLM_0_25_1, VLLM_0_33_0], ids=["0.25.1", "0.33.0"])

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from kvref.adapters import DeclaredSemantics
-from kvspec.config import FULL_TYPE_KINDS, KVCacheConfig, prefix_cacheable, speculative_blocks
+from kvspec.config import FULL_TYPE_KINDS, KVCacheConfig, cacheable_blocks, prefix_cacheable
 from kvspec.errors import (
     CacheBeyondAllocationError,
     ContextParallelLookupError,
@@ -587,11 +587,10 @@ class VllmAdapter:
                 f"request {request.request_id!r}: cannot cache {n} tokens, it has {num_tokens}"
             )
         for g in range(self._num_groups):
-            if self._is_cross[g] or not prefix_cacheable(self.config.groups[g]):
-                continue  # ring groups cache nothing: vLLM's cache_blocks is a no-op there
-            # vLLM caches a Mamba group's speculative blocks as states no token filled
-            have = self._table_len(g, request.request_id) - speculative_blocks(self.config.groups[g])
-            if n // self._block_sizes[g] > have:
+            # vLLM would cache a Mamba group's speculative blocks as states no token filled;
+            # ring and cross groups cache nothing (vLLM's cache_blocks is a no-op there)
+            have = cacheable_blocks(self.config.groups[g], self._table_len(g, request.request_id))
+            if have is not None and n // self._block_sizes[g] > have:
                 raise CacheBeyondAllocationError(
                     f"request {request.request_id!r}: {n} tokens need "
                     f"{n // self._block_sizes[g]} blocks in group {g}, it holds {have} for tokens"
