@@ -42,9 +42,10 @@ fi
 # the baseline profile, and under the newest kvimpl's own mutable requests
 # (--target impl-mutable) and its batched step API with device tables on the
 # pure-Python manager and on the native core (--target impl-batch,
-# impl-batch-native), and two short runs of one shape each: `wide` (65 groups,
+# impl-batch-native), two short runs of one shape each: `wide` (65 groups,
 # kvimpl's pure-Python fallback past the native core's 64) and a cached Mamba
-# group under context parallelism:
+# group under context parallelism, and five runs of a few shapes each for
+# situations the full runs meet at some seeds only (tools/kvtools/coverage.py):
 # `python -m kvtools coverage --ci-runs` lists them.
 # Each run also writes its branch coverage of kvspec and kvimpl; the gate
 # merges them (an outcome is taken if any run took it) and fails on a gap not

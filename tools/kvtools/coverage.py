@@ -145,7 +145,7 @@ def ci_runs() -> list[Run]:
     (``impl-batch``: the only run that reaches most of kvimpl/step_api.py and
     kvimpl/device_tables.py) and on the native core (``impl-batch-native``:
     the core's batch entry points and host rows, the native manager's
-    device-table calls and its constructor's refusals); and two short runs of
+    device-table calls and its constructor's refusals); two short runs of
     one shape each: :data:`kvref.shapes.WIDE` (65 groups, more than the native
     core takes), where kvimpl falls back to pure Python, and
     :data:`PCP_MAMBA_SHAPE`; and runs of a few shapes each, for situations the full runs meet at
