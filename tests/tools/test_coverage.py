@@ -270,3 +270,26 @@ def test_the_wide_shape_is_past_the_native_core() -> None:
         assert reason == "65 groups (the native core takes up to 64)"
     assert Run(NEWEST.name, "impl", shapes="wide", min_steps=7).ci_line() == f"{NEWEST.name} impl native wide 7"
     assert Run(NEWEST.name, "impl").ci_line() == f"{NEWEST.name} impl native - -"
+
+
+def test_out_keeps_each_runs_report_for_merge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``--out DIR`` each run's own report stays in ``DIR/runs/`` (so a later ``--merge``
+    can combine it with other runs), next to the merged coverage.md and coverage.json."""
+    import subprocess  # noqa: PLC0415
+
+    import kvtools.coverage as cov  # noqa: PLC0415
+
+    def fake_run(cmd: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        report = _report([[2, 3]])
+        report["totals"] = {"outcomes": 10, "taken": 8, "import_time": 1, "unreachable": 0, "gaps": 1, "stale": 0}
+        Path(cmd[cmd.index("--coverage-json") + 1]).write_text(json.dumps(report))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(cov, "source_lines", _lines)
+    out = tmp_path / "out"
+    assert main(["--profiles", "newest", "--targets", "impl,impl-batch", "--seeds", "0-1", "--out", str(out)]) == 0
+    kept = sorted(p.name for p in (out / "runs").glob("*.json"))
+    assert len(kept) == 4 and all(name.startswith(("seed-0-", "seed-1-")) for name in kept)
+    assert (out / "coverage.md").exists() and (out / "coverage.json").exists()
+    assert main(["--merge", *map(str, (out / "runs").glob("seed-0-*.json")), "--out", str(tmp_path / "m")]) == 0
