@@ -38,6 +38,7 @@ from kvref.swarm import ALL_ON, Swarm, action_swarms, swarm_default, swarms
 from kvref.traces import Trace
 from kvspec.config import (
     FULL_TYPE_KINDS,
+    AttentionKind,
     ChunkedLocal,
     CircularBuffer,
     CrossAttention,
@@ -945,12 +946,13 @@ class SchedulerMachine(RuleBasedStateMachine):
             self._remember(fields["prompt"], fields.get("extra"))
         return rid
 
-    def _admit_now(self, data: st.DataObject, rid: str, connector: bool) -> bool:
+    def _admit_now(self, data: st.DataObject, rid: str, connector: bool, upto: int | None = None) -> bool:
         """Admit waiting ``rid`` at once: its prefix lookup, then one allocation
         of its hit and a chunk of the rest (with ``connector``, part of the
-        rest loaded through the connector instead); whether it runs."""
+        rest loaded through the connector instead; with ``upto``, a chunk
+        that ends there at most); whether it runs."""
         found = self._lookup(rid)
-        total = self._num_tokens(rid)
+        total = self._num_tokens(rid) if upto is None else min(upto, self._num_tokens(rid))
         hit = found["num_tokens"] if found is not None else total
         if total - hit < 1:
             return False
@@ -1072,12 +1074,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         tables = self.lock.adapters[0].get_block_ids(rid)
         high, low = self._num_tokens(rid), None
         for kind, table in zip(self.cfg.manager_groups(), tables, strict=True):  # block sizes under context parallelism
-            have = cacheable_blocks(kind, len(table))
-            if have is None:
+            most = _accepted_count(kind, len(table))
+            if most is None:
                 continue
-            slots = max(have, 0) * kind.block_size
-            high = min(high, slots + kind.block_size - 1)
-            low = slots if low is None else min(low, slots)
+            high = min(high, most)
+            low = most - kind.block_size + 1 if low is None else min(low, most - kind.block_size + 1)
         return low, high
 
     def _tail_past_table(self, data: st.DataObject) -> None:
@@ -1096,47 +1097,40 @@ class SchedulerMachine(RuleBasedStateMachine):
         other caching group's table reaches ``B``; measured at seeds 0-4 of
         the ci lockstep before this path existed, the runs met it at seeds
         0 and 3 only."""
-        cfg = self.cfg
-        kinds = cfg.manager_groups()
-        hbs = cfg.resolved_hash_block_size()
-        below = cfg.profile.fa_tail_below_last_token
-        eagle = cfg.eagle_group_ids()
+        kinds = self.cfg.manager_groups()
         cases: list[tuple[int, int, int]] = []  # (prompt length, boundary, where the table stops)
         for n in range(2, self._prompt_limit() + 1):
             for g in self.past_tail_groups:
                 bs = kinds[g].block_size
-                b = fa_tail_boundary(n, hbs, any(i in eagle for i in self._same_kind(g)), below)
+                b = self.tail_boundary(n, g)
                 if b % bs and b >= bs and self._reaches(b // bs * bs, b):
                     cases.append((n, b, b // bs * bs))
         if not cases:
             return
         n, boundary, start = choose(data, tuple(sorted(set(cases))))
         rid = self._add({"prompt": draw_tokens(data, n, n)}, True)
-        found = self._lookup(rid)
-        hit = found["num_tokens"] if found is not None else n
-        if hit >= start:
-            return  # the request waits; the machine goes on with it as with any other
-        chunk = self._sched.chunk(rid, hit, start - hit, True)
-        op: Json = {"op": "allocate_slots", "rid": rid, "num_new_computed_tokens": hit,
-                    "num_external_computed_tokens": 0, "num_new_tokens": chunk}  # fmt: skip
-        if found is not None and any(found["blocks"]):
-            op["new_computed_blocks"] = found["blocks"]
-        if not self._sched.admit(op, hit) or not self._prefill(data, rid, start):
+        # a hit at ``start`` or beyond leaves the request waiting; the machine goes on with it as with any other
+        if not self._admit_now(data, rid, connector=False, upto=start) or not self._prefill(data, rid, start):
             return
         low, high = self._cache_bounds(rid)
         if low is not None and boundary <= high:
             self._call({"op": "cache_blocks", "rid": rid, "num_computed_tokens": integer(data, boundary, high)})
 
-    def _same_kind(self, g: int) -> list[int]:
-        """The groups of group ``g``'s kind (looked up together, one EAGLE flag)."""
-        return [i for i, k in enumerate(self.cfg.groups) if k == self.cfg.groups[g]]
+    def tail_boundary(self, num_prompt_tokens: int, g: int) -> int:
+        """Where partial-tail group ``g`` keys the tail of a prompt this long
+        (an EAGLE flag on any group of its kind counts: they are looked up together)."""
+        cfg = self.cfg
+        eagle = any(i in cfg.eagle_group_ids() for i, k in enumerate(cfg.groups) if k == cfg.groups[g])
+        return fa_tail_boundary(
+            num_prompt_tokens, cfg.resolved_hash_block_size(), eagle, cfg.profile.fa_tail_below_last_token
+        )
 
     def _reaches(self, tokens: int, count: int) -> bool:
         """Whether, once a request has slots for ``tokens`` tokens, every
         caching group other than Mamba accepts ``cache_blocks`` up to ``count``."""
         for kind in self.cfg.manager_groups():
-            have = None if isinstance(kind, Mamba) else cacheable_blocks(kind, -(-tokens // kind.block_size))
-            if have is not None and count > max(have, 0) * kind.block_size + kind.block_size - 1:
+            most = None if isinstance(kind, Mamba) else _accepted_count(kind, -(-tokens // kind.block_size))
+            if most is not None and count > most:
                 return False
         return True
 
@@ -1450,6 +1444,14 @@ class SchedulerMachine(RuleBasedStateMachine):
         setup.recorded_texts.add(text)
         setup.recorded += 1
         trace.write_new(record_dir, self.shape, start=setup.recorded)
+
+
+def _accepted_count(kind: AttentionKind, table_len: int) -> int | None:
+    """The largest ``cache_blocks`` count a group of ``kind`` with
+    ``table_len`` blocks accepts (the block after its cacheable blocks less
+    one token); None for a group that caches nothing."""
+    have = cacheable_blocks(kind, table_len)
+    return None if have is None else max(have, 0) * kind.block_size + kind.block_size - 1
 
 
 ACTIONS: tuple[tuple[str, Callable[[SchedulerMachine], bool]], ...] = (

@@ -55,7 +55,8 @@ def _run(tmp_path: Path, profile: SemanticsProfile, seed: int) -> tuple[int, int
             hbs = cfg.resolved_hash_block_size()
             for g in self.past_tail_groups:
                 bs = cfg.manager_groups()[g].block_size
-                eagle = any(i in cfg.eagle_group_ids() for i in self._same_kind(g))
+                same_kind = [i for i, k in enumerate(cfg.groups) if k == cfg.groups[g]]  # one EAGLE flag per kind
+                eagle = any(i in cfg.eagle_group_ids() for i in same_kind)
                 b = fa_tail_boundary(prompt, hbs, eagle, cfg.profile.fa_tail_below_last_token)
                 if b % bs and b <= op["num_computed_tokens"] and b // bs >= len(tables[g]):
                     sent[1] += 1
