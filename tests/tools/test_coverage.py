@@ -20,8 +20,11 @@ from kvtools.coverage import (
     EAGLE_WINDOW_PROFILE,
     EAGLE_WINDOW_SHAPES,
     MAMBA_SHAPES,
+    PCP_MAMBA_DCP_PROFILE,
     PCP_MAMBA_SHAPE,
     PCP_MAMBA_STEPS,
+    REKEYED_SHAPES,
+    REKEYED_STEPS,
     RING_SHAPES,
     SINK_PROFILE,
     SINK_SHAPES,
@@ -227,6 +230,8 @@ def test_ci_runs_cover_every_profile() -> None:
     assert Run(NEWEST.name, "impl-batch-native") in runs
     assert Run(NEWEST.name, "impl", shapes="wide", min_steps=WIDE_STEPS) in runs
     assert Run(NEWEST.name, "impl", shapes=PCP_MAMBA_SHAPE, min_steps=PCP_MAMBA_STEPS) in runs
+    assert Run(PCP_MAMBA_DCP_PROFILE, "impl", shapes=PCP_MAMBA_SHAPE, min_steps=PCP_MAMBA_STEPS) in runs
+    assert Run(NEWEST.name, "impl", shapes=REKEYED_SHAPES, min_steps=REKEYED_STEPS) in runs
     assert Run(NEWEST.name, "impl-batch", shapes=CHUNKED_SHAPES, min_steps=CHUNKED_STEPS) in runs
     assert Run(SINK_PROFILE, "impl", shapes=SINK_SHAPES, min_steps=SINK_STEPS) in runs
     assert Run(NEWEST.name, "impl", shapes=RING_SHAPES) in runs

@@ -88,6 +88,12 @@ vLLM 0.29.0 its lookup is refused for the prefill size alone (the decode size do
 Mamba group). In the full runs the shape is one of 34 and cached in two draws of three, and
 seeds 1, 3 and 4 never looked it up; alone it does at seeds 0-4."""
 
+PCP_MAMBA_DCP_PROFILE = "vllm-0.25.1"
+"""The same shape under the last release that passes every group the process DCP size and still
+builds a lone cached Mamba group under context parallelism (0.26.0-0.28.0 refuse that
+configuration): its lookup is refused for the decode size first. The full runs draw it under
+0.16.0 and 0.25.1 only; at seed 2 neither looked it up; alone (1,000 steps) it does at seeds 0-4."""
+
 
 CHUNKED_SHAPES = "chunked,full+chunked"
 CHUNKED_STEPS = 25000
@@ -128,6 +134,14 @@ boundary where the state block holding it is null or not in the table (vLLM 0.32
 tail state of every align group; :mod:`kvspec.mamba_tail`). Missed at seeds 2 and 4 by the full
 runs; met at seeds 0-4 by these shapes alone (20,000 steps)."""
 
+REKEYED_SHAPES = "full@2x+swa,full@2x+mamba-align"
+REKEYED_STEPS = 40000
+"""Two coarse full-attention hybrids under the newest profile, for ``SchedulerMachine.rekeyed_tails``:
+a partial-tail key put on a block whose key stands for fewer tokens, which is removed first
+(``cache_partial_block``), and an eviction that removes one block of several under a key. The full
+runs missed both at seed 1. Alone the two shapes meet both at seeds 1-4 within the ci profile's
+20,000 steps and at seed 0 within 40,000."""
+
 EAGLE_WINDOW_PROFILE = "vllm-0.16.0"
 EAGLE_WINDOW_SHAPES = "full@2x+swa,full@2x+mamba-align@2x+swa,full+swa,mla+swa"
 """Sliding-window hybrids under vLLM 0.16.0, the release whose sliding-window search under EAGLE
@@ -145,13 +159,15 @@ def ci_runs() -> list[Run]:
     (``impl-batch``: the only run that reaches most of kvimpl/step_api.py and
     kvimpl/device_tables.py) and on the native core (``impl-batch-native``:
     the core's batch entry points and host rows, the native manager's
-    device-table calls and its constructor's refusals); two short runs of
-    one shape each: :data:`kvref.shapes.WIDE` (65 groups, more than the native
+    device-table calls and its constructor's refusals); short runs of one
+    shape each: :data:`kvref.shapes.WIDE` (65 groups, more than the native
     core takes), where kvimpl falls back to pure Python, and
-    :data:`PCP_MAMBA_SHAPE`; and runs of a few shapes each, for situations the full runs meet at
-    some seeds only: :data:`CHUNKED_SHAPES` through the batch API, :data:`SINK_SHAPES` under
-    :data:`SINK_PROFILE`, :data:`RING_SHAPES`, :data:`MAMBA_SHAPES`, and
-    :data:`EAGLE_WINDOW_SHAPES` under :data:`EAGLE_WINDOW_PROFILE`."""
+    :data:`PCP_MAMBA_SHAPE` under the newest profile and under
+    :data:`PCP_MAMBA_DCP_PROFILE`; and runs of a few shapes each, for
+    situations the full runs meet at some seeds only: :data:`CHUNKED_SHAPES`
+    through the batch API, :data:`SINK_SHAPES` under :data:`SINK_PROFILE`,
+    :data:`RING_SHAPES`, :data:`MAMBA_SHAPES`, :data:`EAGLE_WINDOW_SHAPES`
+    under :data:`EAGLE_WINDOW_PROFILE`, and :data:`REKEYED_SHAPES`."""
     from kvref.adapters.impl import IMPL_PROFILES  # noqa: PLC0415 - imports kvimpl
     from kvspec.profiles import NEWEST, VLLM_0_25_1  # noqa: PLC0415
 
@@ -164,11 +180,13 @@ def ci_runs() -> list[Run]:
         Run(NEWEST.name, "impl-batch-native"),
         Run(NEWEST.name, "impl", shapes="wide", min_steps=WIDE_STEPS),
         Run(NEWEST.name, "impl", shapes=PCP_MAMBA_SHAPE, min_steps=PCP_MAMBA_STEPS),
+        Run(PCP_MAMBA_DCP_PROFILE, "impl", shapes=PCP_MAMBA_SHAPE, min_steps=PCP_MAMBA_STEPS),
         Run(NEWEST.name, "impl-batch", shapes=CHUNKED_SHAPES, min_steps=CHUNKED_STEPS),
         Run(SINK_PROFILE, "impl", shapes=SINK_SHAPES, min_steps=SINK_STEPS),
         Run(NEWEST.name, "impl", shapes=RING_SHAPES),
         Run(NEWEST.name, "impl", shapes=MAMBA_SHAPES),
         Run(EAGLE_WINDOW_PROFILE, "impl", shapes=EAGLE_WINDOW_SHAPES),
+        Run(NEWEST.name, "impl", shapes=REKEYED_SHAPES, min_steps=REKEYED_STEPS),
     ]
 
 
