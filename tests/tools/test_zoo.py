@@ -121,9 +121,10 @@ def test_runner_row() -> None:
 
 
 def test_hits_touched_per_group_is_killable(tmp_path: Path) -> None:
-    """The hand-built history that kills ``hits_touched_per_group`` (the ci hunt does not reach it):
-    a and y fill the pool and are freed, a first; b extends a and loads 3 tokens through the connector,
-    so group 0's allocation pops group 1's still-free hit block unless every hit is touched first."""
+    """A hand-built history that kills ``hits_touched_per_group`` (the machine's ``flood`` lines the
+    situation up: tests/stateful/test_flood.py). a and y fill the pool and are freed, a first; b extends
+    a and loads 3 tokens through the connector, so group 0's allocation pops group 1's still-free hit
+    block unless every hit is touched first."""
     cfg = KVCacheConfig(
         profile=VLLM_0_25_1, num_blocks=17, groups=(FullAttention(2), SlidingWindow(2, 16)), max_model_len=32
     )
