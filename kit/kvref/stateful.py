@@ -716,11 +716,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         self._finish(rid, data)
 
     def drain(self, data: st.DataObject, first: str | None = None) -> None:
-        """Every running request finishes in the same step, oldest first (the
-        end of a burst): their blocks go back to the free queue in that order,
-        so a later request that continues the oldest one (the next turn of a
-        chat) finds its hits at the head of the queue, first in line for
-        eviction by any fresh allocation."""
+        """Every running request finishes in the same step, ``first`` (when
+        given) and then the others oldest first (the end of a burst): their
+        blocks go back to the free queue in that order, so a later request
+        that continues the first one (the next turn of a chat) finds its hits
+        at the head of the queue, first in line for eviction by any fresh
+        allocation."""
         for rid in sorted(self.running, key=lambda r: r != first):
             st_ = self._sched.forget(rid)
             if st_.reusable:
