@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
-# CrossHair proofs of kvspec's pure functions and bounded checks of its classes
-# (proofs/README.md), in two steps:
-#   proofs     KVREF_PROOFS=1 pytest tests/proofs/test_proofs.py: holds (the spec's
-#              own contracts, proofs/kvproofs/holds harnesses and proofs/kvproofs/bounded checks:
-#              nothing refuted), mutants (refuted exactly as
-#              proofs/kvproofs/mutants/expected.txt says), diff (crosshair diffbehavior of
-#              spec/kvimpl pairs ends as expected)
+# CrossHair proofs of kvspec's contracts and bounded checks of its classes
+# (proofs/README.md), in three steps:
+#   proofs     KVREF_PROOFS=1 pytest tests/proofs/test_proofs.py: holds (every
+#              contract of kvspec, by CrossHair or over an enumerated domain under
+#              every semantics profile, the proofs/kvproofs/holds harnesses and the
+#              proofs/kvproofs/bounded checks: each obligation exhausted or confirmed
+#              within its stated bound, none refuted or left "not refuted"), mutants
+#              (refuted exactly as proofs/kvproofs/mutants/expected.txt says), diff
+#              (crosshair diffbehavior of spec/kvimpl pairs ends as expected)
+#   coverage   python -m kvproofs.coverage: the proof-coverage report (public
+#              functions with contracts, obligations per module and per release)
+#              of the holds run; fails on a function without a checked contract
+#              or reason, or an obligation not exhausted
 #   crosshair  the pure-function property tests (tests/spec/test_formulas.py) on
 #              the hypothesis-crosshair backend (HYPOTHESIS_PROFILE=crosshair)
-# Budgets are path counts, so results do not depend on the machine's speed;
-# each CrossHair condition also has a per-condition CPU timeout (proofs/kvproofs/run.py).
-# The wall-clock caps (one hour per step) are hang guards only, far above the
-# measured time (about 4 minutes on 2 cores), never a budget.
+# Budgets are path counts and finite domains, so results do not depend on the
+# machine's speed; each CrossHair condition also has a per-condition CPU timeout
+# (proofs/kvproofs/run.py), a safety net no condition reaches. The wall-clock caps
+# (one hour per step) are hang guards only, far above the measured time, never a
+# budget.
 # Both steps run even if the first fails. Usage: bash ci/proofs.sh [--jobs N]
 set -uo pipefail
 # shellcheck source=ci/common.sh
@@ -38,6 +45,7 @@ total_start=$SECONDS
 failed=()
 step proofs env KVREF_PROOFS=1 timeout 3600 pytest -q -s -p no:cacheprovider --durations=0 \
     tests/proofs/test_proofs.py || failed+=(proofs)
+step coverage timeout 600 python -m kvproofs.coverage --out "$KVREF_ROOT/build/proofs/coverage.md" || failed+=(coverage)
 # Without the provider the profile silently falls back to random testing; refuse that.
 if python -c "import hypothesis_crosshair_provider" 2>/dev/null; then
     step crosshair env HYPOTHESIS_PROFILE=crosshair timeout 3600 pytest -q -p no:cacheprovider --durations=5 \

@@ -54,7 +54,23 @@ install_kvref() {  # install_kvref VENV EXTRA
         echo "$want" >"$stamp"
     fi
 }
-install_kvref "$VENV" "[dev]"
+install_kvref "$VENV" "[dev,fuzz]"
+# redis-server, for the campaign test (tests/kit/test_campaign.py: workers sharing
+# a Redis example database); it skips without it, so a failed install only says so.
+if ! command -v redis-server >/dev/null 2>&1; then
+    if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        apt_redis=(env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-server)
+        # the package lists may be missing on a fresh image: update them only when the install fails
+        timed "redis-server" "${apt_redis[@]}" \
+            || { timed "apt-get update" apt-get update -q && timed "redis-server" "${apt_redis[@]}"; } \
+            || echo "==> redis-server: apt-get install failed; tests/kit/test_campaign.py will skip"
+    else
+        echo "==> redis-server: not installed and apt-get is not usable as root; tests/kit/test_campaign.py will skip"
+    fi
+fi
+# upstream nano-vllm's block manager, for the example adapter the safety tests drive
+# (tests/kit/examples/nanovllm_adapter.py); --no-deps: only its two engine modules are loaded
+timed "nano-vllm-npu" "$VENV/bin/python" -m pip install --quiet --no-deps nano-vllm-npu==0.0.2
 # kvimpl's native core: the editable install compiled it in place; rebuild it
 # when a C source changed since (a failed build prints a notice, not an error).
 timed "kvimpl native core" "$VENV/bin/python" hatch_build.py
@@ -62,7 +78,8 @@ timed "kvimpl native core" "$VENV/bin/python" hatch_build.py
 if [[ "$WITH_NEWEST" == 1 ]]; then
     NEWEST_VENV="$KVREF_ROOT/.venv-vllm-newest"
     timed "vllm $(vllm_release newest)" bash "$KVREF_ROOT/ci/install-vllm.sh" "$(vllm_release newest)" "$NEWEST_VENV"
-    install_kvref "$NEWEST_VENV" ""
+    # the fuzz extra: the campaign test runs a HypoFuzz worker in this venv too
+    install_kvref "$NEWEST_VENV" "[fuzz]"
 fi
 
 echo "==> setup: finished in $((SECONDS - total_start))s"

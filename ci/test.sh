@@ -38,7 +38,8 @@ fi
 
 # kvimpl against kvspec: identical outputs and views at every step, under
 # every profile kvimpl follows (--target impl: the native core where it
-# implements the configuration), the pure-Python build (KVREF_NATIVE=0) under
+# implements the configuration; releases that share their switches run once,
+# under the newest of them), the pure-Python build (KVREF_NATIVE=0) under
 # the baseline profile, and under the newest kvimpl's own mutable requests
 # (--target impl-mutable) and its batched step API with device tables on the
 # pure-Python manager and on the native core (--target impl-batch,
@@ -116,6 +117,14 @@ if vllm_in python; then
 fi
 if [[ -x "$NEWEST_VENV/bin/kvref" ]] && vllm_in "$NEWEST_VENV/bin/python"; then
     timed "replay $NEWEST corpus (vllm)" replay "$NEWEST_VENV/bin/kvref" "$NEW_CORPUS" vllm
+    # kvimpl's device tables against the newest release's own worker tables (pytest runs
+    # tests/conformance/test_worker_tables.py against the baseline release), where its worker
+    # still has the v1 InputBatch (up to vLLM 0.33.0; 0.34.0's model runner keeps another layout).
+    if "$NEWEST_VENV/bin/python" -c "from kvtools.worker_tables import has_v1_worker as h; raise SystemExit(not h())"; then
+        timed "device tables vs vLLM $NEWEST worker tables" "$NEWEST_VENV/bin/python" -m kvtools worker-tables
+    else
+        echo "==> device tables vs vLLM $NEWEST worker tables: skipped (no v1 worker InputBatch in $NEWEST)"
+    fi
 fi
 # ---------------------------------------------------------------------------
 

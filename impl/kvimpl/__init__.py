@@ -35,18 +35,27 @@ from kvimpl.kv_cache_manager import KVCacheManager as KVCacheManager
 PROFILE_SWITCHES = frozenset(
     {
         # Read where kvimpl mirrors the spec module that reads them.
-        "free_unhashed_first", "free_unhashed_needs_caching",  # block_pool.requeue_unhashed_first
+        "free_unhashed_first", "free_unhashed_needs_caching", "skipped_unhashed_first",  # block_pool.requeue_...
         "sink_blocks_reserved", "new_block_ids", "mamba_skip_spec_slack",  # single_type_kv_cache_manager
+        "mamba_align_retired_mark",  # single_type_kv_cache_manager.MambaManager._remove_blocks_in_range
         "mamba_align_estimate_capped", "pop_drops_leading_nulls",
         "mamba_eagle_counts_verified", "eagle_margin_hashed_cap",  # kv_cache_coordinator.hybrid_hit_search
         "hybrid_eagle_lookahead", "hybrid_cache_reachable_only",  # kv_cache_coordinator.HybridCoordinator
         "coarse_hash_last_fine",  # block_pool.coarse_hash, kv_cache_coordinator.KVCacheCoordinator._hashes_for
         "eagle_flags_need_use_eagle", "eagle_group_flags",  # config_rules.eagle_group_ids
-        "event_annotations",  # block_pool.BlockPool(annotated_events=...)
+        "event_group_idx", "event_extra_keys",  # block_pool.BlockPool(annotated_events=..., event_extra_keys=...)
+        "event_annotations",  # kv_cache_manager.KVCacheManager._annotate
+        "v016_swa_eagle_realign",  # kv_cache_coordinator.v016_spec_group_hit
+        "hybrid_cache_eagle_reach",  # single_type_kv_cache_manager.SingleTypeKVCacheManager.eagle_reach
+        "full_sequence_arg", "reserved_blocks_arg",  # kv_cache_manager.check_admission_args
         "mamba_step_guard",  # single_type_kv_cache_manager.MambaManager, kv_cache_manager.require_operation
         "admission_controls", "deferred_free", "new_block_ids_list",  # kv_cache_manager
         "stats_at_lookup", "adopt_hit_without_new_tokens", "common_prefix",  # kv_cache_manager
         "lookup_returns_boundary",  # kv_cache_manager.get_prefix_hint
+        "skip_on_processed_tokens",  # kv_cache_manager.skip_basis (and StepAPI._running_step)
+        "num_cached_tokens_op", "record_zeroing_op",  # kv_cache_manager.require_operation
+        "hit_limit_at_construction", "hit_length_bound",  # kv_cache_manager.reads_prefix_cache, lookup_length
+        "prompt_logprobs_hit_cap", "token_ids_int32",  # request.RequestHasher (the hit limit, the token-id limit)
         "computed_block_ids_op", "estimate_cached_tokens_op", "prefix_hint_op",  # kv_cache_manager.require_operation
         "estimate_skips_uncacheable",  # config_rules.estimate_groups
         "partial_tail_entries", "fa_tail_below_last_token",  # partial_tail.registers_partial_tail, fa_tail_boundary

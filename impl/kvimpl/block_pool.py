@@ -158,19 +158,29 @@ class BlockPool:
         unhashed_first: bool = True,
         annotated_events: bool = True,
         coarse_hash_last_fine: bool = True,
+        skipped_unhashed_first: bool = True,
+        event_extra_keys: bool = True,
+        key_forms: tuple[bool, bool] = (True, True),
     ) -> None:
         """An empty pool: every block but the null block is free, in id order.
 
         ``unhashed_first``: freed unhashed blocks go to the front of the free
         queue (else every freed block goes to the tail; see
-        :func:`requeue_unhashed_first`). ``annotated_events``: events carry
-        extra keys and the group index (profile switch ``event_annotations``;
-        before vLLM 0.25.1 those fields are None). ``coarse_hash_last_fine``:
-        how a block coarser than the hash block is keyed (:func:`coarse_hash`)."""
+        :func:`requeue_unhashed_first`); ``skipped_unhashed_first``: so do
+        those of a free called with ``skipped`` (vLLM 0.23.0).
+        ``annotated_events``: events carry the group index (profile switch
+        ``event_group_idx``; before vLLM 0.20.0 it is None);
+        ``event_extra_keys``: ``BlockStored`` carries extra keys (before
+        0.17.0 None), in the ``key_forms`` of the request hasher.
+        ``coarse_hash_last_fine``: how a block coarser than the hash block is
+        keyed (:func:`coarse_hash`)."""
         self.num_gpu_blocks = num_gpu_blocks
         self.coarse_hash_last_fine = coarse_hash_last_fine
         self.annotated_events = annotated_events
+        self.event_extra_keys = event_extra_keys
+        self.key_forms = key_forms
         self.unhashed_first = unhashed_first
+        self.skipped_unhashed_first = skipped_unhashed_first
         self.enable_caching = enable_caching
         self.hash_block_size = hash_block_size
         self.enable_kv_cache_events = enable_kv_cache_events
@@ -252,10 +262,11 @@ class BlockPool:
             ref[b] = r + 1
         fq._len -= removed
 
-    def free_blocks(self, ordered_blocks: Iterable[BlockId]) -> None:
+    def free_blocks(self, ordered_blocks: Iterable[BlockId], skipped: bool = False) -> None:
         """Drop one reference per element; blocks reaching 0 become free:
         unhashed ones at the front (in the given order), hashed ones at the
-        tail; without ``unhashed_first`` all of them at the tail, in order.
+        tail; without ``unhashed_first`` (and, for ``skipped`` blocks,
+        ``skipped_unhashed_first``) all of them at the tail, in order.
 
         Raises:
             InvalidBlockIdError: For an id outside the pool.
@@ -277,7 +288,8 @@ class BlockPool:
         # for checking every id, then the duplicates and the counts, then
         # linking, with FreeQueue.remove called per block in touch.
         blocks = list(ordered_blocks)
-        n_blocks, ref, bh, front = self.num_gpu_blocks, self.ref_cnt, self.block_hash, self.unhashed_first
+        front = self.unhashed_first or (skipped and self.skipped_unhashed_first)
+        n_blocks, ref, bh = self.num_gpu_blocks, self.ref_cnt, self.block_hash
         fq = self.free_queue
         nxt, prv, s = fq.nxt, fq.prv, fq.sentinel
         old_tail = tail = prv[s]
@@ -477,6 +489,10 @@ class TailBlockPool(BlockPool):
         int_block_hashes: bool = True,
         unhashed_first: bool = True,
         annotated_events: bool = True,
+        coarse_hash_last_fine: bool = True,
+        skipped_unhashed_first: bool = True,
+        event_extra_keys: bool = True,
+        key_forms: tuple[bool, bool] = (True, True),
         mm_resume_from_first: bool = True,
     ) -> None:
         """An empty pool (see :class:`BlockPool`) with no secondary keys.
@@ -485,7 +501,8 @@ class TailBlockPool(BlockPool):
         multimodal features from the first one (profile switch
         ``mm_resume_from_first_feature``; :func:`kvimpl.partial_tail.partial_stored_event`)."""
         super().__init__(num_gpu_blocks, enable_caching, hash_block_size, enable_kv_cache_events,
-                         int_block_hashes, unhashed_first, annotated_events)  # fmt: skip
+                         int_block_hashes, unhashed_first, annotated_events, coarse_hash_last_fine,
+                         skipped_unhashed_first, event_extra_keys, key_forms)  # fmt: skip
         self.mm_resume_from_first = mm_resume_from_first
         self.hash_num_tokens: list[int | None] = [None] * num_gpu_blocks
         """Prefix length the primary key stands for (upstream ``block_hash_num_tokens``)."""
@@ -608,12 +625,16 @@ class TailBlockPool(BlockPool):
                 self.events.append(BlockRemoved((ext,), MEDIUM_GPU, gid if self.annotated_events else None))
 
 
-def requeue_unhashed_first(config: KVCacheConfig) -> bool:
-    """Whether freed unhashed blocks go to the front of the free queue: from
-    vLLM 0.25.1 on, except in 0.27.x with prefix caching off (profile
-    switches ``free_unhashed_first``, ``free_unhashed_needs_caching``)."""
+def requeue_unhashed_first(config: KVCacheConfig) -> tuple[bool, bool]:
+    """Whether freed unhashed blocks go to the front of the free queue, for
+    every free and for skipped blocks (and a sliding window's freed ones):
+    from vLLM 0.24.0 on every free, in 0.23.0 skipped blocks only, except in
+    0.27.x with prefix caching off (profile switches ``free_unhashed_first``,
+    ``skipped_unhashed_first``, ``free_unhashed_needs_caching``; kvspec's
+    ``requeue_unhashed_first``)."""
     p = config.profile
-    return p.free_unhashed_first and (config.enable_caching or not p.free_unhashed_needs_caching)
+    caching = config.enable_caching or not p.free_unhashed_needs_caching
+    return p.free_unhashed_first and caching, p.skipped_unhashed_first and caching
 
 
 class _BadFree(Exception):
@@ -672,7 +693,8 @@ def _stored_event(
     fine = request.block_hashes
     extra_keys, cursor = [], 0
     for i in stored:
-        keys, cursor = block_extra_keys(request.extra, i * block_size, (i + 1) * block_size, cursor)
+        keys, cursor = block_extra_keys(request.extra, i * block_size, (i + 1) * block_size, cursor, False,
+                                        *pool.key_forms)  # fmt: skip
         extra_keys.append(keys)
     lora = request.extra.lora
     return BlockStored(
@@ -685,6 +707,6 @@ def _stored_event(
         lora_id=lora.adapter_id if lora else None,
         medium=MEDIUM_GPU,
         lora_name=lora.name if lora else None,
-        extra_keys=tuple(extra_keys) if extra_keys and pool.annotated_events else None,
+        extra_keys=tuple(extra_keys) if extra_keys and pool.event_extra_keys else None,
         group_idx=group_id if pool.annotated_events else None,
     )

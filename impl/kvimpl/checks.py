@@ -15,10 +15,12 @@ the ordinary path, whose checks are these.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TypeGuard
 
 from kvimpl.request import Request as MutableRequest
-from kvspec.errors import InvalidRequestError
+from kvspec.config import KVCacheConfig
+from kvspec.errors import ConfigError, InvalidRequestError, InvalidTokenCountError
 from kvspec.request import Request
 
 REQUEST_TYPES: tuple[type, ...] = (Request, MutableRequest)
@@ -44,7 +46,61 @@ def check_request(request: object) -> None:
         raise InvalidRequestError(f"expected a kvspec Request with a str request_id, got {request!r}")
 
 
+MAX_NUM_BLOCKS = 2**31 - 1
+"""The most blocks a kvimpl manager holds: the native core and the device
+tables keep block ids and counts in 32-bit integers."""
+
+
+def check_manager_arguments(config: object, native: object = None) -> None:
+    """Raise ConfigError, naming what to pass, for a constructor argument
+    kvimpl cannot build a manager from: a ``config`` that is no
+    :class:`kvspec.config.KVCacheConfig`, a ``native`` that is no bool (or
+    None), more blocks than :data:`MAX_NUM_BLOCKS`."""
+    if not isinstance(config, KVCacheConfig):
+        raise ConfigError(
+            f"config must be a kvspec.config.KVCacheConfig, got {type(config).__name__} {config!r:.60}: build one "
+            "with KVCacheConfig(num_blocks=..., groups=(FullAttention(block_size),), max_model_len=...)"
+        )
+    if native is not None and not isinstance(native, bool):
+        raise ConfigError(
+            f"native must be True (the C core), False (the pure-Python manager) or None (as KVREF_NATIVE "
+            f"says), got {native!r}"
+        )
+    if config.num_blocks > MAX_NUM_BLOCKS:
+        raise ConfigError(
+            f"num_blocks {config.num_blocks} is more than kvimpl holds ({MAX_NUM_BLOCKS}: block ids are 32-bit "
+            "in the native core and the device tables); pass a smaller num_blocks"
+        )
+
+
+def out_of_memory(config: KVCacheConfig) -> ConfigError:
+    """The error for a pool whose bookkeeping did not fit in memory (instead of an empty MemoryError)."""
+    return ConfigError(
+        f"num_blocks {config.num_blocks}: the bookkeeping of that many blocks does not fit in this machine's "
+        "memory; pass a smaller num_blocks"
+    )
+
+
 def check_request_id(op: str, request_id: object) -> None:
     """Raise InvalidRequestError unless ``request_id`` is a str."""
     if not isinstance(request_id, str):
         raise InvalidRequestError(f"{op}: request_id must be a str, got {request_id!r}")
+
+
+def check_zeroing_start(start_token: object, groups: Iterable[tuple[int, int]]) -> int:
+    """``start_token`` of ``record_blocks_for_zeroing``, checked: an int >= 0
+    and a multiple of the block size of each ``(group, block size)`` that lists
+    fresh blocks.
+
+    Raises:
+        InvalidTokenCountError: Naming the first condition it breaks.
+    """
+    if not is_int(start_token) or start_token < 0:
+        raise InvalidTokenCountError(f"record_blocks_for_zeroing: start_token {start_token!r} is not an int >= 0")
+    for group, block_size in groups:
+        if start_token % block_size:
+            raise InvalidTokenCountError(
+                f"record_blocks_for_zeroing: start_token {start_token} is not a multiple of group "
+                f"{group}'s block size {block_size}"
+            )
+    return start_token

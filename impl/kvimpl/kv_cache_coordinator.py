@@ -64,13 +64,15 @@ class KVCacheCoordinator:
         self.scheduler_block_size = scheduler_block_size(config)
         self.hash_block_size = hash_block_size(config)
         p = config.profile
+        unhashed_first, skipped_first = requeue_unhashed_first(config)
         pool_args = (config.num_blocks, enable_caching, self.hash_block_size, config.enable_kv_cache_events,
-                     config.int_block_hashes, requeue_unhashed_first(config), p.event_annotations)  # fmt: skip
+                     config.int_block_hashes, unhashed_first, p.event_group_idx, p.coarse_hash_last_fine,
+                     skipped_first, p.event_extra_keys, (p.mm_key_with_offset, p.prompt_embeds_digest))  # fmt: skip
         self.pool: BlockPool
         if has_tail_entries(config, self.hash_block_size):
             self.pool = TailBlockPool(*pool_args, mm_resume_from_first=p.mm_resume_from_first_feature)
         else:
-            self.pool = BlockPool(*pool_args, coarse_hash_last_fine=p.coarse_hash_last_fine)
+            self.pool = BlockPool(*pool_args)
         self.eagle_group_ids = eagle_group_ids(config)
         mnbt, mml = batched_tokens(config), config.max_model_len
         # NOTE: the managers run the context-parallel (scaled) kinds, but the admission cap counts
@@ -312,7 +314,7 @@ class HybridCoordinator(KVCacheCoordinator):
         aligned = num_tokens if self.partial_hash_hits else num_tokens // sched * sched
         for m in self.managers:
             n = aligned
-            if m.use_eagle and aligned > 0:
+            if m.use_eagle and m.eagle_reach and aligned > 0:
                 n = min(num_tokens, aligned + m.block_size)
             m.cache_blocks(request, n)
 
@@ -403,15 +405,17 @@ def v016_spec_group_hit(
     coord: HybridCoordinator, sg: SpecGroup, block_hashes: Sequence[BlockHash], limit: int
 ) -> list[list[BlockId]]:
     """One spec group's hit in vLLM 0.16.0's search: aligned to the scheduler
-    block, its EAGLE block dropped.
+    block, its EAGLE block dropped (kvspec's ``v016_spec_group_hit``).
 
     Raises:
         EagleAlignmentLookupError: A sliding-window EAGLE group whose block is
-            not the scheduler block finds a hit (0.16.0 asserts there).
+            not the scheduler block finds a hit (0.16.0 to 0.19.0 assert there;
+            profile switch ``v016_swa_eagle_realign``).
     """
     kind, align = sg.kind, coord.scheduler_block_size
     hashes = coord._hashes_for(kind, block_hashes)
-    if isinstance(kind, SlidingWindow) and sg.use_eagle and kind.block_size != align:
+    realign = coord.config.profile.v016_swa_eagle_realign
+    if isinstance(kind, SlidingWindow) and sg.use_eagle and kind.block_size != align and not realign:
         if eagle_window_hit_before_drop(kind, hashes, limit, sg.group_ids, coord.pool, align):
             raise EagleAlignmentLookupError(
                 f"get_computed_blocks: sliding-window group {sg.group_ids[0]} (block size {kind.block_size}) "

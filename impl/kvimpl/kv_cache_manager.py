@@ -28,7 +28,15 @@ from dataclasses import replace
 from typing import cast
 
 from kvimpl.block_pool import NULL_BLOCK, TailBlockPool, coarse_hash
-from kvimpl.checks import REQUEST_TYPES, check_request, check_request_id, is_int
+from kvimpl.checks import (
+    REQUEST_TYPES,
+    check_manager_arguments,
+    check_request,
+    check_request_id,
+    check_zeroing_start,
+    is_int,
+    out_of_memory,
+)
 from kvimpl.config_rules import (
     FULL_TYPE_KINDS,
     cacheable_blocks,
@@ -95,7 +103,11 @@ class KVCacheManager(StepAPI):
         Raises:
             UnsupportedByProfileError: If ``config`` needs a feature kvimpl does
                 not model yet (:func:`kvimpl.config_rules.unmodelled_features`).
+            ConfigError: For an argument kvimpl cannot build a manager from
+                (:func:`kvimpl.checks.check_manager_arguments`), or a pool whose
+                bookkeeping does not fit in memory.
         """
+        check_manager_arguments(config)
         missing = unmodelled_features(config)
         if missing:
             raise UnsupportedByProfileError(f"{config.profile.name}: kvimpl does not model {', '.join(missing)} yet")
@@ -103,7 +115,10 @@ class KVCacheManager(StepAPI):
         self.kinds = manager_kinds(config)
         """The kinds the managers run (context parallelism scales block sizes)."""
         self.enable_caching = config.enable_caching
-        self.coordinator = make_coordinator(config)
+        try:
+            self.coordinator = make_coordinator(config)
+        except MemoryError:
+            raise out_of_memory(config) from None
         self.block_pool = self.coordinator.pool
         self.watermark_blocks = int(config.watermark * config.num_blocks)
         self.estimate_groups = estimate_groups(config)
@@ -128,8 +143,8 @@ class KVCacheManager(StepAPI):
         """Profile switch: lookups record the statistics (else ``record_prefix_cache_stats`` does)."""
         self.adopt_hit_without_new_tokens = p.adopt_hit_without_new_tokens
         """Profile switch read by :func:`allocation_without_tokens`."""
-        self.common_prefix_zero = p.common_prefix == "zero"
-        """Profile switch ``common_prefix``: ``get_num_common_prefix_blocks`` answers zeros."""
+        self.common_prefix = p.common_prefix
+        """Profile switch ``common_prefix``: ``get_num_common_prefix_blocks`` counts, answers zeros or is gone."""
         self.partial_hash_hits_op = p.partial_hash_hits
         """Profile switch ``partial_hash_hits``: :meth:`take_kv_cache_block_copies` exists."""
         StepAPI.__init__(self, device)
@@ -139,12 +154,15 @@ class KVCacheManager(StepAPI):
         """Fraction of non-null blocks in use (cached free blocks count as free)."""
         return self.block_pool.get_usage()
 
-    def get_computed_blocks(self, request: Request) -> tuple[BlockIds, int]:
+    def get_computed_blocks(self, request: Request, max_cache_hit_length: int | None = None) -> tuple[BlockIds, int]:
         """The longest prefix-cache hit, at most ``num_tokens - 1`` tokens (the
-        last token is always recomputed for its logits). Changes nothing: the
-        hit blocks are only pinned by ``allocate_slots``.
+        last token is always recomputed for its logits; :func:`lookup_length`
+        says how the request's limit and ``max_cache_hit_length`` change that).
+        Changes nothing: the hit blocks are only pinned by ``allocate_slots``.
 
         Raises:
+            UnsupportedOperationError: ``max_cache_hit_length`` before vLLM 0.33.0.
+            InvalidTokenCountError: ``max_cache_hit_length`` is not None or an int >= 0.
             ContextParallelLookupError: A sliding-window, chunked-local or Mamba
                 group under context parallelism (:func:`kvimpl.config_rules.cp_lookup_refusal`).
             EagleAlignmentLookupError: vLLM 0.16.0's assertion on a sliding-window
@@ -152,21 +170,48 @@ class KVCacheManager(StepAPI):
                 (:func:`kvimpl.kv_cache_coordinator.v016_spec_group_hit`).
         """
         check_request(request)
-        if self.enable_caching and not request.skip_reading_prefix_cache and len(self.kinds) == 1:
-            refusal = cp_lookup_refusal(self.config.groups[0], self.config)
-            if refusal is not None:
-                raise ContextParallelLookupError(f"get_computed_blocks: {refusal}")
-        if not self.enable_caching or request.skip_reading_prefix_cache:
-            self.shared_prefix_boundary.pop(request.request_id, None)
-            return self._ids(tuple([] for _ in self.config.groups)), 0
-        blocks, n = self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
+        p = self.config.profile
+        check_hit_length_bound(p, max_cache_hit_length)
+        reads = self.enable_caching and reads_prefix_cache(p, request)
+        if reads:
+            self._check_cp_lookup()
         self.shared_prefix_boundary.pop(request.request_id, None)
+        if not reads:
+            return self._ids(tuple([] for _ in self.config.groups)), 0
+        max_len = lookup_length(p, request, max_cache_hit_length)
+        blocks, n = self.coordinator.find_longest_cache_hit(request.block_hashes, max_len)
         uncached = self.coordinator.num_uncached_common_prefix_tokens
         if uncached:
             self.shared_prefix_boundary[request.request_id] = n + uncached
         if self.prefix_cache_stats is not None and self.stats_at_lookup:
             self.prefix_cache_stats.record(request.num_tokens, n, request.num_preemptions > 0)
         return self._ids(blocks), n
+
+    def get_num_cached_tokens(self, request: Request) -> int:
+        """How many leading tokens of ``request`` a lookup would hit now
+        (vLLM 0.34.0 on; kvspec's ``KVCacheManager.get_num_cached_tokens``).
+        Changes nothing.
+
+        Raises:
+            UnsupportedOperationError: Before vLLM 0.34.0 (switch ``num_cached_tokens_op``).
+            InvalidRequestError: ``request`` is not a Request.
+            ContextParallelLookupError: As :meth:`get_computed_blocks`.
+        """
+        require_operation(self.config.profile, "get_num_cached_tokens")
+        check_request(request)
+        if not self.enable_caching or not reads_prefix_cache(self.config.profile, request):
+            return 0
+        self._check_cp_lookup()
+        kept = self.coordinator.num_uncached_common_prefix_tokens
+        _, n = self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
+        self.coordinator.num_uncached_common_prefix_tokens = kept
+        return n
+
+    def _check_cp_lookup(self) -> None:
+        if len(self.kinds) == 1:
+            refusal = cp_lookup_refusal(self.config.groups[0], self.config)
+            if refusal is not None:
+                raise ContextParallelLookupError(f"get_computed_blocks: {refusal}")
 
     def get_prefix_hint(self, request: Request) -> int:
         """The prefix hint vLLM's scheduler reads right after ``request``'s
@@ -189,7 +234,7 @@ class KVCacheManager(StepAPI):
         on, where the scheduler calls it after a successful admission; before,
         ``get_computed_blocks`` records and this method does not exist).
         Nothing is recorded without ``log_stats``, with caching off or when the
-        request skips reading the prefix cache.
+        request does not read the prefix cache (:func:`reads_prefix_cache`).
 
         Raises:
             UnsupportedOperationError: Before vLLM 0.27.0.
@@ -202,7 +247,11 @@ class KVCacheManager(StepAPI):
         check_request(request)
         if not is_int(num_hits) or num_hits < 0:
             raise InvalidTokenCountError(f"record_prefix_cache_stats: num_hits {num_hits!r} is not an int >= 0")
-        if self.prefix_cache_stats is None or not self.enable_caching or request.skip_reading_prefix_cache:
+        if (
+            self.prefix_cache_stats is None
+            or not self.enable_caching
+            or not reads_prefix_cache(self.config.profile, request)
+        ):
             return
         self.prefix_cache_stats.record(request.num_tokens, num_hits, request.num_preemptions > 0)
 
@@ -254,9 +303,11 @@ class KVCacheManager(StepAPI):
             and type(num_new_tokens) is int
             and type(num_lookahead_tokens) is int
             and type(c := request.num_computed_tokens) is int
+            and type(f := request.num_in_flight_tokens) is int
             and num_new_tokens > 0
             and num_lookahead_tokens >= 0
             and c >= 0
+            and f >= 0
             and (end := c + num_new_tokens) <= self._max_len
         ):  # fmt: skip
             # A running step whose arguments pass every check below: kvimpl's fast path. Exact
@@ -298,7 +349,7 @@ class KVCacheManager(StepAPI):
                 return None
         main = total + num_new_tokens
         slots = min(main + num_lookahead_tokens, self.config.max_model_len)
-        coord.remove_skipped_blocks(rid, total)
+        coord.remove_skipped_blocks(rid, skip_basis(self.skip_on_processed, total, request.num_in_flight_tokens))
         need = coord.get_num_blocks_to_allocate(
             rid, slots, hits, num_encoder_tokens, local + num_external_computed_tokens, main,
             num_external=num_external_computed_tokens, num_local=local,
@@ -386,15 +437,18 @@ class KVCacheManager(StepAPI):
     def get_num_common_prefix_blocks(self, request_id: str) -> tuple[int, ...]:
         """Per group, the leading blocks of the request's table that every
         request with a table in that group holds (0 for non-full kinds); from
-        vLLM 0.32.0 on always zeros (profile switch ``common_prefix``).
+        vLLM 0.32.0 on always zeros, and gone in 0.34.0 (profile switch ``common_prefix``).
 
         Raises:
+            UnsupportedOperationError: From vLLM 0.34.0 on.
             UnknownRequestError: If the request holds no block.
         """
+        if self.common_prefix == "absent":
+            raise UnsupportedOperationError(f"get_num_common_prefix_blocks: not in {self.config.profile.name}")
         check_request_id("get_num_common_prefix_blocks", request_id)
         if not any(m.req_to_blocks.get(request_id) for m in self.coordinator.managers):
             raise UnknownRequestError(f"get_num_common_prefix_blocks: request {request_id!r} holds no blocks")
-        if self.common_prefix_zero:
+        if self.common_prefix == "zero":
             return (0,) * len(self.config.groups)
         return tuple(self.coordinator.get_num_common_prefix_blocks(request_id))
 
@@ -405,7 +459,9 @@ class KVCacheManager(StepAPI):
         return events
 
     def _annotate(self, ev: KVCacheEvent) -> KVCacheEvent:
-        if not isinstance(ev, BlockStored) or ev.group_idx is None:
+        """A BlockStored event with its group's kind and window (vLLM 0.22.0 on,
+        profile switch ``event_annotations``)."""
+        if not isinstance(ev, BlockStored) or ev.group_idx is None or not self.config.profile.event_annotations:
             return ev
         kind = self.config.groups[ev.group_idx]
         return replace(ev, kv_cache_spec_kind=kind_name(kind), kv_cache_spec_sliding_window=event_sliding_window(kind))
@@ -501,6 +557,24 @@ class KVCacheManager(StepAPI):
         require_operation(self.config.profile, "take_new_block_ids")
         return [b for m in self.coordinator.managers for b in m.take_new_block_ids()]
 
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        """List the request's blocks from ``start_token`` on for zeroing again,
+        in the groups that list fresh blocks, group order then table order
+        (vLLM 0.26.0 on; kvspec's ``KVCacheManager.record_blocks_for_zeroing``).
+
+        Raises:
+            UnsupportedOperationError: Before vLLM 0.26.0.
+            InvalidRequestError: ``request_id`` is not a str.
+            InvalidTokenCountError: ``start_token`` is not an int >= 0 or not a
+                multiple of such a group's block size (nothing listed).
+        """
+        require_operation(self.config.profile, "record_blocks_for_zeroing")
+        check_request_id("record_blocks_for_zeroing", request_id)
+        listing = [m for m in self.coordinator.managers if m.records_new_ids]
+        check_zeroing_start(start_token, [(m.group_id, m.block_size) for m in listing])
+        for m in listing:
+            m.record_for_zeroing(request_id, start_token // m.block_size)
+
     def take_kv_cache_block_copies(self) -> tuple[list[tuple[BlockId, BlockId]], list[BlockId]]:
         """Drain the copy-on-write copies of fine-grained hits (vLLM 0.26.0 on;
         :mod:`kvimpl.partial_hits`): ``(source, copy)`` pairs in group order,
@@ -573,7 +647,10 @@ class KVCacheManager(StepAPI):
     ) -> tuple[tuple[BlockId, ...], ...]:
         """Check ``allocate_slots`` arguments; return the hits (empty if None)."""
         check_request(request)
-        counts = (n_new, n_hit, n_lookahead, n_external, n_encoder, reserved, request.num_computed_tokens)
+        counts = (
+            n_new, n_hit, n_lookahead, n_external, n_encoder, reserved, request.num_computed_tokens,
+            request.num_in_flight_tokens,
+        )  # fmt: skip
         # Exact ints (every call but a caller's mistake) pass in two C loops; anything else is checked per count.
         exact = {*map(type, counts)} == _INT_ONLY and min(counts) >= 0
         if not exact and not all(is_int(v) and v >= 0 for v in counts):
@@ -753,6 +830,8 @@ _OPERATION_SWITCHES = {
     "get_block_ids_for_computed_tokens": "computed_block_ids_op",
     "estimate_cached_tokens": "estimate_cached_tokens_op",
     "get_prefix_hint": "prefix_hint_op",
+    "get_num_cached_tokens": "num_cached_tokens_op",
+    "record_blocks_for_zeroing": "record_zeroing_op",
 }
 
 
@@ -783,6 +862,41 @@ def table_cached_tokens(
     return 0
 
 
+def reads_prefix_cache(profile: SemanticsProfile, request: Request) -> bool:
+    """Whether ``request`` may read the prefix cache (caching aside): its
+    ``prefix_cache_hit_limit`` is not 0 (fixed when it was made) from vLLM
+    0.34.0 on (switch ``hit_limit_at_construction``), else it does not skip
+    reading now (kvspec's ``reads_prefix_cache``)."""
+    if profile.hit_limit_at_construction:
+        return getattr(request, "prefix_cache_hit_limit", None) != 0
+    return not request.skip_reading_prefix_cache
+
+
+def lookup_length(profile: SemanticsProfile, request: Request, bound: int | None) -> int:
+    """The longest hit a lookup of ``request`` may return (kvspec's
+    ``lookup_length``): ``num_tokens - 1``, lowered by the request's limit
+    from vLLM 0.34.0 on; an explicit ``bound`` replaces it as given in 0.33.0
+    and can only lower it from 0.34.0 on (switch ``hit_length_bound``)."""
+    length: int = request.num_tokens - 1
+    limit = getattr(request, "prefix_cache_hit_limit", None)
+    if profile.hit_limit_at_construction and limit is not None:
+        length = min(length, limit)
+    if bound is None:
+        return length
+    return min(length, bound) if profile.hit_length_bound == "capped" else bound
+
+
+def check_hit_length_bound(profile: SemanticsProfile, bound: object) -> None:
+    """Raise UnsupportedOperationError for a bound before vLLM 0.33.0,
+    InvalidTokenCountError for one that is not an int >= 0."""
+    if bound is None:
+        return
+    if profile.hit_length_bound == "absent":
+        raise UnsupportedOperationError(f"get_computed_blocks(max_cache_hit_length=...): not in {profile.name}")
+    if not isinstance(bound, int) or isinstance(bound, bool) or bound < 0:
+        raise InvalidTokenCountError(f"get_computed_blocks: max_cache_hit_length {bound!r} is not an int >= 0")
+
+
 def require_operation(profile: SemanticsProfile, op: str) -> None:
     """Raise UnsupportedOperationError if ``op`` does not exist in the
     profile's release (before vLLM 0.25.1: profile switches ``deferred_free``,
@@ -793,12 +907,15 @@ def require_operation(profile: SemanticsProfile, op: str) -> None:
 
 def check_admission_args(profile: SemanticsProfile, must_fit: bool, reserved: int, has_scheduled: bool) -> None:
     """Raise UnsupportedOperationError for an admission argument of
-    ``allocate_slots`` the profile's release lacks (before vLLM 0.25.1:
-    profile switch ``admission_controls``)."""
-    if profile.admission_controls:
-        return
-    given = [f"{k}={v!r}" for k, v, d in (("full_sequence_must_fit", must_fit, False),
-             ("reserved_blocks", reserved, 0), ("has_scheduled_reqs", has_scheduled, True)) if v != d]  # fmt: skip
+    ``allocate_slots`` the profile's release lacks (kvspec's
+    ``check_admission_args``: profile switches ``full_sequence_arg``,
+    ``reserved_blocks_arg``, ``admission_controls``)."""
+    args = (
+        ("full_sequence_must_fit", must_fit, False, profile.full_sequence_arg),
+        ("reserved_blocks", reserved, 0, profile.reserved_blocks_arg),
+        ("has_scheduled_reqs", has_scheduled, True, profile.admission_controls),
+    )
+    given = [f"{k}={v!r}" for k, v, d, has in args if v != d and not has]
     if given:
         raise UnsupportedOperationError(f"allocate_slots: {profile.name} has no {', '.join(given)}")
 
@@ -812,9 +929,18 @@ def allocation_without_tokens(adopt_hit: bool, n_new: int, n_hit: int, n_externa
     return adopt_hit and n_hit > 0
 
 
+def skip_basis(skip_on_processed_tokens: bool, total_computed_tokens: int, num_in_flight_tokens: int) -> int:
+    """The computed-token count skipped blocks are freed on (kvspec.kv_cache_manager.skip_basis;
+    profile switch ``skip_on_processed_tokens``): from vLLM 0.26.0 the computed tokens less
+    those in flight, before the computed tokens."""
+    if not skip_on_processed_tokens:
+        return total_computed_tokens
+    return max(0, total_computed_tokens - num_in_flight_tokens)
+
+
 def _raise_bad_count(
     n_new: object, n_hit: object, n_lookahead: object, n_external: object, n_encoder: object, reserved: object,
-    computed: object,
+    computed: object, in_flight: object,
 ) -> None:  # fmt: skip
     """Raise InvalidTokenCountError for the first count that is not a
     non-negative int, in the spec's order."""
@@ -822,6 +948,7 @@ def _raise_bad_count(
         "num_new_tokens": n_new, "num_new_computed_tokens": n_hit, "num_lookahead_tokens": n_lookahead,
         "num_external_computed_tokens": n_external, "num_encoder_tokens": n_encoder,
         "reserved_blocks": reserved, "request.num_computed_tokens": computed,
+        "request.num_in_flight_tokens": in_flight,
     }  # fmt: skip
     for name, value in counts.items():
         if not is_int(value) or value < 0:

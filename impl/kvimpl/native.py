@@ -18,13 +18,17 @@ build (the bug zoo and the mutation tests patch and subclass it). A missing
 extension is reported once, on one line, never as an error.
 
 What the core does not implement falls back to Python for the whole
-configuration: cross attention, more than 64 groups, and any
-semantics-profile switch it does not know. KV-cache events are recorded by
+configuration: cross attention, more than 64 groups, any semantics-profile
+switch it does not know, and the state-adding features of vLLM 0.26.0 on
+(partial-tail and Mamba tail entries, fine-grained hits, the ring kinds;
+context parallelism it runs: it only scales the managers' block sizes and
+refuses some lookups). KV-cache events are recorded by
 the core and built into kvspec events by :mod:`kvimpl.native_events`.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import sys
@@ -33,11 +37,23 @@ from collections.abc import Iterable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from kvimpl.checks import check_request, is_int
-from kvimpl.config_rules import clip_block_sizes, estimate_groups, features_needed
+from kvimpl.checks import check_manager_arguments, check_request, check_zeroing_start, is_int, out_of_memory
+from kvimpl.config_rules import (
+    clip_block_sizes,
+    cp_lookup_refusal,
+    estimate_groups,
+    features_needed,
+    manager_kinds,
+)
 from kvimpl.device_tables import check_slot_arguments, no_device_tables, valid_group
 from kvimpl.hash_functions import hash_function
-from kvimpl.kv_cache_manager import table_cached_tokens
+from kvimpl.kv_cache_manager import (
+    check_hit_length_bound,
+    lookup_length,
+    reads_prefix_cache,
+    require_operation,
+    table_cached_tokens,
+)
 from kvimpl.native_checks import native_invariants, native_view
 from kvimpl.native_events import events_from_records, replay_events
 from kvimpl.request import RequestHasher
@@ -52,7 +68,12 @@ from kvspec.config import (
     SinkFullAttention,
     SlidingWindow,
 )
-from kvspec.errors import InvalidTokenCountError, UnsupportedByProfileError, UnsupportedOperationError
+from kvspec.errors import (
+    ContextParallelLookupError,
+    InvalidTokenCountError,
+    UnsupportedByProfileError,
+    UnsupportedOperationError,
+)
 from kvspec.events import KVCacheEvent
 from kvspec.hashing import ExtraKeySource, none_hash
 from kvspec.invariants import InvariantViolation
@@ -76,12 +97,19 @@ else:
 NATIVE_SWITCHES = frozenset(
     {
         "free_unhashed_first", "free_unhashed_needs_caching", "sink_blocks_reserved", "new_block_ids",
-        "mamba_skip_spec_slack", "mamba_align_estimate_capped", "mamba_eagle_counts_verified",
+        "mamba_skip_spec_slack", "mamba_align_estimate_capped", "mamba_align_retired_mark",
+        "mamba_eagle_counts_verified",
         "eagle_margin_hashed_cap", "eagle_flags_need_use_eagle", "stats_at_lookup", "adopt_hit_without_new_tokens",
-        "common_prefix", "pop_drops_leading_nulls", "lookup_returns_boundary",
+        "common_prefix", "pop_drops_leading_nulls", "lookup_returns_boundary", "skip_on_processed_tokens",
+        # The lookup's entry in Python (NativeKVCacheManager.get_computed_blocks, get_num_cached_tokens):
+        # the length of a lookup is computed there and passed to the core's lookup_bounded.
+        "num_cached_tokens_op", "hit_limit_at_construction", "hit_length_bound",
+        # Applied by the request hasher (kvimpl.request.RequestHasher).
+        "prompt_logprobs_hit_cap", "token_ids_int32",
         "computed_block_ids_op",  # NativeKVCacheManager.get_block_ids_for_computed_tokens (in Python)
         "prefix_hint_op",  # NativeKVCacheManager.get_prefix_hint (in Python)
         "estimate_cached_tokens_op", "estimate_skips_uncacheable",  # NativeKVCacheManager.estimate_cached_tokens
+        "record_zeroing_op",  # NativeKVCacheManager.record_blocks_for_zeroing (in Python)
         # Applied before the core sees a value (the request hasher) or by KVCacheConfig's validation.
         "extra_keys_tagged", "mm_resume_from_first_feature", "single_spec_group_hybrid", "mamba_caching_needs_align",
         # The state-adding features: the core models none of them and declines a configuration that
@@ -129,6 +157,11 @@ def native_unsupported(config: KVCacheConfig) -> str | None:
     if _module is None:
         return f"the native extension is not built ({_import_error})"
     needed = features_needed(config)
+    if "context-parallelism" in needed:
+        # It only scales the managers' block sizes (core_params passes them) and refuses some lookups
+        # (get_computed_blocks, in Python): KVCacheConfig refuses it with prefix caching in several
+        # groups (the hybrid coordinator's refusal), the one place it would need more.
+        needed.remove("context-parallelism")
     if needed:
         return f"the native core does not model {', '.join(needed)}"
     if len(config.groups) > 64:
@@ -154,7 +187,12 @@ def create_manager(config: KVCacheConfig, device: str | None = None, native: boo
         device: As :class:`kvimpl.kv_cache_manager.KVCacheManager`.
         native: True: native or fall back (with the notice); False: Python;
             None: as ``KVREF_NATIVE`` says (native unless it is ``0``).
+
+    Raises:
+        ConfigError: For an argument kvimpl cannot build a manager from
+            (:func:`kvimpl.checks.check_manager_arguments`).
     """
+    check_manager_arguments(config, native)
     want = native_enabled() if native is None else native and _module is not None
     if native or native is None:
         notice_if_missing()
@@ -211,11 +249,12 @@ def core_params(config: KVCacheConfig) -> dict[str, Any]:
     has_mamba = any(isinstance(k, Mamba) for k in config.groups)
     groups = []
     mnbt, mml = batched_tokens(config), config.max_model_len
-    for gid, kind in enumerate(config.groups):
+    # The managers run each group at its context-parallel block size; the admission cap is the group's own.
+    for gid, (kind, scaled) in enumerate(zip(config.groups, manager_kinds(config), strict=True)):
         cap = admission_cap(kind, mnbt, mml) if not isinstance(kind, Mamba | CrossAttention) else None
         mamba = kind if isinstance(kind, Mamba) else None
         groups.append((
-            _KIND_CODES[type(kind)], kind.block_size,
+            _KIND_CODES[type(kind)], scaled.block_size,
             kind.window if isinstance(kind, SlidingWindow) else 0,
             kind.chunk if isinstance(kind, ChunkedLocal) else 0,
             _MAMBA_MODES[mamba.mode] if mamba else 0, mamba.num_speculative_blocks if mamba else 0,
@@ -223,7 +262,8 @@ def core_params(config: KVCacheConfig) -> dict[str, Any]:
             -1 if cap is None else cap,
             mamba.num_speculative_blocks if mamba and p.mamba_skip_spec_slack else 0,
             int(p.mamba_align_estimate_capped),
-            kind.sink_len // kind.block_size if isinstance(kind, SinkFullAttention) and p.sink_blocks_reserved else 0,
+            kind.sink_len // scaled.block_size if isinstance(kind, SinkFullAttention) and p.sink_blocks_reserved else 0,
+            int(p.mamba_align_retired_mark),
         ))  # fmt: skip
     fn = hash_function(config.hash_function)
     return {
@@ -242,6 +282,7 @@ def core_params(config: KVCacheConfig) -> dict[str, Any]:
         "mamba_eagle_counts_verified": int(p.mamba_eagle_counts_verified),
         "eagle_margin_hashed_cap": int(p.eagle_margin_hashed_cap),
         "stats_at_lookup": int(p.stats_at_lookup),
+        "skip_on_processed_tokens": int(p.skip_on_processed_tokens),
         "enable_kv_cache_events": int(config.enable_kv_cache_events),
         "groups": groups,
         "spec_groups": spec_groups,
@@ -260,6 +301,8 @@ def _eagle_group_ids(config: KVCacheConfig) -> frozenset[int]:
 def _records_new_block_ids(kind: Any, mode: str, has_mamba: bool) -> bool:
     """kvimpl.single_type_kv_cache_manager.records_new_block_ids."""
     full_or_mla = type(kind) is FullAttention or type(kind) is MLA
+    if mode == "full":
+        return type(kind) is FullAttention
     if mode == "full-mla":
         return full_or_mla
     if mode == "full-mla-with-mamba":
@@ -289,11 +332,15 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
                 run ``config`` (:func:`native_unsupported`; :func:`create_manager`
                 falls back to the Python manager instead).
         """
+        check_manager_arguments(config)
         reason = native_unsupported(config)
         if reason is not None:
             raise UnsupportedByProfileError(f"NativeKVCacheManager: {reason}")
         native_module()
-        super().__init__(core_params(config))
+        try:
+            super().__init__(core_params(config))
+        except MemoryError:
+            raise out_of_memory(config) from None
         self.config = config
         self.enable_caching = config.enable_caching
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if config.log_stats else None
@@ -308,8 +355,19 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
         self.shared_prefix_boundary: dict[str, int] = {}
         """Non-zero ``shared_prefix_boundary`` of each request's latest lookup."""
         self._estimate_groups = estimate_groups(config)
+        self._kinds = manager_kinds(config)
+        """The groups at the block sizes the managers run them (context parallelism scales them)."""
+        self._cp_refusal = cp_lookup_refusal(config.groups[0], config) if len(config.groups) == 1 else None
+        """Why a lookup of the one group is refused under context parallelism (None: it is not)."""
         self._clip_sizes = clip_block_sizes(config)
         """Per group, the cut of :meth:`get_block_ids_for_computed_tokens` (0: whole)."""
+        has_mamba = any(isinstance(k, Mamba) for k in config.groups)
+        self._zeroing_groups = [
+            (g, kind.block_size)
+            for g, (group, kind) in enumerate(zip(config.groups, self._kinds, strict=True))
+            if _records_new_block_ids(group, config.profile.new_block_ids, has_mamba)
+        ]
+        """``(group, block size)`` of each group that lists fresh blocks (:meth:`record_blocks_for_zeroing`)."""
         self.device_tables: Any = None
         if device is not None:
             from kvimpl.device_tables import BlockTable  # noqa: PLC0415 - torch is optional
@@ -321,12 +379,16 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
         request_id: str,
         prompt_token_ids: Iterable[int],
         extra: ExtraKeySource = ExtraKeySource(),
-        skip_reading_prefix_cache: bool = False,
+        skip_reading_prefix_cache: bool | None = None,
+        prompt_logprobs: bool = False,
+        prompt_logprob_start: int | None = None,
     ) -> Any:
         """A WAITING native request hashing like this manager (see :class:`kvimpl.request.RequestHasher`)."""
-        return self.hasher.new_request(request_id, list(prompt_token_ids), extra, skip_reading_prefix_cache)
+        return self.hasher.new_request(
+            request_id, list(prompt_token_ids), extra, skip_reading_prefix_cache, prompt_logprobs, prompt_logprob_start
+        )
 
-    def get_computed_blocks(self, request: Any) -> Any:
+    def get_computed_blocks(self, request: Any, max_cache_hit_length: int | None = None) -> Any:
         """The core's lookup; a cached hybrid also takes the prefix hint here.
 
         NOTE: the hint's longest length is the core's first spec-group search
@@ -337,15 +399,79 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
         admission on the hybrid bench mixes 14-18 µs per request-step, slower
         than vLLM's 3-8 (``kvref bench --mix full+swa``, load 3-4); with the
         core's value it is 0.4-0.7 µs.
+
+        Raises:
+            UnsupportedOperationError: As the Python manager's.
         """
-        out = super().get_computed_blocks(request)
+        lookup, length = self._lookup_request(request, max_cache_hit_length)  # caller errors first
+        reads = self._reads(request)
+        if self.enable_caching and reads:
+            self._refuse_cp_lookup("get_computed_blocks")
+        out = super().get_computed_blocks(lookup) if length is None else self.lookup_bounded(lookup, length)
         self.shared_prefix_boundary.pop(request.request_id, None)
-        if self._hybrid_hint and not request.skip_reading_prefix_cache:
+        if self._hybrid_hint and reads:
             hit = out[1]
             self.num_uncached_common_prefix_tokens = uncached = self._first_lookup_tokens - hit
             if uncached:
                 self.shared_prefix_boundary[request.request_id] = hit + uncached
         return out
+
+    def get_num_cached_tokens(self, request: Any) -> int:
+        """How many leading tokens a lookup would hit now (vLLM 0.34.0 on; see
+        the Python manager's method): the core's lookup, without the prefix
+        hint (the profiles with this operation record no statistics at lookup).
+
+        Raises:
+            UnsupportedOperationError: Before vLLM 0.34.0.
+            InvalidRequestError: ``request`` is not a request.
+        """
+        require_operation(self.config.profile, "get_num_cached_tokens")
+        check_request(request)
+        if not self.enable_caching or not self._reads(request):
+            return 0
+        self._refuse_cp_lookup("get_num_cached_tokens")
+        n: int = super().get_computed_blocks(self._as_reading(request))[1]
+        return n
+
+    def get_num_common_prefix_blocks(self, request_id: str) -> Any:
+        """The core's answer (see the Python manager's method).
+
+        Raises:
+            UnsupportedOperationError: From vLLM 0.34.0 on (switch ``common_prefix``).
+        """
+        if self.config.profile.common_prefix == "absent":
+            raise UnsupportedOperationError(f"get_num_common_prefix_blocks: not in {self.config.profile.name}")
+        return super().get_num_common_prefix_blocks(request_id)
+
+    def _refuse_cp_lookup(self, operation: str) -> None:
+        """Raise ContextParallelLookupError where context parallelism rules a lookup out
+        (:func:`kvimpl.config_rules.cp_lookup_refusal`, as the Python manager's ``_check_cp_lookup``)."""
+        if self._cp_refusal is not None:
+            raise ContextParallelLookupError(f"{operation}: {self._cp_refusal}")
+
+    def _reads(self, request: Any) -> bool:
+        return reads_prefix_cache(self.config.profile, request)
+
+    def _lookup_request(self, request: Any, bound: int | None) -> tuple[Any, int | None]:
+        """``request`` as the core's lookup must see it (its skip flag says
+        whether the release reads the prefix cache for it) and the lookup's
+        length when it is not ``num_tokens - 1`` (a hit-length bound, a
+        prompt-logprob limit: the core's ``lookup_bounded``), else None.
+
+        Raises:
+            InvalidTokenCountError: ``bound`` is not None or an int >= 0.
+        """
+        check_request(request)
+        p = self.config.profile
+        check_hit_length_bound(p, bound)
+        if not self._reads(request):
+            return (request if request.skip_reading_prefix_cache else _with_skip(request, True)), None
+        length = lookup_length(p, request, bound)
+        return self._as_reading(request), (None if length == request.num_tokens - 1 else length)
+
+    @staticmethod
+    def _as_reading(request: Any) -> Any:
+        return _with_skip(request, False) if request.skip_reading_prefix_cache else request
 
     def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int) -> Any:
         """The request's tables cut to its computed tokens (see the Python manager's method).
@@ -363,6 +489,20 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
             )
         n = num_computed_tokens
         return tuple(t[: -(-n // bs)] if bs else t for t, bs in zip(tables, self._clip_sizes, strict=True))
+
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        """List the request's blocks from ``start_token`` on for zeroing again:
+        the rule here, the lists in the core.
+
+        Raises:
+            UnsupportedOperationError, InvalidRequestError, InvalidTokenCountError:
+                As the Python manager's method (nothing listed then).
+        """
+        require_operation(self.config.profile, "record_blocks_for_zeroing")
+        tables = self.get_blocks(request_id)  # raises InvalidRequestError for a non-str id
+        check_zeroing_start(start_token, self._zeroing_groups)
+        for g, bs in self._zeroing_groups:
+            self.list_new_block_ids(g, list(tables[g][start_token // bs :]))
 
     def estimate_cached_tokens(self, request: Any) -> int:
         """How many leading tokens the request's cached blocks stand for (see
@@ -383,7 +523,7 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
         tables = self.get_blocks(request.request_id)
         keys = self._block_keys()
         found = [
-            table_cached_tokens(tables[g], keys, None, self.config.groups[g].block_size) for g in self._estimate_groups
+            table_cached_tokens(tables[g], keys, None, self._kinds[g].block_size) for g in self._estimate_groups
         ]
         return min(found, default=0)
 
@@ -415,9 +555,22 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
         if not isinstance(num_hits, int) or isinstance(num_hits, bool) or num_hits < 0:
             raise InvalidTokenCountError(f"record_prefix_cache_stats: num_hits {num_hits!r} is not an int >= 0")
         stats = self.prefix_cache_stats
-        if stats is None or not self.enable_caching or request.skip_reading_prefix_cache:
+        if stats is None or not self.enable_caching or not self._reads(request):
             return
         stats.record(request.num_tokens, num_hits, request.num_preemptions > 0)
+
+    def take_kv_cache_block_copies(self) -> tuple[list[tuple[int, int]], list[int]]:
+        """Drain the copy-on-write copies of fine-grained hits (vLLM 0.26.0 on;
+        see the Python manager). The core runs no configuration that makes
+        copies (fine-grained hits are a feature it declines: :func:`native_unsupported`),
+        so there are never any; the schedulers of 0.29.0 on call this every step.
+
+        Raises:
+            UnsupportedOperationError: Before vLLM 0.26.0.
+        """
+        if not self.config.profile.partial_hash_hits:
+            raise UnsupportedOperationError(f"take_kv_cache_block_copies: not in {self.config.profile.name}")
+        return [], []
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
         """Take the statistics and start new ones (None unless ``log_stats``)."""
@@ -481,6 +634,23 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
         def get_blocks(self, request_id: str) -> Any: ...
 
         _first_lookup_tokens: int
+
+
+def _with_skip(request: Any, skip: bool) -> Any:
+    """``request`` with its skip flag set to ``skip`` for the core's lookup
+    (kvspec's values are copied; kvimpl's own requests under a profile that
+    reads the hit limit are Python ones: a shallow copy with the flag set,
+    the request itself unchanged).
+
+    NOTE: only a release that reads the hit limit fixed at construction
+    (vLLM 0.34.0) makes the flag differ from what the lookup must read, and
+    under it kvimpl makes no C request (:attr:`RequestHasher.c_requests_fit`).
+    """
+    if isinstance(request, SpecRequest):
+        return dataclasses.replace(request, skip_reading_prefix_cache=skip)
+    flagged = copy.copy(request)  # kvimpl's Python request
+    flagged.skip_reading_prefix_cache = skip
+    return flagged
 
 
 def manager_class(config: KVCacheConfig) -> type[KVCacheManager] | type[NativeKVCacheManager]:

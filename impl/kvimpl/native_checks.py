@@ -94,7 +94,7 @@ def native_view(mgr: Any) -> KVView:
 def native_invariants(mgr: Any) -> None:
     """Raise InvariantViolation if an invariant of the native state is broken."""
     st = core_state(mgr)
-    kinds = mgr.config.groups
+    kinds = mgr._kinds  # the block sizes the managers run (context parallelism scales them)
     require(inv_free_ring(st), "free queue: the links do not form one ring over the free blocks")
     require(inv_free_set(st), "free queue != {non-null, non-sink, ref 0}")
     require(all(r >= 0 for r in st.ref[1:]) and all(p >= 0 for p in st.pending), "negative ref_cnt or pending count")

@@ -5,8 +5,8 @@ kvspec's :class:`kvspec.request.Request` is an immutable value: advancing it
 copies the token tuple and the hash list, recomputes the seed hash and
 builds a new object for every request in every step. A scheduler on kvimpl
 keeps one mutable request per request instead, as vLLM's scheduler keeps
-``vllm.v1.request.Request``: it sets ``num_computed_tokens``, ``status`` and
-``num_preemptions`` and calls :meth:`Request.append_output_token_ids`, which
+``vllm.v1.request.Request``: it sets ``num_computed_tokens``, ``status``,
+``num_preemptions`` and ``num_in_flight_tokens`` and calls :meth:`Request.append_output_token_ids`, which
 hashes only the blocks that became full, chained from the last digest.
 
 Two classes with one interface: :class:`Request` here (pure Python, used by
@@ -64,7 +64,9 @@ class Request:
     Attributes the manager reads: ``request_id``, ``all_token_ids`` (a
     tuple), ``num_tokens``, ``num_prompt_tokens``, ``block_hashes`` (a tuple
     of digests, one per full block), ``num_computed_tokens``, ``status``,
-    ``num_preemptions``, ``extra``, ``skip_reading_prefix_cache``.
+    ``num_preemptions``, ``num_in_flight_tokens``, ``extra``, ``skip_reading_prefix_cache``, and from
+    vLLM 0.34.0 on ``prefix_cache_hit_limit`` (fixed when it is made; with
+    ``prompt_logprobs`` and ``prompt_logprob_start``, as kvspec's request).
 
     inv: len(self.block_hashes) == self.num_tokens // <hash block size>
     """
@@ -77,9 +79,13 @@ class Request:
         "_tokens_tuple",
         "extra",
         "num_computed_tokens",
+        "num_in_flight_tokens",
         "num_preemptions",
         "num_prompt_tokens",
         "num_tokens",
+        "prefix_cache_hit_limit",
+        "prompt_logprob_start",
+        "prompt_logprobs",
         "request_id",
         "skip_reading_prefix_cache",
         "status",
@@ -92,6 +98,9 @@ class Request:
         tokens: list[int],
         extra: ExtraKeySource,
         skip_reading_prefix_cache: bool,
+        prompt_logprobs: bool = False,
+        prompt_logprob_start: int | None = None,
+        prefix_cache_hit_limit: int | None = None,
     ) -> None:
         """A WAITING request with its prompt hashed (use :meth:`RequestHasher.new_request`)."""
         self._hasher = hasher
@@ -104,8 +113,12 @@ class Request:
         self._hashes_tuple: tuple[BlockHash, ...] | None = None
         self.extra = extra
         self.skip_reading_prefix_cache = skip_reading_prefix_cache
+        self.prompt_logprobs = prompt_logprobs
+        self.prompt_logprob_start = prompt_logprob_start
+        self.prefix_cache_hit_limit = prefix_cache_hit_limit
         self.num_computed_tokens = 0
         self.num_preemptions = 0
+        self.num_in_flight_tokens = 0
         self.status = RequestStatus.WAITING
         hasher.extend(self._tokens, self._hashes, extra)
 
@@ -130,11 +143,12 @@ class Request:
             InvalidRequestError: If a token id is not a non-negative int
                 (nothing is appended then).
         """
-        if type(token_ids) is int and token_ids >= 0:
+        limit = self._hasher.token_limit
+        if type(token_ids) is int and token_ids >= 0 and (limit is None or token_ids < limit):
             self._tokens.append(token_ids)
             self.num_tokens += 1
         else:
-            new = token_list(self.request_id, token_ids)
+            new = token_list(self.request_id, token_ids, limit)
             self._tokens += new
             self.num_tokens += len(new)
         self._tokens_tuple = None
@@ -161,11 +175,20 @@ class RequestHasher:
         tagged: Extra keys carry their source tag (profile switch ``extra_keys_tagged``).
         resume_from_first: Resumed hashing looks at every multimodal feature
             (profile switch ``mm_resume_from_first_feature``).
-        v025_forms: Extra keys have vLLM 0.25.1's forms (profile switches
-            ``mm_key_with_offset`` and ``prompt_embeds_digest``; see
-            ``kvspec.hashing.block_extra_keys``).
+        v025_forms: Multimodal keys have their offset form (profile switch
+            ``mm_key_with_offset``; see ``kvspec.hashing.block_extra_keys``).
+        embeds_digest: Prompt-embedding keys are digests (profile switch
+            ``prompt_embeds_digest``; None: as ``v025_forms``).
         native: Make C requests when the extension is built (None: when
             kvimpl's native core is selected, see :func:`kvimpl.native.native_enabled`).
+        token_limit: The smallest token id refused (2**31 where the release
+            stores 32-bit ids, profile switch ``token_ids_int32``), or None.
+            The C request does not check it, so such a hasher makes Python ones.
+        logprobs_cap: A prompt-logprob request may read only up to its first
+            scored row (profile switch ``prompt_logprobs_hit_cap``).
+        limit_read: The manager reads ``prefix_cache_hit_limit`` (profile
+            switch ``hit_limit_at_construction``), which the C request does
+            not hold, so such a hasher makes Python ones.
     """
 
     hash_function: str
@@ -175,6 +198,10 @@ class RequestHasher:
     resume_from_first: bool = False
     native: bool | None = None
     v025_forms: bool = True
+    embeds_digest: bool | None = None
+    token_limit: int | None = None
+    logprobs_cap: bool = False
+    limit_read: bool = False
     fn: HashFunction = field(init=False, repr=False, compare=False)
     seed_hash: BlockHash = field(init=False, repr=False, compare=False)
 
@@ -189,18 +216,32 @@ class RequestHasher:
         p = config.profile
         return cls(
             config.hash_function, config.hash_seed, hash_block_size(config), p.extra_keys_tagged,
-            p.mm_resume_from_first_feature, native, p.mm_key_with_offset and p.prompt_embeds_digest,
+            p.mm_resume_from_first_feature, native, p.mm_key_with_offset, p.prompt_embeds_digest,
+            1 << 31 if p.token_ids_int32 else None, p.prompt_logprobs_hit_cap, p.hit_limit_at_construction,
         )  # fmt: skip
+
+    @property
+    def c_requests_fit(self) -> bool:
+        """Whether the release's requests fit the C request: it checks no
+        token-id limit and holds no hit limit fixed at construction (vLLM
+        0.34.0 has both), so under such a release every request is a
+        :class:`Request`, which the native core serves through its object
+        path and its array API refuses."""
+        return self.token_limit is None and not self.limit_read
 
     def new_request(
         self,
         request_id: str,
         prompt_token_ids: Sequence[int],
         extra: ExtraKeySource = ExtraKeySource(),
-        skip_reading_prefix_cache: bool = False,
+        skip_reading_prefix_cache: bool | None = None,
+        prompt_logprobs: bool = False,
+        prompt_logprob_start: int | None = None,
     ) -> Any:
         """A WAITING request with its prompt hashed: a C request when the
-        native core is in use and can hold the tokens, else a :class:`Request`.
+        native core is in use and can hold the tokens (and the request asks
+        for no prompt logprobs, and the release has no token-id limit and
+        reads no hit limit), else a :class:`Request`.
 
         Raises:
             InvalidRequestError: As ``kvspec.request.RequestBlockHasher.new_request``.
@@ -209,19 +250,23 @@ class RequestHasher:
             raise InvalidRequestError(f"request id must be a str, got {request_id!r}")
         if isinstance(prompt_token_ids, str | bytes) or not prompt_token_ids:
             raise InvalidRequestError(f"request {request_id!r}: the prompt must be a non-empty sequence of token ids")
-        tokens = token_list(request_id, prompt_token_ids)
+        tokens = token_list(request_id, prompt_token_ids, self.token_limit)
+        check_prompt_logprobs(request_id, prompt_logprobs, prompt_logprob_start)
         if extra.lora is not None and not extra.lora.path and self.tagged:
             raise InvalidRequestError(
                 f"request {request_id!r}: LoRA {extra.lora.name!r} has no path, which tagged extra keys hash"
             )
+        skip = prompt_logprobs if skip_reading_prefix_cache is None else bool(skip_reading_prefix_cache)
+        limit = 0 if skip else (prompt_logprob_start or 0) if prompt_logprobs and self.logprobs_cap else None
         native = self._native_type()
-        if native is not None and max(tokens) < NATIVE_TOKEN_LIMIT:
+        plain = not prompt_logprobs and self.c_requests_fit
+        if native is not None and plain and max(tokens) < NATIVE_TOKEN_LIMIT:
             pyhash = None if self._hashed_in_c(extra) else block_hasher(self, extra)
             return native(
                 request_id, tokens, self.hash_block_size, self.seed_hash, pyhash, self.resume_from_first, extra,
-                skip_reading_prefix_cache,
+                skip,
             )  # fmt: skip
-        return Request(self, request_id, tokens, extra, skip_reading_prefix_cache)
+        return Request(self, request_id, tokens, extra, skip, prompt_logprobs, prompt_logprob_start, limit)
 
     def extend(self, tokens: list[int], hashes: list[BlockHash], extra: ExtraKeySource) -> None:
         """Append the hash of every block of ``tokens`` that is full and not
@@ -237,7 +282,7 @@ class RequestHasher:
         cursor = 0 if start == 0 or self.resume_from_first else -1
         while start + bs <= len(tokens):
             end = start + bs
-            keys, cursor = block_extra_keys(extra, start, end, cursor, self.tagged, self.v025_forms)
+            keys, cursor = block_extra_keys(extra, start, end, cursor, self.tagged, self.v025_forms, self.embeds_digest)
             parent = hashes[-1] if hashes else self.seed_hash
             hashes.append(hash_block_tokens(fn, parent, tokens[start:end], keys))
             start = end
@@ -256,17 +301,32 @@ class RequestHasher:
 
 def block_hasher(hasher: RequestHasher, extra: ExtraKeySource) -> BlockHasher:
     """The per-block hash function a C request calls for blocks it cannot hash itself."""
-    fn, tagged, forms = hasher.fn, hasher.tagged, hasher.v025_forms
+    fn, tagged, forms, digest = hasher.fn, hasher.tagged, hasher.v025_forms, hasher.embeds_digest
 
     def hash_one(parent: bytes, tokens: tuple[int, ...], start: int, end: int, cursor: int) -> tuple[bytes, int]:
-        keys, cursor = block_extra_keys(extra, start, end, cursor, tagged, forms)
+        keys, cursor = block_extra_keys(extra, start, end, cursor, tagged, forms, digest)
         return hash_block_tokens(fn, BlockHash(parent), tokens, keys), cursor
 
     return hash_one
 
 
-def token_list(request_id: str, token_ids: int | Sequence[int]) -> list[int]:
-    """``token_ids`` (one id or a sequence) as a list of non-negative ints (not bools).
+def check_prompt_logprobs(request_id: str, prompt_logprobs: object, start: object) -> None:
+    """Raise InvalidRequestError unless ``prompt_logprobs`` is a bool and
+    ``start`` None or an int >= 0 of a prompt-logprob request (kvspec's
+    ``check_prompt_logprobs``)."""
+    if not isinstance(prompt_logprobs, bool):
+        raise InvalidRequestError(f"request {request_id!r}: prompt_logprobs must be a bool, got {prompt_logprobs!r}")
+    if start is None:
+        return
+    if not isinstance(start, int) or isinstance(start, bool) or start < 0:
+        raise InvalidRequestError(f"request {request_id!r}: prompt_logprob_start {start!r} is not an int >= 0")
+    if not prompt_logprobs:
+        raise InvalidRequestError(f"request {request_id!r}: prompt_logprob_start {start} without prompt logprobs")
+
+
+def token_list(request_id: str, token_ids: int | Sequence[int], limit: int | None = None) -> list[int]:
+    """``token_ids`` (one id or a sequence) as a list of non-negative ints (not
+    bools) below ``limit`` (None: any).
 
     Raises:
         InvalidRequestError: Naming the first bad token id.
@@ -277,6 +337,11 @@ def token_list(request_id: str, token_ids: int | Sequence[int]) -> list[int]:
     for i, t in enumerate(tokens):
         if not isinstance(t, int) or isinstance(t, bool) or t < 0:
             raise InvalidRequestError(f"request {request_id!r}: token {i} is {t!r}, not a non-negative int")
+        if limit is not None and t >= limit:
+            raise InvalidRequestError(
+                f"request {request_id!r}: token {i} is {t}, which the release's 32-bit token storage cannot hold "
+                f"(ids must be below {limit})"
+            )
     return tokens
 
 

@@ -86,6 +86,9 @@ class SingleTypeKVCacheManager:
         self.group_id = group_id
         self.scheduler_block_size = scheduler_block_size
         self.admission_cap = admission_cap
+        self.eagle_reach = config.profile.hybrid_cache_eagle_reach
+        """An EAGLE group caches for its look-ahead block (vLLM 0.23.0 on; profile switch
+        ``hybrid_cache_eagle_reach``, kvspec's ``caches_eagle_peek``)."""
         self.use_eagle = False
         self.mask_kind = kind
         """The kind the sliding-window cache mask counts in: the engine's
@@ -203,7 +206,8 @@ class SingleTypeKVCacheManager:
             align = self.cache_mask_alignment
             mask = None
             if align is not None:
-                mask = reachable_block_mask(self.mask_kind, num_cached, num_full, align, self.use_eagle)
+                eagle = self.use_eagle and self.eagle_reach
+                mask = reachable_block_mask(self.mask_kind, num_cached, num_full, align, eagle)
             table = self.req_to_blocks.setdefault(rid, [])
             self.pool.cache_full_blocks(request, table, num_cached, num_full, self.block_size, self.group_id, mask)
             self.num_cached_block[rid] = num_full
@@ -235,7 +239,8 @@ class SingleTypeKVCacheManager:
         n = table.count(NULL_BLOCK)
         if n and not any(table[:n]):
             table = table[n:]
-        self.pool.free_blocks(reversed(table))
+        # a sliding window's blocks go as skipped ones (vLLM 0.23.0: kvspec's requeue_unhashed_first)
+        self.pool.free_blocks(reversed(table), isinstance(self.kind, SlidingWindow))
 
     def get_num_common_prefix_blocks(self, request_id: str) -> int:
         """Leading blocks of the request's table held by every table of this
@@ -248,6 +253,11 @@ class SingleTypeKVCacheManager:
         """Drain the ids of fresh blocks (see :func:`records_new_block_ids`)."""
         ids, self.new_block_ids = self.new_block_ids, []
         return ids
+
+    def record_for_zeroing(self, request_id: str, first: int) -> None:
+        """List the request's table from index ``first`` on as fresh blocks again
+        (:meth:`kvimpl.kv_cache_manager.KVCacheManager.record_blocks_for_zeroing`)."""
+        self.new_block_ids += self.req_to_blocks.get(request_id, [])[first:]
 
     def take_pending_copies(self) -> list[tuple[BlockId, BlockId]]:
         """Drain the copy-on-write pairs, oldest first; their references stay."""
@@ -307,7 +317,7 @@ class SingleTypeKVCacheManager:
                 self.holders[NULL_BLOCK] += 1
             table[i] = NULL_BLOCK
         if freed:
-            self.pool.free_blocks(freed)
+            self.pool.free_blocks(freed, True)
 
 
 class CrossAttentionManager(SingleTypeKVCacheManager):
@@ -416,6 +426,10 @@ class MambaManager(SingleTypeKVCacheManager):
         self.cached_blocks_this_step: set[BlockHashWithGroupId] = set()
         self.last_state_block_idx: dict[str, int] = {}
         self.allocated_block_reqs: set[str] = set()
+        self.retired_mark = kind.mode == "align" and p.mamba_align_retired_mark
+        """Profile switch ``mamba_align_retired_mark`` in align mode (see :meth:`_remove_blocks_in_range`)."""
+        self.num_retired_blocks: dict[str, int] = {}
+        """With :attr:`retired_mark`: per request, the table index removal reached."""
 
     def get_num_blocks_to_allocate(
         self,
@@ -499,10 +513,28 @@ class MambaManager(SingleTypeKVCacheManager):
                 self.pool.free_blocks([table[idx]])
                 table[idx] = NULL_BLOCK
 
+    def _remove_blocks_in_range(self, request_id: str, first: int, last: int) -> None:
+        """As the base; with :attr:`retired_mark` (vLLM 0.30.0 on, align mode)
+        from the request's retired mark to ``last``, freeing every state block
+        there (walking backwards over null gaps), and the mark moves to the end."""
+        if not self.retired_mark:
+            super()._remove_blocks_in_range(request_id, first, last)
+            return
+        table = self.req_to_blocks.get(request_id, [])
+        start, stop = max(first, self.num_retired_blocks.get(request_id, 0)), min(last, len(table))
+        if start >= stop:
+            return
+        freed = [b for b in reversed(table[start:stop]) if b != NULL_BLOCK]
+        table[start:stop] = [NULL_BLOCK] * (stop - start)
+        if freed:
+            self.pool.free_blocks(freed)
+        self.num_retired_blocks[request_id] = stop
+
     def _forget(self, request_id: str) -> list[BlockId]:
         """As the base, forgetting the align-mode bookkeeping too."""
         self.allocated_block_reqs.discard(request_id)
         self.last_state_block_idx.pop(request_id, None)
+        self.num_retired_blocks.pop(request_id, None)
         return super()._forget(request_id)
 
     def new_step_starts(self) -> None:
@@ -585,8 +617,8 @@ class MambaManager(SingleTypeKVCacheManager):
 def records_new_block_ids(kind: AttentionKind, config: KVCacheConfig) -> bool:
     """Whether a group of ``kind`` reports its fresh blocks to ``take_new_block_ids``.
 
-    vLLM 0.25.1: full attention and MLA (the exact types, so not SinkFull).
-    0.26.0: the same, but only in models with a Mamba group. 0.28.0: every
+    vLLM 0.17.1: full attention (the exact type); 0.23.0: full attention and
+    MLA (so not SinkFull). 0.26.0: the same, but only in models with a Mamba group. 0.28.0: every
     attention kind but Mamba, in models with a Mamba group (profile switch
     ``new_block_ids``). A ``CircularBuffer`` ring never records (vLLM leaves
     its spec class out); a ``KpoolTail`` ring is a sliding-window spec in
@@ -595,6 +627,8 @@ def records_new_block_ids(kind: AttentionKind, config: KVCacheConfig) -> bool:
     if type(kind) is CircularBuffer:
         return False
     mode = config.profile.new_block_ids
+    if mode == "full":
+        return type(kind) is FullAttention
     if mode == "full-mla":
         return type(kind) is FullAttention or type(kind) is MLA
     if mode == "full-mla-with-mamba":

@@ -119,6 +119,8 @@ class StepAPI:
         """
         config, coord = self.config, self.coordinator
         self._max_len = config.max_model_len
+        self.skip_on_processed = config.profile.skip_on_processed_tokens
+        """Profile switch: skipped blocks are freed below the computed tokens less those in flight."""
         self._no_hits: tuple[tuple[BlockId, ...], ...] = tuple(() for _ in config.groups)
         self._quiet: dict[str, tuple[int, int, int]] = {}
         """Per request, the limits below which a running step changes nothing (see :meth:`_set_quiet`)."""
@@ -212,8 +214,11 @@ class StepAPI:
             if type(r) not in REQUEST_TYPES or type(nt) is not int or type(k) is not int:
                 bad = True
                 break
-            c = r.num_computed_tokens
-            if type(c) is not int or nt <= 0 or k < 0 or c < 0 or c + nt > max_len or type(r.request_id) is not str:
+            c, f = r.num_computed_tokens, r.num_in_flight_tokens
+            if (
+                type(c) is not int or type(f) is not int or nt <= 0 or k < 0 or c < 0 or f < 0 or c + nt > max_len
+                or type(r.request_id) is not str
+            ):  # fmt: skip
                 bad = True
                 break
         if bad:
@@ -300,8 +305,12 @@ class StepAPI:
         if caching:
             upto = request.num_tokens
             upto = main if main < upto else upto
-        for m in self._skipping:
-            m.remove_skipped_blocks(rid, computed)
+        if self._skipping:
+            basis = computed
+            if self.skip_on_processed:  # kvimpl.kv_cache_manager.skip_basis
+                basis = max(0, computed - request.num_in_flight_tokens)
+            for m in self._skipping:
+                m.remove_skipped_blocks(rid, basis)
         plain = self._plain
         if plain:
             need, grow, fills = 0, False, False

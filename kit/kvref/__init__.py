@@ -26,12 +26,14 @@ if TYPE_CHECKING:
         protocol_version,
         semantics_of,
     )
-    from kvref.adapters.vllm.lineage import VllmLineage
+    from kvref.adapters.vllm.eras import VllmApi
+    from kvref.adapters.vllm.lineage import ERA_NAMES, VllmLineage
     from kvref.capabilities import Unsupported, declare
     from kvref.divergences import Divergence
     from kvref.layers.pool import BlockPoolAdapter
 
 _PUBLIC = {
+    "ERA_NAMES": "kvref.adapters.vllm.lineage",
     "AdapterFactory": "kvref.adapters",
     "BlockPoolAdapter": "kvref.layers.pool",
     "DeclaredSemantics": "kvref.adapters",
@@ -39,6 +41,7 @@ _PUBLIC = {
     "KVCacheAdapter": "kvref.adapters",
     "PROTOCOL_VERSION": "kvref.adapters",
     "Unsupported": "kvref.capabilities",
+    "VllmApi": "kvref.adapters.vllm.eras",
     "VllmLineage": "kvref.adapters.vllm.lineage",
     "declare": "kvref.capabilities",
     "load_factory": "kvref.adapters",
@@ -47,6 +50,7 @@ _PUBLIC = {
 }
 
 __all__ = [
+    "ERA_NAMES",
     "PROTOCOL_VERSION",
     "AdapterFactory",
     "BlockPoolAdapter",
@@ -54,6 +58,7 @@ __all__ = [
     "Divergence",
     "KVCacheAdapter",
     "Unsupported",
+    "VllmApi",
     "VllmLineage",
     "declare",
     "load_factory",

@@ -41,7 +41,8 @@ from typing import Any
 
 from kvref.adapters import AdapterFactory
 from kvref.exits import InputError
-from kvref.scheduler import ReqState, schedule_chunk
+from kvref.scheduler import ReqState
+from kvref.scheduler_chunks import schedule_chunk
 from kvref.shapes import BENCH_MIXES, build_kinds, shape_named
 from kvspec.config import AttentionKind, KVCacheConfig, SlidingWindow
 from kvspec.profiles import VLLM_0_25_1, SemanticsProfile

@@ -252,10 +252,11 @@ class ImplEngine:
     running phase as ``allocate_slots_batch`` calls, finished requests as one
     ``free_batch``) or ``array`` (native: handles and int32 buffers,
     ``allocate_slots_array`` and ``advance_array``). ``tables``: the manager
-    keeps device block tables on the CPU and each step reads them.
+    keeps device block tables on the CPU (or on the device ``tables`` names)
+    and each step reads them.
     """
 
-    def __init__(self, name: str, config: KVCacheConfig, native: bool, api: str, tables: bool = False) -> None:
+    def __init__(self, name: str, config: KVCacheConfig, native: bool, api: str, tables: bool | str = False) -> None:
         """A kvimpl manager of the wanted build.
 
         Raises:
@@ -266,7 +267,8 @@ class ImplEngine:
         self.name = name
         self.build = "native" if native else "python"
         self.api = api
-        self.manager: Any = create_manager(config, "cpu" if tables else None, native=native)
+        device = tables if isinstance(tables, str) else ("cpu" if tables else None)
+        self.manager: Any = create_manager(config, device, native=native)
         if native != isinstance(self.manager, NativeKVCacheManager):
             raise RuntimeError(f"{name}: the native core cannot run this configuration")
         from kvimpl.request import RequestHasher  # noqa: PLC0415
@@ -274,7 +276,7 @@ class ImplEngine:
         self.hasher = RequestHasher.for_config(config, native=native)
         self.groups = len(config.groups)
         self.min_block_size = min(k.block_size for k in config.groups)
-        self.with_tables = tables
+        self.with_tables = bool(tables)
         pool = getattr(self.manager, "block_pool", None)
         self._num_free = pool.get_num_free_blocks if pool is not None else self.manager.get_num_free_blocks
         self.reqs: dict[str, Any] = {}

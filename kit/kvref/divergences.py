@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kvref.exits import InputError
+from kvref.targets import load_callable
 from kvspec.config import FULL_TYPE_KINDS, ChunkedLocal, CrossAttention, KVCacheConfig, Mamba, SlidingWindow
 from kvspec.view import KVView
 
@@ -141,8 +142,6 @@ def _entry(path: Path, number: int, d: Json) -> Divergence:
         raise InputError(f"{where}: needs a matcher (module:function) or an aspect (output, view:<field>, ...)")
     matcher = None
     if "matcher" in d:
-        from kvref.adapters import load_callable  # noqa: PLC0415 - kvref.adapters imports this module's types
-
         matcher = load_callable(str(d["matcher"]), f"matcher of {where}")
     aspect = d.get("aspect")
     return Divergence(
@@ -227,6 +226,31 @@ def _swa_eagle(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pen
         isinstance(k, SlidingWindow) and g in eagle and k.block_size != sched for g, k in enumerate(cfg.groups)
     )
     return swa_eagle and spec_out["num_tokens"] > vllm_out["num_tokens"]
+
+
+def _swa_eagle_window(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> bool:
+    """vLLM 0.19.1 aligns a sliding-window EAGLE run before it drops the EAGLE
+    block and aligns again after: a hit of the same length whose window blocks
+    are null (kvspec aligns after the drop and keeps them)."""
+    if op["op"] != "get_computed_blocks" or "blocks" not in vllm_out or "blocks" not in spec_out:
+        return False
+    tokens = spec_out["num_tokens"]
+    if vllm_out["num_tokens"] != tokens or len(vllm_out["blocks"]) != len(cfg.groups):
+        return False
+    eagle, sched = cfg.eagle_group_ids(), cfg.scheduler_block_size
+    lost = False
+    for g, kind in enumerate(cfg.groups):
+        mine, spec = vllm_out["blocks"][g], spec_out["blocks"][g]
+        if mine == spec:
+            continue
+        if not (isinstance(kind, SlidingWindow) and g in eagle and kind.block_size != sched) or len(mine) != len(spec):
+            return False
+        needed = _skipped_tokens(kind, tokens) // kind.block_size
+        for i, (v, s) in enumerate(zip(mine, spec, strict=True)):
+            if v != s and not (v == 0 and s != 0 and i >= needed):
+                return False
+        lost = True
+    return lost
 
 
 def _common_prefix(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> bool:
@@ -332,6 +356,7 @@ MATCHERS: dict[str, Callable[[KVCacheConfig, Json, Json, Json, bool], bool]] = {
     "eagle-mamba-hit": _eagle_mamba,
     "second-full-group": _second_full,
     "swa-eagle-fallback": _swa_eagle,
+    "swa-eagle-window-lost": _swa_eagle_window,
     "common-prefix-pending": _common_prefix,
     "mamba-align-external-estimate": _mamba_external,
     "mamba-cow-owner": _mamba_cow_owner,

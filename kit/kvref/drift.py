@@ -19,6 +19,15 @@ named only when kvspec with that switch reproduces every recorded output and
 view digest of the trace, and only when the working profile does not (so a
 divergence that replay cannot reproduce, for instance one seen only by the
 event consumer, stays unattributed instead of being credited to a switch).
+
+Drift also compares *surfaces* (:mod:`kvref.surface`): the installed
+release's manager, block-pool and request API, KV-cache spec classes and
+event fields against the surface recorded for the working profile's release.
+Each new, removed or changed entry is a class of its own; :data:`SURFACE_SWITCHES`
+names the switches that model an entry, and :func:`explain_surface` says
+whether one of them tells the working profile from the reference profile.
+A behaviour class no switch explains is matched to the surface entry of its
+operation (:func:`surface_for_class`), when there is one.
 """
 
 from __future__ import annotations
@@ -26,11 +35,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, fields, replace
 from itertools import combinations
+from pathlib import Path
 
 from kvref.adapters import AdapterFactory
+from kvref.exits import InputError
+from kvref.surface import SurfaceChange
 from kvref.traces import Trace, replay
+from kvref.traces import load as load_trace
 from kvspec.errors import ConfigError
-from kvspec.profiles import PROFILES, SemanticsProfile
+from kvspec.profiles import PROFILES, SemanticsProfile, features_used
 
 SWITCHES: tuple[str, ...] = tuple(f.name for f in fields(SemanticsProfile) if f.name not in ("name", "release"))
 """Every behaviour switch of a semantics profile, in declaration order."""
@@ -124,3 +137,79 @@ def _replays(trace: Trace, factory: AdapterFactory, profile: SemanticsProfile) -
         return False
     result = replay(Trace(config, trace.steps, trace.meta), factory)
     return result.ok
+
+
+SURFACE_SWITCHES: dict[str, tuple[str, ...]] = {
+    "KVCacheManager.__init__": ("admission_controls",),
+    "KVCacheManager.allocate_slots": (
+        "full_sequence_arg",
+        "reserved_blocks_arg",
+        "admission_controls",
+        "adopt_hit_without_new_tokens",
+    ),
+    "KVCacheManager.get_computed_blocks": ("hit_length_bound", "lookup_returns_boundary"),
+    "KVCacheManager.get_num_common_prefix_blocks": ("common_prefix",),
+    "KVCacheManager.get_num_cached_tokens": ("num_cached_tokens_op",),
+    "KVCacheManager.take_new_block_ids": ("new_block_ids_list",),
+    "KVCacheManager.record_blocks_for_zeroing": ("record_zeroing_op",),
+    "KVCacheManager.pop_blocks_for_free": ("deferred_free",),
+    "KVCacheManager.new_step_starts": ("mamba_step_guard",),
+    "KVCacheManager.get_block_ids_for_computed_tokens": ("computed_block_ids_op",),
+    "KVCacheManager.estimate_cached_tokens": ("estimate_cached_tokens_op",),
+    "KVCacheManager.record_prefix_cache_stats": ("stats_at_lookup",),
+    "KVCacheManager.take_kv_cache_block_copies": ("partial_hash_hits",),
+    "Request.skip_reading_prefix_cache": ("hit_limit_at_construction",),
+    "Request.get_skip_reading_prefix_cache": ("hit_limit_at_construction",),
+    "Request.prefix_cache_hit_limit": ("hit_limit_at_construction",),
+    "Request.get_prefix_cache_hit_limit": ("prompt_logprobs_hit_cap",),
+    "Request.get_max_cache_hit_length": ("hit_length_bound",),
+    "Request.prompt_token_ids": ("token_ids_int32",),
+    "BlockStored.extra_keys": ("event_extra_keys",),
+    "BlockStored.group_idx": ("event_group_idx",),
+    "BlockStored.kv_cache_spec_kind": ("event_annotations",),
+    "BlockStored.kv_cache_spec_sliding_window": ("event_annotations",),
+    "BlockRemoved.group_idx": ("event_group_idx",),
+    "BlockPool.free_blocks": ("skipped_unhashed_first", "free_unhashed_first"),
+    "KVCacheGroupSpec.is_eagle_group": ("eagle_group_flags",),
+    "CircularBufferSpec": ("circular_buffer_kind",),
+    "KpoolTailSpec": ("kpool_tail_kind",),
+}
+"""Surface entry -> the profile switches that model a change of it (an entry
+not listed has no switch: a change there is a lead, not modelled)."""
+
+
+def explain_surface(change: SurfaceChange, working: SemanticsProfile, reference: SemanticsProfile | None) -> str:
+    """What explains a surface change: the switches of :data:`SURFACE_SWITCHES`
+    for its entry that tell ``working`` from ``reference`` (each with the
+    release that introduced the reference value); without a reference profile
+    (a release newer than every profile), the switches that model the entry;
+    else ``"not modelled"``."""
+    switches = SURFACE_SWITCHES.get(change.entry, ())
+    if reference is None:
+        return f"not modelled (switches of this entry: {', '.join(switches)})" if switches else "not modelled"
+    differ = tuple(s for s in switches if getattr(working, s) != getattr(reference, s))
+    if not differ:
+        return "not modelled"
+    return Attribution(differ, tuple(introduced_in(s, reference) for s in differ)).describe()
+
+
+def features_of_trace(path: Path) -> list[str]:
+    """The state-adding features (:func:`kvspec.profiles.features_used`) the
+    configuration of the trace at ``path`` uses, sorted; [] if it cannot be read."""
+    try:
+        trace = load_trace(path)
+    except (OSError, ValueError, InputError):
+        return []
+    return sorted(features_used(trace.config))
+
+
+def surface_for_class(key: str, changes: list[SurfaceChange]) -> SurfaceChange | None:
+    """The surface change of the operation a behaviour class shows on
+    (``"get_num_common_prefix_blocks/output"`` -> the change of
+    ``KVCacheManager.get_num_common_prefix_blocks``), or None."""
+    op = key.split("/", 1)[0]
+    for owner in ("KVCacheManager", "BlockPool"):
+        found = next((c for c in changes if c.entry == f"{owner}.{op}"), None)
+        if found is not None:
+            return found
+    return None

@@ -19,7 +19,8 @@ the run's choice sequence directly, without a strategy around it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from hypothesis import given, settings
@@ -172,6 +173,20 @@ def pin_drawn_constants() -> None:
     the Hypothesis version (its built-in constants stay)."""
     _providers._get_local_constants = _no_local_constants
     _providers.CONSTANTS_CACHE.cache.clear()
+
+
+@contextmanager
+def pinned_constants() -> Iterator[None]:
+    """:func:`pin_drawn_constants` for the body only: what it replaced is put
+    back after (the pytest plugin runs kvref's machine inside a user's session,
+    whose own tests must see Hypothesis as it was)."""
+    previous = _providers._get_local_constants
+    pin_drawn_constants()
+    try:
+        yield
+    finally:
+        _providers._get_local_constants = previous
+        _providers.CONSTANTS_CACHE.cache.clear()
 
 
 def drawn_constants_pinned() -> bool:

@@ -7,7 +7,29 @@ a trace on failure) and the run statistics. Differences are failures unless
 a kvspec side; what an adapter declares, or ``--known`` adds, between it and
 any side). An operation an adapter cannot run
 (:data:`kvref.capabilities.SKIP_ERRORS`) is a skip: counted by feature, and
-the run stops comparing there.
+the run stops comparing there; an adapter that declares ``runs_every_operation``
+(kvimpl's, both builds) fails instead when it refuses an operation its
+release has.
+
+A difference an adapter declares (``DeclaredSemantics.known``, ``--known``)
+or a divergence class a keep-going run already listed is counted and then
+*restarts the comparison*: the run stops comparing at once, and at the
+machine's next step every adapter is built again from the configuration and
+the scheduler starts over with no request (:meth:`Lockstep.restart`), so the
+rest of the run is compared from a state both sides share. NOTE: not "each
+side goes on from its own state": after a difference in the state the two
+sides answer every later call differently, and the scheduler can follow one
+side only; nor "from the engine's state": an engine's state cannot be loaded
+into the reference. A trace written after a restart starts there, so it
+replays from an empty state and fails at its own divergence. The registry's
+differences between real vLLM and kvspec keep their behaviour (a halting one
+ends the comparison of that run).
+
+An adapter operation, view or invariant check that runs past the watchdog
+(``op_timeout``) ends the whole check at once (:class:`kvref.exits.AdapterHang`,
+exit 4): the trace up to the hanging call is written, nothing after it runs
+(not even the run's closing drain), and a later call on the same statistics
+raises at once instead of waiting again, so a hang is never replayed or shrunk.
 """
 
 from __future__ import annotations
@@ -18,16 +40,28 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from kvref.adapters import AdapterFactory, KVCacheAdapter, semantics_of
-from kvref.capabilities import SKIP_ERRORS, absent_features, feature_of, op_features, refusal, trace_features
+from kvref.capabilities import (
+    CALLER_ERRORS,
+    SKIP_ERRORS,
+    absent_features,
+    feature_of,
+    op_features,
+    refusal,
+    trace_features,
+    unprobed_absent,
+)
 from kvref.config_coverage import properties_of
 from kvref.diagnose import first_difference
 from kvref.divergences import Divergence, explain, explain_state, load_registry, resolve
 from kvref.exits import DEFAULT_OP_TIMEOUT, AdapterHang, InputError, Watchdog, watchdog
 from kvref.ops import ABSENT, REQUEST_OPS, RequestBook, execute, output_problem
+from kvref.safety import SafetyMonitor, SafetyViolation
+from kvref.safety_defects import registered
 from kvref.traces import Trace
 from kvspec.config import KVCacheConfig
 from kvspec.invariants import inv_hash_lifetime, inv_tables_append_only
@@ -110,10 +144,33 @@ class RunStats:
     """Configuration shape of the last unexplained divergence."""
     skipped: Counter[str] = field(default_factory=Counter)
     """Operations an adapter could not run, by ``adapter: feature`` (each stopped its run)."""
+    fallback_steps: Counter[str] = field(default_factory=Counter)
+    """Steps an adapter ran on a fallback build, by ``adapter: why`` (its ``fallback`` attribute:
+    kvimpl's ``--target impl`` on the pure-Python manager where the native core declines)."""
     skip_reasons: dict[str, str] = field(default_factory=dict)
     """The first message of each :attr:`skipped` key."""
     left_out: Counter[str] = field(default_factory=Counter)
     """Operations the machine left out (an excluded feature), by operation."""
+    shape_steps: Counter[str] = field(default_factory=Counter)
+    """Steps per configuration shape (runs per shape: :attr:`configs`)."""
+    skipped_runs: Counter[str] = field(default_factory=Counter)
+    """Runs a skip stopped, by configuration shape."""
+    unnamed_skips: dict[str, str] = field(default_factory=dict)
+    """Skip keys (``adapter: feature``) whose error named no feature, with the operation that raised it."""
+    restarts: Counter[str] = field(default_factory=Counter)
+    """Comparisons restarted after a declared difference or a known class, by id or class."""
+    hung: str = ""
+    """The watchdog's message once an adapter hung ("" while none did); every later call raises at once."""
+    safety: Counter[str] = field(default_factory=Counter)
+    """What the safety oracles did (:class:`kvref.safety.SafetyMonitor`'s counts), when they run."""
+    pipeline: Counter[str] = field(default_factory=Counter)
+    """What the asynchronous pipeline did (:class:`kvref.scheduler_pipeline.PipelineScheduler`'s counts)."""
+    asynchronous: bool = False
+    """Whether the run was asked to keep steps in flight (``--async-scheduling``): a run that
+    was, and where no step was ever in flight, says so (:func:`kvref.verdict.warnings`)."""
+    hit_limits: Counter[str] = field(default_factory=Counter)
+    """What the hit-limit family drew, by kind (:mod:`kvref.machine.hit_limits`): bounded lookups,
+    ``get_num_cached_tokens``, prompt-logprob requests, late skip flags, wide token ids, reused ids."""
 
 
 @dataclass(frozen=True)
@@ -238,7 +295,7 @@ class Lockstep:
         self.config = config
         self.op_timeout = op_timeout
         self._watchdog = Watchdog(op_timeout)
-        self.excluded = excluded
+        self.excluded = excluded | unprobed_absent(config.profile)
         self.absent = absent_features(config.profile)
         self.layer = layer
         self.config_name = config_name or "custom"
@@ -250,25 +307,67 @@ class Lockstep:
         self.failed = False
         """Whether an unexplained divergence ended the run (its trace is written; nothing more runs)."""
         self.skipped = False  # an adapter could not run an operation: every later call is left out
+        self.restart_reason: str | None = None
+        """Why the comparison stopped and should restart (:meth:`restart`), or None."""
         self.pending = 0
         self._views: list[KVView] | None = None
+        self._views_before: list[KVView] = []
+        self.factories = list(factories)
+        self.known = known
+        self.monitor: SafetyMonitor | None = None
+        """The safety oracles over the reference adapter (``kvref check --level safety``), if on."""
         self.adapters: list[KVCacheAdapter] = []
         self.event_logs: list[EventLog | None] = []
-        for factory in factories:
+        self.declared: list[list[Divergence]] = []
+        self._build()
+        stats.runs += 1
+        stats.configs[config_name or "custom"] += 1
+        stats.config_properties.update(properties_of(config))
+
+    def _build(self) -> None:
+        """Construct every adapter (reference first) and their event logs."""
+        config, stats = self.config, self.stats
+        self.adapters, self.event_logs = [], []
+        for factory in self.factories:
             adapter = self._construct(factory, config, stats)
             if adapter is None:
                 raise InputError(f"the factory {getattr(factory, '__name__', factory)!r} returned None, not an adapter")
             if getattr(adapter, "construction_workaround", None) == "sinkfull-ctor":
                 stats.known["sinkfull-ctor"] += 1
             self.adapters.append(adapter)
-            log = EventLog(config.int_block_hashes, config.profile.event_annotations)
+            log = EventLog(config.int_block_hashes, config.profile.event_group_idx)
             self.event_logs.append(log if config.enable_kv_cache_events else None)
         self.declared = [resolve(semantics_of(a).known) for a in self.adapters]
         for extra in self.declared[1:]:
-            extra.extend(known)
-        stats.runs += 1
-        stats.configs[config_name or "custom"] += 1
-        stats.config_properties.update(properties_of(config))
+            extra.extend(self.known)
+
+    @property
+    def wants_restart(self) -> bool:
+        """Whether a declared difference or a known class stopped the comparison (:meth:`restart`)."""
+        return self.halted and self.restart_reason is not None and not self.failed
+
+    def restart(self) -> None:
+        """Start the comparison over: every adapter built again from the
+        configuration, an empty request book and operation log (a trace
+        written later starts here), nothing pending. The caller (the
+        scheduler machine) forgets its requests too.
+
+        Raises:
+            LockstepFailure: If constructing an adapter crashed.
+        """
+        self.stats.restarts[self.restart_reason or "restart"] += 1
+        self.restart_reason = None
+        self.halted = self.skipped = False
+        self.pending = 0
+        self._views = None
+        self.book = RequestBook(self.config)
+        self.log = []
+        self._build()
+
+    def _restart_after(self, reason: str) -> None:
+        """Stop comparing now; the machine restarts the comparison at its next step."""
+        self.restart_reason = reason
+        raise _Halted
 
     def _construct(self, factory: AdapterFactory, config: KVCacheConfig, stats: RunStats) -> KVCacheAdapter:
         """``factory(config)``; a refusal raises :class:`Refused`, a crash a
@@ -277,12 +376,17 @@ class Lockstep:
         reason = refusal(factory, config)
         if reason is not None:
             raise Refused(f"{name}: {reason}")
+        self._raise_if_hung()
         try:
             with watchdog(self.op_timeout, f"constructing {name}"):
                 adapter: KVCacheAdapter = factory(config)
+        except AdapterHang as hang:
+            self.stats.hung = str(hang)
+            self.failed = True
+            raise
         except SKIP_ERRORS as exc:
             raise Refused(f"{name}: {exc}", getattr(exc, "feature", ""), type(exc).__name__) from exc
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             message = f"constructing {name} crashed: {type(exc).__name__}: {exc}"
             known = stats.classes.get("construct/crash") if stats.keep_going else None
             if known is not None:  # a keep-going run registered this class: count it, check nothing
@@ -312,6 +416,8 @@ class Lockstep:
         left_out = self.excluded | self.absent
         if left_out and op["op"] == "allocate_slots":
             op = without_arguments(op, left_out)
+        if left_out and op["op"] == "allocate_slots_batch":
+            op = {**op, "items": [without_arguments(item, left_out) for item in op["items"]]}
         return self._run(op, expect_unchanged, left_out, absent=False)
 
     def call_absent(self, op: Json) -> Json:
@@ -337,41 +443,62 @@ class Lockstep:
             return self._call(op, expect_unchanged, outs, absent)
         except _Halted:
             self.halted = True
-            if self.skipped or not outs:
+            if self.skipped or not outs or (isinstance(outs[0], dict) and "crash" in outs[0]):
+                # a crash marker is no output the scheduler model can read (drift and
+                # --keep-going go on after a halting divergence)
                 return neutral_output(op["op"], len(self.config.groups))
             return outs[0]
 
     def _call(self, op: Json, expect_unchanged: bool, outs: list[Json], absent: bool = False) -> Json:
-        before = self._views_now()
+        self._raise_if_hung()
+        with self._watchdog as dog:
+            return self._compare(op, expect_unchanged, outs, absent, dog)
+
+    def _compare(self, op: Json, expect_unchanged: bool, outs: list[Json], absent: bool, dog: Watchdog) -> Json:
+        """Run ``op`` on every adapter and compare; every adapter call (the
+        operation, its views, its invariant check) runs under ``dog``."""
+        before = self._views_before = self._views_now(dog, op)
         self._views = None  # the operation may change every state
         crashes: list[str] = []
-        with self._watchdog as dog:
-            for a in self.adapters:
-                try:
-                    dog.arm(f"{a.name}.{op['op']}")
-                    outs.append(self.layer.execute(a, self.book, op))
-                except AdapterHang as hang:
-                    self._write_trace(f"hang: {hang}")
-                    raise AdapterHang(f"{hang}; trace so far: {self.stats.last_failure}") from None
-                except SKIP_ERRORS as exc:
-                    if not absent:
-                        self._skip(a, op, exc)
-                    outs.append(dict(ABSENT))
-                except Exception as exc:
-                    outs.append({"crash": type(exc).__name__})
-                    crashes.append(f"{a.name} crashed: {type(exc).__name__}: {exc}")
-                finally:
-                    dog.disarm()
+        refusals: list[str] = []
+        for a in self.adapters:
+            if outs and self._trusted_caller_error(op, outs[0], absent):
+                return outs[0]
+            try:
+                outs.append(
+                    self._guarded(dog, f"{a.name}.{op['op']}", op, partial(self.layer.execute, a, self.book, op))
+                )
+            except SKIP_ERRORS as exc:
+                if not absent and getattr(a, "runs_every_operation", False):
+                    refusals.append(
+                        f"{a.name} refused {op['op']}, which {self.config.profile.name} has, and it declares "
+                        f"that it runs every operation ({type(exc).__name__}: {exc})"
+                    )
+                elif not absent:
+                    self._skip(a, op, exc)
+                outs.append(dict(ABSENT))
+            except (Exception, SystemExit) as exc:
+                outs.append({"crash": type(exc).__name__})
+                crashes.append(f"{a.name} crashed: {type(exc).__name__}: {exc}")
         self.stats.steps += 1
+        self.stats.shape_steps[self.config_name] += 1
+        for a in self.adapters:
+            fallback = getattr(a, "fallback", None)
+            if fallback:
+                self.stats.fallback_steps[f"{a.name}: {fallback}"] += 1
         entry = {**op, "expect": outs[0]}
         self.log.append(entry)
+        if refusals:
+            self._fail("; ".join(refusals), op, "refusal")
         for a, out in zip(self.adapters, outs, strict=True):
             problem = output_problem(op["op"], out)
             if problem is not None:
                 self._fail(f"{a.name}: {problem}", op, "types")
+        if crashes and len(self.adapters) == 1 and self._crash_known_alone(op, outs[0]):
+            return outs[0]
         if crashes and (len(crashes) == len(self.adapters) or len(self.adapters) == 1):
             self._fail("; ".join(crashes), op, "crash")
-        ref_view = self.adapters[0].to_view()
+        ref_view = self._view(dog, self.adapters[0], op)
         entry["view"] = ref_view  # its digest is taken when a trace is written (see trace_log)
         for a, out in zip(self.adapters[1:], outs[1:], strict=True):
             explained = out == outs[0] or self._explained(op, a, outs[0], out)
@@ -383,7 +510,7 @@ class Lockstep:
             return outs[0]
         if op["op"] == "take_kv_cache_block_copies" and isinstance(outs[0], dict):
             self.stats.block_copies += len(outs[0].get("copies", ()))
-        after = [ref_view, *(a.to_view() for a in self.adapters[1:])]
+        after = [ref_view, *(self._view(dog, a, op) for a in self.adapters[1:])]
         for a, view in zip(self.adapters[1:], after[1:], strict=True):
             if view != ref_view and self._state_explains(op, a, before[0]):
                 return outs[0]  # a known halting divergence: nothing more is compared
@@ -392,24 +519,89 @@ class Lockstep:
                 where, text = first if first is not None else ("view", "; ".join(diff_views(ref_view, view)))
                 self._fail(f"views differ after {op['op']}: {text}", op, f"view:{where}")
         changed = [old != new for old, new in zip(before, after, strict=True)]
-        for a, old, new, moved in zip(self.adapters, before, after, changed, strict=True):
+        for a, out, old, new, moved in zip(self.adapters, outs, before, after, changed, strict=True):
             if expect_unchanged and a is self.adapters[0] and isinstance(outs[0], dict) and "error" in outs[0]:
                 self.stats.invalid_calls[f"{op['op']}:{outs[0]['error']}"] += 1
             if not moved:
                 continue  # an unchanged view: nothing rewritten, nothing dropped
             if expect_unchanged:
-                self._fail(f"{a.name}: {op['op']} raised {outs[0]!r} but changed the state", op, "unchanged")
+                self._fail(_changed_by_caller_error(a.name, op["op"], out, a is self.adapters[0]), op, "unchanged")
             if not inv_tables_append_only(old, new):
                 self._fail(f"{a.name}: {op['op']} rewrote a table entry (tables must be append-only)", op, "invariant")
             if not self.layer.hash_lifetime(old, new, op["op"]):
                 self._fail(f"{a.name}: {op['op']} dropped a cached hash it may not drop", op, "invariant")
         self._views = after
-        self._check_invariants(op, changed)
+        self._check_invariants(op, changed, dog)
         if op["op"] == "take_events":
-            self._check_event_logs(op, outs)
+            self._check_event_logs(op, outs, dog)
+        if self.monitor is not None:
+            self.watch(lambda m: m.after(op, outs[0], ref_view), op)
         return outs[0]
 
-    def _views_now(self) -> list[KVView]:
+    def watch(self, event: Callable[[SafetyMonitor], None], op: Json) -> None:
+        """Tell the safety monitor an event (``op`` names it in a failure); a
+        violation fails the run like a divergence of aspect ``safety/<oracle>``."""
+        assert self.monitor is not None
+        if self.halted:
+            return  # a run that met a halting known divergence (or a registered defect) checks nothing more
+        try:
+            event(self.monitor)
+        except SafetyViolation as exc:
+            defect = registered(exc.defect, exc.oracle, self.config.profile.release)
+            if defect is None:
+                self._fail(f"safety ({exc.oracle}): {exc}", op, f"safety/{exc.oracle}")
+                return
+            # a registered defect of this vLLM release (kvref.safety_defects): named, and the run stops there
+            key = f"safety defect {defect.id}"
+            self.stats.known[key] += 1
+            self.stats.class_found_at.setdefault(key, self.stats.steps)
+            self.halted = True
+
+    def _trusted_caller_error(self, op: Json, ref_out: Json, absent: bool) -> bool:
+        """Whether the reference refused ``op`` as a caller error while an
+        adapter trusts its caller (``caller-errors`` left out): the others then
+        never get the call. The reference changed nothing (its view is
+        compared with its own), so every state still agrees; the call is
+        counted as left out and not logged (a trace replays without it)."""
+        if CALLER_ERRORS not in self.excluded or absent or not (isinstance(ref_out, dict) and "error" in ref_out):
+            return False
+        self._views = None
+        if self._view(self._watchdog, self.adapters[0], op) != self._views_before[0]:
+            self._fail(_changed_by_caller_error(self.adapters[0].name, op["op"], ref_out, True), op, "unchanged")
+        self._views = self._views_before
+        self.stats.left_out[f"{op['op']} (a caller error)"] += 1
+        return True
+
+    def _guarded(self, dog: Watchdog, what: str, op: Json, thunk: Callable[[], Json]) -> Json:
+        """``thunk()`` under the watchdog as the adapter call ``what``; a hang
+        writes the trace up to this call and ends the check (see the module docstring)."""
+        try:
+            dog.arm(what)
+            return thunk()
+        except AdapterHang as hang:
+            self.failed = True
+            path = self._write_trace(f"hang: {hang}")
+            self.stats.hung = f"{hang}; the trace up to the hanging call ({op['op']}): {path}"
+            raise AdapterHang(self.stats.hung) from None
+        finally:
+            dog.disarm()
+
+    def _view(self, dog: Watchdog, adapter: KVCacheAdapter, op: Json) -> KVView:
+        """``adapter.to_view()`` under the watchdog; an exception is a crash of the adapter."""
+        try:
+            view: KVView = self._guarded(dog, f"{adapter.name}.to_view", op, adapter.to_view)
+        except (Exception, SystemExit) as exc:
+            self._fail(f"{adapter.name}.to_view crashed after {op['op']}: {type(exc).__name__}: {exc}", op, "crash")
+            raise  # unreachable: _fail raises
+        return view
+
+    def _raise_if_hung(self) -> None:
+        """Once an adapter hung, every later call raises at once (never waits again)."""
+        if self.stats.hung:
+            self.failed = True
+            raise AdapterHang(self.stats.hung)
+
+    def _views_now(self, dog: Watchdog, op: Json) -> list[KVView]:
         """Every adapter's view of its current state.
 
         NOTE: the views taken after the previous operation are kept and reused
@@ -420,30 +612,34 @@ class Lockstep:
         docs/reports/lockstep-speed.md).
         """
         if self._views is None:
-            self._views = [a.to_view() for a in self.adapters]
+            self._views = [self._view(dog, a, op) for a in self.adapters]
         return self._views
 
     def trace_log(self) -> list[Json]:
         """The operation log with each step's view as its digest (the trace form)."""
         return [{**e, "view": e["view"].digest()} if isinstance(e.get("view"), KVView) else e for e in self.log]
 
-    def _check_event_logs(self, op: Json, outs: list[Json]) -> None:
+    def _check_event_logs(self, op: Json, outs: list[Json], dog: Watchdog) -> None:
         """Feed each adapter's drained events to its consumer index, then
         compare the index with the adapter's cache map."""
         for a, log, out in zip(self.adapters, self.event_logs, outs, strict=True):
             if log is None or not isinstance(out, list):
                 continue
-            problem = log.consume(out) or log.compare(a.to_view())
+            problem = log.consume(out) or log.compare(self._view(dog, a, op))
             if problem:
                 message = f"{a.name}: the event stream is not a faithful log of the prefix cache: {problem}"
                 self._fail(message, op, "events")
             self.stats.event_log_checks += 1
 
     def _skip(self, adapter: KVCacheAdapter, op: Json, exc: BaseException) -> None:
-        """``adapter`` cannot run ``op``: count it and stop comparing this run."""
+        """``adapter`` cannot run ``op``: count it and stop comparing this run
+        (an error that names no feature is remembered: the summary warns about it)."""
         key = f"{adapter.name}: {feature_of(exc, op)}"
         self.stats.skipped[key] += 1
+        self.stats.skipped_runs[self.config_name] += 1
         self.stats.skip_reasons.setdefault(key, f"{type(exc).__name__}: {exc}")
+        if not getattr(exc, "feature", ""):
+            self.stats.unnamed_skips.setdefault(key, op["op"])
         self.skipped = True
         raise _Halted
 
@@ -466,8 +662,22 @@ class Lockstep:
                 if entry.applies_to(self.config.profile.release) and entry.explains(
                     self.config, op, own, theirs, pending
                 ):
-                    return self._known(entry)
+                    self._known(entry)
+                    self._restart_after(entry.id)
         return False
+
+    def _crash_known_alone(self, op: Json, out: Json) -> bool:
+        """Whether a lone upstream target (the safety level runs one) crashed at
+        ``op`` as a registered halting divergence says it does where kvspec
+        refuses the call (``None``): then the divergence is named and the run
+        stops there, as in a comparison with kvspec (real vLLM's
+        ``mamba-align-external-estimate`` runs out of blocks half-way)."""
+        target = self.adapters[0]
+        if not semantics_of(target).upstream:
+            return False
+        div_id = explain(self.config, op, out, None, self.pending > 0, self._upstream_release(target))
+        entry = load_registry()[div_id] if div_id is not None else None
+        return entry is not None and entry.halts and self._known(entry)
 
     def _state_explains(self, op: Json, other: KVCacheAdapter, before: KVView) -> bool:
         """Whether a registered divergence that shows in the state
@@ -504,7 +714,7 @@ class Lockstep:
                     return entry
         return None
 
-    def _check_invariants(self, op: Json, changed: list[bool]) -> None:
+    def _check_invariants(self, op: Json, changed: list[bool], dog: Watchdog) -> None:
         """Each adapter's ``check_invariants``, unless a read-only operation
         left its view unchanged.
 
@@ -518,31 +728,32 @@ class Lockstep:
             if check is None or (not moved and op["op"] in READ_ONLY_OPS):
                 continue
             try:
-                check()
+                self._guarded(dog, f"{a.name}.check_invariants", op, check)
             except AssertionError as exc:
                 self._fail(f"{a.name} broke an invariant after {op['op']}: {exc}", op, "invariant")
+            except (Exception, SystemExit) as exc:  # an adapter's own check that breaks is a finding too
+                message = f"{a.name}'s check_invariants raised {type(exc).__name__} after {op['op']}: {exc}"
+                self._fail(message, op, "invariant")
             self.stats.invariant_checks += 1
 
     def _fail(self, message: str, op: Json, aspect: str) -> None:
         """Record an unexplained divergence of ``aspect`` at ``op``: write the
-        history as a trace and raise :class:`LockstepFailure`; with
-        ``keep_going``, a divergence of an already known class only halts the
-        run (an output difference not even that: the run goes on while the
-        states agree)."""
+        history as a trace and raise :class:`LockstepFailure`. A divergence
+        class a declared entry names, or (with ``keep_going``) one already
+        listed, is counted and restarts the comparison instead (the module
+        docstring): whatever the same cause does next is not listed again as
+        another class."""
         key = f"{op['op']}/{aspect}"
-        declared = self._declared_class(op["op"], aspect)
+        # a declared policy difference never silences a safety oracle
+        declared = None if aspect.startswith("safety/") else self._declared_class(op["op"], aspect)
         if declared is not None:
             self._known(declared)
-            if aspect == "output" and not declared.halts:
-                return
-            raise _Halted
+            self._restart_after(declared.id)
         known = self.stats.classes.get(key)
         if self.stats.keep_going and known is not None:
             known.occurrences += 1
             known.shapes[self.config_name] += 1
-            if aspect == "output":
-                return  # the states may still agree: the views are compared next
-            raise _Halted
+            self._restart_after(key)
         self.stats.last_failure_key, self.stats.last_failure_shape = key, self.config_name
         self.stats.class_found_at.setdefault(key, self.stats.steps)
         self.stats.unexplained += 1
@@ -567,6 +778,17 @@ class Lockstep:
         return path
 
 
+def _changed_by_caller_error(name: str, op_name: str, out: Json, reference: bool) -> str:
+    """The message of an invalid call (sent on purpose) that changed ``name``'s state."""
+    if isinstance(out, dict) and "error" in out:
+        return f"{name}: {op_name} raised {out['error']} but changed the state (a caller error must change nothing)"
+    cause = " (the reference accepted it too: this call is valid here, a fault of kvref's machine)" if reference else ""
+    return (
+        f"{name}: {op_name} is an invalid call the machine sent on purpose, but {name} returned {out!r} "
+        f"and changed the state{cause}"
+    )
+
+
 class EventLog:
     """What a KV-event consumer (a router, an external cache index) knows.
 
@@ -585,8 +807,9 @@ class EventLog:
 
     def __init__(self, int_block_hashes: bool, grouped: bool = True) -> None:
         """An empty index; hashes are ints when ``int_block_hashes``. Without
-        ``grouped`` (releases before vLLM 0.25.1, whose events have no group
-        index) every entry is indexed under group None."""
+        ``grouped`` (releases before vLLM 0.20.0, whose events have no group
+        index: profile switch ``event_group_idx``) every entry is indexed under
+        group None."""
         self.int_block_hashes = int_block_hashes
         self.grouped = grouped
         self.counts: dict[tuple[Json, Json], int] = {}
@@ -636,7 +859,7 @@ class EventLog:
         hashes, block_size = event.get("block_hashes", []), event.get("block_size") or 0
         if not hashes or not block_size or len(event.get("token_ids", [])) != len(hashes) * block_size:
             return ""
-        # Without group indices (before vLLM 0.25.1) a block's granularity is
+        # Without group indices (before vLLM 0.20.0) a block's granularity is
         # told by its block size alone: a group coarser than the hash block
         # reports its blocks under their last fine hash's 64 bits, which a
         # finer group reports too, with another parent.

@@ -5,11 +5,14 @@ An operation is a JSON object ``{"op": NAME, ...arguments}``. Three kinds:
 * request operations (``add_request``, ``append_tokens``, ``set_request``)
   change the caller-side request values kept in a :class:`RequestBook`; they
   never call an adapter (a scheduler owns its requests, not the manager);
+  with them go the step events of an asynchronous scheduler
+  (``step_dispatch``, ``step_output``: :data:`STEP_EVENTS`), which change
+  nothing and call no adapter (a safety monitor reads them);
 * facade operations (``allocate_slots``, ``free``, ...) call the adapter with
   the current request value and return a JSON-able output;
 * a facade operation that raises a :mod:`kvspec.errors` class returns
   ``{"error": ClassName}``, except the "cannot run this" errors of
-  :data:`kvref.capabilities.SKIP_ERRORS`, which propagate (a skip, not an
+  :data:`SKIP_ERRORS`, which propagate (a skip, not an
   output).
 
 Adapters of protocol version 2 (:func:`kvref.adapters.protocol_version`)
@@ -21,12 +24,12 @@ The exact fields are documented in ``docs/traces.md``.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
 
 from kvref.adapters import KVCacheAdapter, protocol_version
-from kvref.capabilities import SKIP_ERRORS
 from kvspec.config import (
     MLA,
     AttentionKind,
@@ -40,7 +43,7 @@ from kvspec.config import (
     SinkFullAttention,
     SlidingWindow,
 )
-from kvspec.errors import KVCacheError, UnsupportedOperationError
+from kvspec.errors import KVCacheError, UnsupportedByProfileError, UnsupportedOperationError
 from kvspec.events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from kvspec.hashing import ExtraKeySource, LoRA, MultiModalFeature
 from kvspec.profiles import SemanticsProfile
@@ -48,11 +51,23 @@ from kvspec.request import Request, RequestBlockHasher, RequestStatus
 from kvspec.view import BlockIds
 
 Json = Any
-REQUEST_OPS = ("add_request", "append_tokens", "set_request")
+STEP_EVENTS = ("step_dispatch", "step_output")
+"""Where an asynchronous scheduler dispatched a step and processed its output
+(:mod:`kvref.scheduler_pipeline`): no adapter call, no request change."""
+REQUEST_OPS = ("add_request", "append_tokens", "set_request", *STEP_EVENTS)
+SKIP_ERRORS: tuple[type[BaseException], ...] = (UnsupportedOperationError, UnsupportedByProfileError)
+"""Exceptions that mean "cannot run this", never "ran it wrongly" (a skip,
+:mod:`kvref.capabilities`); :func:`execute` lets them propagate.
+
+NOTE: defined here, where operations run, and re-exported by
+:mod:`kvref.capabilities`, which imports this module (the operation names
+of its features): the other way round the two modules imported each other."""
+
 FACADE_OPS = (
     "get_computed_blocks",
     "get_prefix_hint",
     "allocate_slots",
+    "allocate_slots_batch",
     "cache_blocks",
     "record_prefix_cache_stats",
     "free",
@@ -64,10 +79,13 @@ FACADE_OPS = (
     "get_num_common_prefix_blocks",
     "take_events",
     "take_new_block_ids",
+    "record_blocks_for_zeroing",
+    "take_kv_cache_block_copies",
     "new_step_starts",
     "get_block_ids",
     "get_block_ids_for_computed_tokens",
     "estimate_cached_tokens",
+    "get_num_cached_tokens",
     "usage",
     "make_prefix_cache_stats",
 )
@@ -102,21 +120,29 @@ class RequestBook:
         self.requests: dict[str, Request] = {}
 
     def apply(self, op: Json) -> None:
-        """Apply one request operation."""
+        """Apply one request operation (a step event changes nothing)."""
+        if op["op"] in STEP_EVENTS:
+            return
         name, rid = op["op"], op["rid"]
         if name == "add_request":
             extra = extra_from_json(op.get("extra") or {})
-            req = self.hasher.new_request(rid, op["prompt"], extra, bool(op.get("skip_reading_prefix_cache")))
+            skip = op.get("skip_reading_prefix_cache")  # absent or null: unset (skips with prompt logprobs)
+            req = self.hasher.new_request(
+                rid, op["prompt"], extra, None if skip is None else bool(skip),
+                bool(op.get("prompt_logprobs")), op.get("prompt_logprob_start"),
+            )  # fmt: skip
             self.requests[rid] = req
         elif name == "append_tokens":
             self.requests[rid] = self.hasher.with_output_tokens(self.requests[rid], op["tokens"])
         elif name == "set_request":
             changes: dict[str, Any] = {}
-            for key in ("num_computed_tokens", "num_preemptions"):
+            for key in ("num_computed_tokens", "num_preemptions", "num_in_flight_tokens"):
                 if key in op:
                     changes[key] = op[key]
             if "status" in op:
                 changes["status"] = RequestStatus(op["status"])
+            if "skip_reading_prefix_cache" in op:  # a scheduler setting the flag late (0.34.0 no longer reads it)
+                changes["skip_reading_prefix_cache"] = bool(op["skip_reading_prefix_cache"])
             self.requests[rid] = replace(self.requests[rid], **changes)
         else:
             raise ValueError(f"not a request operation: {name!r}")
@@ -136,7 +162,7 @@ def execute(adapter: KVCacheAdapter, book: RequestBook, op: Json) -> Json:
 ABSENT: Json = {"error": "UnsupportedOperationError"}
 """The output of an operation (or argument) its release lacks, sent on
 purpose: every side must refuse it, whichever skip error it raises (a
-:data:`kvref.capabilities.SKIP_ERRORS` class), and change nothing."""
+:data:`SKIP_ERRORS` class), and change nothing."""
 
 
 def execute_absent(
@@ -168,13 +194,38 @@ def _optional(a: KVCacheAdapter, name: str) -> Any:
     return method
 
 
+def _with_keyword(a: KVCacheAdapter, name: str, keyword: str) -> Any:
+    """The adapter's method ``name``, which must take ``keyword`` (an argument
+    some releases lack).
+
+    Raises:
+        UnsupportedOperationError: The method has no such parameter.
+    """
+    method = getattr(a, name)
+    try:
+        params = inspect.signature(method).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: try it
+        return method
+    if keyword not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        raise UnsupportedOperationError(f"{a.name} has no {name}({keyword}=...)")
+    return method
+
+
 def _execute(a: KVCacheAdapter, book: RequestBook, op: Json) -> Json:
     name = op["op"]
     req = book.requests.get(op.get("rid", ""))
     if name == "get_computed_blocks":
         assert req is not None
-        blocks, n = a.get_computed_blocks(req)
+        if "max_cache_hit_length" in op:  # only then: adapters older than the argument keep working
+            lookup = _with_keyword(a, "get_computed_blocks", "max_cache_hit_length")
+            blocks, n = lookup(req, max_cache_hit_length=op["max_cache_hit_length"])
+        else:
+            blocks, n = a.get_computed_blocks(req)
         return {"blocks": ids_to_json(blocks), "num_tokens": n}
+    if name == "get_num_cached_tokens":
+        assert req is not None
+        cached = _optional(a, "get_num_cached_tokens")
+        return cached(req)
     if name == "get_prefix_hint":
         assert req is not None
         hint = _optional(a, "get_prefix_hint")
@@ -192,6 +243,8 @@ def _execute(a: KVCacheAdapter, book: RequestBook, op: Json) -> Json:
             kwargs["new_computed_blocks"] = tuple(tuple(g) for g in kwargs["new_computed_blocks"])
         out = a.allocate_slots(req, op["num_new_tokens"], **kwargs)
         return None if out is None else ids_to_json(out)
+    if name == "allocate_slots_batch":
+        return _allocate_batch(a, book, op)
     if name == "cache_blocks":
         assert req is not None
         a.cache_blocks(req, op["num_computed_tokens"])
@@ -237,6 +290,9 @@ def _execute_by_id(a: KVCacheAdapter, op: Json) -> Json:
         return [event_to_json(e) for e in a.take_events()]
     if name == "take_new_block_ids":
         return list(a.take_new_block_ids())
+    if name == "record_blocks_for_zeroing":
+        _optional(a, "record_blocks_for_zeroing")(op["rid"], op["start_token"])
+        return None
     if name == "new_step_starts":
         a.new_step_starts()
         return None
@@ -326,10 +382,14 @@ def output_problem(op: str, out: Json) -> str | None:
         return _block_lists_problem(out.get("blocks"))
     if op in ("allocate_slots", "get_block_ids", "get_block_ids_for_computed_tokens"):
         return None if out is None and op == "allocate_slots" else _block_lists_problem(out)
+    if op == "allocate_slots_batch":
+        if not isinstance(out, list):
+            return f"allocate_slots_batch must return one output per request, got {out!r}"
+        return next((p for p in (_block_lists_problem(o) for o in out if o is not None) if p), None)
     if op in ("pop_blocks_for_free", "take_new_block_ids", "get_num_common_prefix_blocks"):
         ok = isinstance(out, list) and all(_int(x) for x in out)
         return None if ok else f"{op} must return a sequence of ints, got {out!r}"
-    if op in ("get_prefix_hint", "estimate_cached_tokens"):
+    if op in ("get_prefix_hint", "estimate_cached_tokens", "get_num_cached_tokens"):
         return None if _int(out) and out >= 0 else f"{op} must return an int >= 0, got {out!r}"
     if op == "reset_prefix_cache":
         return None if isinstance(out, bool) else f"reset_prefix_cache must return a bool, got {out!r}"
@@ -339,6 +399,24 @@ def output_problem(op: str, out: Json) -> str | None:
     if op == "usage":
         return None if isinstance(out, float | int) and not isinstance(out, bool) else f"usage is {out!r}"
     return None
+
+
+def _allocate_batch(a: KVCacheAdapter, book: RequestBook, op: Json) -> Json:
+    """One scheduler step of several running requests: the adapter's
+    ``allocate_slots_batch(requests, num_new_tokens, num_lookahead_tokens)``
+    where it has one, else the same ``allocate_slots`` calls one after another
+    (what a batch means: kvimpl's batch gives exactly their results and effects).
+    Returns the per-request outputs, as ``allocate_slots`` gives them."""
+    items = op["items"]
+    requests = [book.requests[it["rid"]] for it in items]
+    counts = [it["num_new_tokens"] for it in items]
+    looks = [it.get("num_lookahead_tokens", 0) for it in items]
+    batch = getattr(a, "allocate_slots_batch", None)
+    if batch is not None:
+        outs = batch(requests, counts, looks)
+    else:
+        outs = [a.allocate_slots(r, n, num_lookahead_tokens=k) for r, n, k in zip(requests, counts, looks, strict=True)]
+    return [None if out is None else ids_to_json(out) for out in outs]
 
 
 def _int(value: Json) -> bool:

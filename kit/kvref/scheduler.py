@@ -15,12 +15,12 @@ Rules (as vLLM's scheduler applies them):
 
 * A chunk never goes past the request's tokens; with a Mamba group in
   ``align`` mode a partial chunk ends on a scheduler-block boundary
-  (:func:`schedule_chunk`), and with fine-grained hits it also stops at the
+  (:func:`kvref.scheduler_chunks.schedule_chunk`), and with fine-grained hits it also stops at the
   prompt's Mamba tail boundary when that lies in the prompt's last block
   (:meth:`Scheduler.tail_stop`), where the tail entry can be registered.
 * With a Mamba group in ``align`` mode the chunk also stops at the shared
   prefix a sparse group has not cached yet, floored to a scheduler block
-  (vLLM's Marconi-style admission, :func:`cap_at_junction`), from the prefix
+  (vLLM's Marconi-style admission, :func:`kvref.scheduler_chunks.cap_at_junction`), from the prefix
   hint of the request's lookup (``get_prefix_hint``).
 * Admission: prefix lookup, then ``allocate_slots`` with the hit; on success
   the request runs with ``hit + external + new`` computed tokens, or, with
@@ -33,6 +33,17 @@ Rules (as vLLM's scheduler applies them):
   of the waiting queue with nothing computed and one more preemption.
 * A finished request is forgotten after its blocks were freed or popped.
 * A ``set_request`` update carries exactly the fields that changed.
+
+NOTE: a scheduler feature that adds state is a module of its own beside
+this one, ``kvref/scheduler_<feature>.py``, built on :class:`Scheduler`
+rather than switches added to it: the async pipeline (steps in flight
+before the previous step's output is processed, output placeholders, frees
+deferred until the steps that read the blocks are done) is
+:mod:`kvref.scheduler_pipeline`, which learns of each step through
+:meth:`Scheduler.scheduled`. The popped lists below
+(:meth:`Scheduler.release`, :meth:`Scheduler.deferred_free`) are the
+simplest form of such a deferred free, freed whenever the caller says.
+Every module of the model stays under 400 lines (tests/test_module_size.py).
 """
 
 from __future__ import annotations
@@ -42,60 +53,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvref.ops import RequestBook
-from kvspec.config import KVCacheConfig, Mamba
+from kvref.scheduler_chunks import cap_at_junction, schedule_chunk, tail_eagle
+from kvspec.config import KVCacheConfig
 from kvspec.mamba_tail import mamba_tail_boundary
 from kvspec.profiles import features_used
 
 Json = Any
-
-
-def schedule_chunk(config: KVCacheConfig, num_tokens: int, start: int, n: int, stop: int = 0) -> int:
-    """Tokens actually scheduled when ``n`` are wanted from ``start``.
-
-    At least one and at most the remaining tokens; with a Mamba group in
-    ``align`` mode a chunk that does not finish the request ends on a
-    scheduler-block boundary (the next one when ``n`` does not reach one),
-    and a chunk that would run past ``stop`` (0: none) ends there.
-
-    pre: 0 <= start < num_tokens and n >= 1
-    post: 1 <= __return__ <= num_tokens - start
-    """
-    remaining = num_tokens - start
-    bs = config.scheduler_block_size
-    if n < remaining and any(isinstance(k, Mamba) and k.mode == "align" for k in config.groups):
-        end = (start + n) // bs * bs
-        if end <= start:
-            end = min(start + remaining, (start // bs + 1) * bs)
-        n = end - start
-    if start < stop < start + n:
-        n = stop - start
-    return max(1, min(n, remaining))
-
-
-def cap_at_junction(config: KVCacheConfig, start: int, n: int, hint: int, admission: bool) -> int:
-    """The chunk ``n`` from ``start`` cut at the prefix hint's junction, as
-    vLLM's ``Scheduler._mamba_block_aligned_split`` does (only with a Mamba
-    group in ``align`` mode; ``bs`` is the scheduler block size):
-
-    * up to vLLM 0.25.1 the hint is ``num_uncached_common_prefix_tokens`` of
-      the admission's lookup: when it is at least ``bs`` and ``n`` exceeds it,
-      ``n`` becomes the hint floored to ``bs`` (later chunks ignore it);
-    * from 0.26.0 on (profile switch ``lookup_returns_boundary``) the hint is
-      the request's ``shared_prefix_boundary`` ``J``: a chunk with
-      ``start < J < start + n`` stops at ``start + (J - start) // bs * bs``
-      when that is past ``start`` (any chunk: the request keeps ``J``).
-
-    pre: start >= 0 and n >= 1 and hint >= 0
-    post: 1 <= __return__ <= n
-    """
-    if not hint or not any(isinstance(k, Mamba) and k.mode == "align" for k in config.groups):
-        return n
-    bs = config.scheduler_block_size
-    if not config.profile.lookup_returns_boundary:
-        return hint // bs * bs if admission and hint >= bs and n > hint else n
-    stop = start + (hint - start) // bs * bs
-    return stop - start if start < hint < start + n and start < stop else n
-
 
 @dataclass
 class ReqState:
@@ -109,12 +72,18 @@ class ReqState:
     """Encoder input tokens (cross attention); sent on the first allocation."""
     remote_target: int = 0
     """Computed tokens once a delayed (connector) load finishes."""
+    remote_local: int = 0
+    """Of those, the tokens of the local prefix hit (a failed load keeps at least these)."""
     extra: Json = None
     """The request's ``extra`` operation field, kept for requests that reuse its tokens."""
     reusable: bool = True
     """Whether later requests may reuse this request's tokens."""
     hint: int = 0
     """The prefix hint of the request's latest lookup (:func:`cap_at_junction`)."""
+    in_flight: int = 0
+    """Tokens of steps dispatched whose output is not processed yet
+    (``num_in_flight_tokens``; only the asynchronous pipeline,
+    :mod:`kvref.scheduler_pipeline`, has any)."""
 
     def admitted(self, computed: int) -> None:
         """The request was allocated and runs with ``computed`` tokens."""
@@ -153,6 +122,8 @@ class Scheduler:
         """Popped block lists awaiting their deferred free, oldest first."""
         self.copies = "partial-hash-hits" in features_used(config)
         """Whether allocations may queue copy-on-write copies (:meth:`hand_off_copies`)."""
+        self.whole_prefill = False
+        """Whether every chunk is the whole rest of the request (an engine without chunked prefill)."""
 
     # -- requests ----------------------------------------------------------
 
@@ -186,6 +157,8 @@ class Scheduler:
             op["status"] = st.status
         if req.num_preemptions != st.preemptions:
             op["num_preemptions"] = st.preemptions
+        if req.num_in_flight_tokens != st.in_flight:
+            op["num_in_flight_tokens"] = st.in_flight
         if len(op) > 2:
             self.record(op)
 
@@ -200,6 +173,8 @@ class Scheduler:
         """The chunk scheduled when ``n`` tokens are wanted (:func:`schedule_chunk`),
         cut at the junction of the request's prefix hint (:func:`cap_at_junction`;
         ``admission``: the chunk of the admission that did the lookup)."""
+        if self.whole_prefill:
+            return self.num_tokens(rid) - start
         n = schedule_chunk(self.config, self.num_tokens(rid), start, n, self.tail_stop(rid))
         st = self.reqs.get(rid)
         return n if st is None else cap_at_junction(self.config, start, n, st.hint, admission)
@@ -214,8 +189,7 @@ class Scheduler:
             return 0
         cfg, req = self.config, self.book.requests[rid]
         sched, hbs = cfg.scheduler_block_size, cfg.resolved_hash_block_size()
-        eagle = cfg.use_eagle and cfg.profile.mamba_tail_eagle != "none"
-        tail = mamba_tail_boundary(req.num_prompt_tokens, hbs, eagle, cfg.profile.mamba_tail_entries)
+        tail = mamba_tail_boundary(req.num_prompt_tokens, hbs, tail_eagle(cfg), cfg.profile.mamba_tail_entries)
         last = req.num_tokens - req.num_tokens % sched - (sched if cfg.use_eagle else 0)
         return tail if max(last, 0) < tail < req.num_prompt_tokens else 0
 
@@ -254,10 +228,12 @@ class Scheduler:
         if rid in self.waiting:
             self.waiting.remove(rid)
         if delay:
-            st.status, st.remote_target = "WAITING_FOR_REMOTE_KVS", hit + external
+            st.status, st.remote_target, st.remote_local = "WAITING_FOR_REMOTE_KVS", hit + external, hit
             self.remote.append(rid)
         else:
-            st.admitted(st.computed + hit + external + op["num_new_tokens"])
+            start = st.computed + hit + external
+            self.scheduled(st, start, op["num_new_tokens"])
+            st.admitted(start + op["num_new_tokens"])
             self.running.append(rid)
         self.sync(st)
         return True
@@ -269,9 +245,35 @@ class Scheduler:
             return False
         self.hand_off_copies()
         st = self.reqs[rid]
+        self.scheduled(st, st.computed, new)
         st.computed += new
         self.sync(st)
         return True
+
+    def advance_batch(self, items: list[tuple[str, int, int]]) -> list[bool]:
+        """Several running requests' steps in one batch ``(rid, new tokens,
+        lookahead)`` (``allocate_slots_batch``: the same as their calls one after
+        another); per request, whether it fit."""
+        op = {
+            "op": "allocate_slots_batch",
+            "items": [{"rid": r, "num_new_tokens": n, "num_lookahead_tokens": k} for r, n, k in items],
+        }
+        outs = self.call(op)
+        fits = [out is not None for out in outs] if isinstance(outs, list) else [False] * len(items)
+        if any(fits):
+            self.hand_off_copies()
+        for (rid, new, _), fit in zip(items, fits, strict=True):
+            if fit:
+                st = self.reqs[rid]
+                self.scheduled(st, st.computed, new)
+                st.computed += new
+                self.sync(st)
+        return fits
+
+    def scheduled(self, st: ReqState, start: int, n: int) -> None:
+        """``st`` computes ``n`` tokens from ``start`` in this step (nothing to
+        keep here: every step runs at once; :mod:`kvref.scheduler_pipeline`
+        keeps steps in flight)."""
 
     def hand_off_copies(self) -> None:
         """The end of a step that allocated: take the copy-on-write copies and
@@ -291,6 +293,26 @@ class Scheduler:
         self.call({"op": "cache_blocks", "rid": rid, "num_computed_tokens": st.remote_target})
         self.remote.remove(rid)
         st.status, st.computed = "WAITING", st.remote_target
+        self.sync(st)
+        self.waiting.insert(0, rid)
+
+    def remote_failed(self, rid: str, valid: int, zeroing: bool) -> None:
+        """The connector load failed past ``valid`` tokens (block-aligned), as
+        vLLM's scheduler handles it (``_update_waiting_for_remote_kv``, 0.26.0
+        on): with valid tokens, cache them and, where the model zeroes fresh
+        blocks, list the blocks past them for zeroing again
+        (``record_blocks_for_zeroing``: their zeroing was skipped while the
+        load was to fill them); with none, free the request's blocks. Either
+        way it waits at the head of the queue with ``valid`` tokens computed."""
+        st = self.reqs[rid]
+        self.remote.remove(rid)
+        if valid:
+            self.call({"op": "cache_blocks", "rid": rid, "num_computed_tokens": valid})
+            if zeroing:
+                self.call({"op": "record_blocks_for_zeroing", "rid": rid, "start_token": valid})
+        else:
+            self.call({"op": "free", "rid": rid})
+        st.status, st.computed = "WAITING", valid
         self.sync(st)
         self.waiting.insert(0, rid)
 

@@ -1,8 +1,15 @@
 """Hypothesis settings profiles: ``dev``, ``ci``, ``nightly``, ``crosshair``.
 
-``HYPOTHESIS_PROFILE`` selects one (default ``dev``). A *run* is one drawn
-configuration driven through up to ``stateful_step_count`` rules; every
-facade call in a run is one lockstep step.
+``kvref check --profile`` or the pytest plugin's ``--kvref-profile`` selects
+one, else the variable :data:`ENV` (``KVREF_PROFILE``), else ``dev``. A *run*
+is one drawn configuration driven through up to ``stateful_step_count``
+rules; every facade call in a run is one lockstep step.
+
+NOTE: what ships reads only a variable of its own. It read Hypothesis's
+generic ``HYPOTHESIS_PROFILE`` once, and a user whose own profile had that
+name lost their whole pytest session to the plugin's refusal of it. This
+repository's tests choose kvref's profile with ``HYPOTHESIS_PROFILE``
+(tests/conftest.py passes it here by name).
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ from hypothesis import HealthCheck, Phase, settings
 
 from kvref.hypothesis_compat import pin_drawn_constants
 
+ENV = "KVREF_PROFILE"
+"""The variable that names kvref's settings profile when no option does."""
 PROFILES = {
     "dev": {"max_examples": 40, "stateful_step_count": 40},
     "ci": {"max_examples": 400, "stateful_step_count": 60},
@@ -28,6 +37,13 @@ def register_profiles() -> None:
         backend = "crosshair" if name == "crosshair" and _crosshair_backend() else "hypothesis"
         settings.register_profile(
             f"kvref-{name}",
+            # Hypothesis's own "default", not whatever profile is loaded: Hypothesis
+            # loads its "ci" profile by itself where a CI variable is set (CI,
+            # GITHUB_ACTIONS, ...), and a kvref profile that inherited its
+            # derandomize=True would run other inputs in CI than on a desk, and
+            # HypoFuzz would refuse its test (kvref fuzz ran nothing under CI=true).
+            settings.get_profile("default"),
+            derandomize=False,
             deadline=None,
             suppress_health_check=list(HealthCheck),
             print_blob=True,
@@ -39,30 +55,39 @@ def register_profiles() -> None:
         )
 
 
+def chosen(name: str | None = None) -> str:
+    """``name``, else :data:`ENV`, else ``dev``.
+
+    Raises:
+        ValueError: For a name that is not one of :data:`PROFILES`.
+    """
+    found = name or os.environ.get(ENV) or "dev"
+    if found not in PROFILES:
+        where = "" if name else f" ({ENV})"
+        raise ValueError(f"unknown kvref settings profile {found!r}{where}; choose one of {', '.join(PROFILES)}")
+    return found
+
+
 def profile_settings(name: str | None = None) -> settings:
-    """The settings of profile ``name`` (default: ``HYPOTHESIS_PROFILE`` or
-    ``dev``) as a value, for one test, without loading it globally."""
+    """The settings of profile ``name`` (:func:`chosen`) as a value, for one
+    run, without loading it globally or changing anything else in Hypothesis
+    (pin the drawn constants around the run: :func:`kvref.hypothesis_compat.pinned_constants`)."""
     register_profiles()
-    pin_drawn_constants()
-    chosen = name or os.environ.get("HYPOTHESIS_PROFILE", "dev")
-    if chosen not in PROFILES:
-        raise ValueError(f"unknown profile {chosen!r}; choose one of {', '.join(PROFILES)}")
-    return settings.get_profile(f"kvref-{chosen}")
+    return settings.get_profile(f"kvref-{chosen(name)}")
 
 
 def load_profile(name: str | None = None) -> str:
-    """Load ``name`` (default: ``HYPOTHESIS_PROFILE`` or ``dev``); return it.
+    """Load profile ``name`` (:func:`chosen`) as Hypothesis's default for the
+    whole process (the ``kvref`` command, this repository's tests); return it.
 
     Also pins what Hypothesis draws from (:func:`kvref.hypothesis_compat.pin_drawn_constants`),
     so that a seeded run gives the same steps from any install.
     """
     register_profiles()
     pin_drawn_constants()
-    chosen = name or os.environ.get("HYPOTHESIS_PROFILE", "dev")
-    if chosen not in PROFILES:
-        raise ValueError(f"unknown profile {chosen!r}; choose one of {', '.join(PROFILES)}")
-    settings.load_profile(f"kvref-{chosen}")
-    return chosen
+    name = chosen(name)
+    settings.load_profile(f"kvref-{name}")
+    return name
 
 
 def _crosshair_backend() -> bool:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvref.adapters import KVCacheAdapter, load_factory
+from kvref.capabilities import absent_features, unprobed_absent
 from kvref.exits import InputError
 from kvref.ops import RequestBook, execute
 from kvref.scheduler import Scheduler
@@ -168,7 +169,7 @@ def add_request(lane: Lane) -> None:
 
 
 def chunk(lane: Lane, rid: str, start: int) -> int:
-    """Tokens to schedule from ``start`` (:func:`kvref.scheduler.schedule_chunk`)."""
+    """Tokens to schedule from ``start`` (:func:`kvref.scheduler_chunks.schedule_chunk`)."""
     n = 1 + lane.rng.randrange(lane.sched.chunk_bound(rid, start))
     return lane.sched.chunk(rid, start, n)
 
@@ -247,7 +248,14 @@ def housekeeping(lane: Lane) -> None:
     if which < len(HOUSEKEEPING):
         lane.call({"op": HOUSEKEEPING[which]})
     elif lane.running:
-        name = "get_num_common_prefix_blocks" if which == len(HOUSEKEEPING) else "get_block_ids"
+        name = "get_block_ids"
+        if which == len(HOUSEKEEPING):  # the release's read of what running requests share
+            absent = absent_features(lane.cfg.profile) | unprobed_absent(lane.cfg.profile)
+            name = "get_num_common_prefix_blocks"
+            if f"op:{name}" in absent:  # gone in vLLM 0.34.0, which reads a request's cached tokens instead
+                name = "get_num_cached_tokens"
+            if f"op:{name}" in absent:
+                name = "get_block_ids"
         lane.call({"op": name, "rid": lane.rng.choice(lane.running)})
 
 

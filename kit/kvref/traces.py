@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from kvref.adapters import AdapterFactory, KVCacheAdapter
-from kvref.capabilities import SKIP_ERRORS, declared_unsupported, refusal, trace_features
+from kvref.capabilities import (
+    SKIP_ERRORS,
+    absent_features,
+    declared_unsupported,
+    op_features,
+    refusal,
+    refused_only,
+    trace_features,
+)
 from kvref.exits import InputError, raise_if_interrupted
 from kvref.ops import ABSENT, REQUEST_OPS, RequestBook, config_from_json, config_to_json, execute, execute_absent
 from kvspec.config import KVCacheConfig
@@ -306,7 +314,7 @@ def replay(
     reason = refusal(factory, trace.config)
     if reason is not None:
         return ReplayResult(path, False, 0, skipped=f"the adapter refuses the configuration: {reason}")
-    missing = sorted(set(trace.features()) & declared_unsupported(factory))
+    missing = sorted(set(trace.features()) & declared_unsupported(factory) - refused_only(trace.steps))
     if missing:
         return ReplayResult(path, False, 0, skipped=f"the trace uses {', '.join(missing)}, which the adapter lacks")
     try:
@@ -327,6 +335,12 @@ def replay(
                 _guarded(index, op, lambda: after_step(adapter))
     except StepCrashed as crash:
         cause, i = crash.cause, crash.index
+        claims_all = getattr(adapter, "runs_every_operation", False)
+        if isinstance(cause, SKIP_ERRORS) and claims_all and not op_features(crash.op) & absent_features(
+            trace.config.profile
+        ):
+            message = f"{crash.op['op']}: refused an operation {trace.config.profile.name} has: {cause}"
+            return ReplayResult(path, False, i + 1, i, message)
         if isinstance(cause, SKIP_ERRORS):
             return ReplayResult(path, False, i, skipped=f"step {i} ({crash.op['op']}): {cause}")
         return ReplayResult(path, False, i + 1, i, f"{crash.op['op']}: crashed: {type(cause).__name__}: {cause}")

@@ -114,7 +114,15 @@ DEFAULT_ONLY_KEYWORDS: Final[Mapping[str, Any]] = {
     "num_prefill_lookahead": 0,
     "enable_mamba_shared_prefix_checkpoint": False,
 }
-"""``KVCacheManager`` keywords kvspec models only at vLLM's default value."""
+"""``KVCacheManager`` keywords kvspec models only at vLLM's default value
+(and at the values of :data:`SAME_AS_DEFAULT`)."""
+
+SAME_AS_DEFAULT: Final[Mapping[str, frozenset[Any]]] = {"num_prefill_lookahead": frozenset({1})}
+"""Values of :data:`DEFAULT_ONLY_KEYWORDS` with which the manager behaves as at
+the default. ``num_prefill_lookahead`` (vLLM 0.29.0 on; the scheduler passes 1
+under EAGLE) holds back its value less one of the computed tokens from
+caching and refuses a scheduler block below it: at 1 neither changes
+anything."""
 
 
 def kind_from_vllm_spec(spec: Any, release: str | None = None) -> AttentionKind:
@@ -174,7 +182,7 @@ def config_from_vllm(
         if keyword in names:
             values[names[keyword]] = value
         elif keyword in DEFAULT_ONLY_KEYWORDS:
-            if value != DEFAULT_ONLY_KEYWORDS[keyword]:
+            if value != DEFAULT_ONLY_KEYWORDS[keyword] and value not in SAME_AS_DEFAULT.get(keyword, ()):
                 raise ConfigError(
                     f"KVCacheManager({keyword}={value!r}): kvspec models only {keyword}="
                     f"{DEFAULT_ONLY_KEYWORDS[keyword]!r}"

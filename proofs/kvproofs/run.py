@@ -33,29 +33,44 @@ import inspect
 import os
 import pkgutil
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from types import ModuleType
 
+from kvproofs.contracts import ALL_RELEASES, CROSSHAIR, Condition, SpecFunction, about_of, spec_functions
+from kvproofs.report import RESULTS, STATUSES, Obligation, owner, save
+from kvproofs.wrappers import write_modules
+from kvspec.profiles import PROFILES
+
 REPO = Path(__file__).resolve().parents[2]
 PROOFS = REPO / "proofs" / "kvproofs"
 EXPECTED = PROOFS / "mutants" / "expected.txt"
 
-HOLDS_TIMEOUT = 60.0
-"""CPU seconds per condition for the ``proofs/kvproofs/holds`` harnesses: only a safety
-net, their ``max_iterations`` directives bound each search."""
+HOLDS_TIMEOUT = 300.0
+"""CPU seconds per condition for the spec's contracts and the harnesses: only a
+safety net, their ``max_iterations`` directives bound each search."""
 
-SPEC_ITERATIONS = 10
-"""``--max_uninteresting_iterations`` for the spec functions' own contracts
-(the spec carries no directive): a condition stops after this many paths in a
-row that add no coverage, and passes as "not refuted" unless confirmed."""
+PATH_TIMEOUT = 60.0
+"""CPU seconds per path (``--per_path_timeout``; CrossHair gives z3 half of it
+as a wall-clock limit per query). Large, so that only :data:`SMT_RLIMIT` ever
+stops a query: z3's own timeout is wall-clock, and a query it cut short under
+load would leave a condition "not refuted" that exhausts on an idle machine."""
+
+SMT_RLIMIT = 20_000_000
+"""z3's deterministic work budget per query (``CROSSHAIR_SMT_RLIMIT``): a query
+that needs more answers "unknown" at the same point on every machine. At 2,000,000
+the nonlinear queries of ``align_down_props`` (with the kind/profile plugin loaded)
+ended unknown and the condition "not refuted"; 5,000,000 exhausts it, and this
+leaves a tenfold margin."""
 
 MUTANT_TIMEOUT = 60.0
 """CPU seconds per condition for ``mutants``: only a safety net, the
@@ -75,38 +90,24 @@ time budget."""
 DIFF_TIMEOUT = 60.0
 """CPU seconds per ``diffbehavior`` comparison: only a safety net."""
 
-SPEC_MODULES = (
-    "kvspec.single_type_kv_cache_manager",
-    "kvspec.config",
-    "kvspec.hashing",
-    "kvspec.block_pool",
-    "kvspec.kv_cache_coordinator",
-)
 
-DIRECT = (
-    "kvspec.single_type_kv_cache_manager.cdiv",
-    "kvspec.single_type_kv_cache_manager.contiguous_blocks_for_hit",
-    "kvspec.single_type_kv_cache_manager.align_down",
-    "kvspec.single_type_kv_cache_manager.full_attention_hit",
-    "kvspec.single_type_kv_cache_manager.sliding_window_hit",
-    "kvspec.single_type_kv_cache_manager.chunked_local_hit",
-    "kvspec.single_type_kv_cache_manager.mamba_hit",
-    "kvspec.single_type_kv_cache_manager.blocks_to_allocate",
-    "kvspec.block_pool.requeue",
-    "kvspec.hashing.make_key",
-    "kvspec.hashing.external_block_hash",
-    "kvspec.hashing.block_extra_keys",
-    "kvspec.hashing.extend_block_hashes",
-)
-"""Spec functions whose own contracts CrossHair checks directly. Not here:
-``num_skipped_tokens``, ``reachable_block_mask`` and ``admission_cap`` (they
-take an ``AttentionKind``, whose ``Mamba.mode`` Literal CrossHair 0.0.113
-cannot build), ``common_prefix_length`` and ``coarse_block_hashes`` (CrossHair
-crashes realizing sequences of a ``NewType``): harnesses in ``proofs/kvproofs/holds``
-restate their contracts over plain values. ``split_key`` has no ``post:``."""
-
-HOLDS = ("search", "chain", "hashing", "mask", "freeq", "alloc", "arith", "prefix")
+HOLDS = ("features", "releases", "alloc", "arith")
 """Harness modules of ``proofs/kvproofs/holds``, slowest first."""
+
+PLUGIN = Path("proofs/crosshair_plugin.py")
+"""CrossHair plugin file: symbolic attention kinds and profiles (:mod:`kvproofs.plugin`)."""
+
+SOURCE_ROOTS = (Path("proofs"), Path("spec"), Path("impl"), Path("kit"))
+"""Import roots of every CrossHair process, relative to the repository (its
+working directory): CrossHair steers its search by code locations, file names
+included, so absolute paths would make a clone elsewhere explore other paths."""
+
+GENERATED = Path("build/proofs/generated")
+"""Where the contract wrappers and harness copies are written (relative, for
+the same reason; emptied at each run)."""
+
+BOUNDED_PROCESSES = 3
+"""Processes for the bounded checks (property checks and contract domains)."""
 
 _MESSAGE = re.compile(r"^(?P<path>.+?):(?P<line>\d+): (?P<level>error|info|warning): (?P<text>.*)$")
 _EXCEPTION = re.compile(r"^(?P<exc>\w+): ")
@@ -132,14 +133,19 @@ class Result:
 
 
 def crosshair_argv(*args: str) -> list[str]:
-    """The CrossHair command line, preferring the one next to this Python."""
+    """The CrossHair command line, preferring the one next to this Python,
+    with the plugin that builds kinds and profiles (:data:`PLUGIN`)."""
     exe = Path(sys.executable).with_name("crosshair")
-    return [str(exe) if exe.exists() else "crosshair", *args]
+    command, *rest = args
+    return [str(exe) if exe.exists() else "crosshair", command, "--extra_plugin", str(PLUGIN), *rest]
 
 
-def run_crosshair(label: str, args: Sequence[str], extra_path: Sequence[Path] = ()) -> Result:
-    """Run CrossHair with the repository's import roots on ``PYTHONPATH``."""
-    return run_command(label, crosshair_argv(*args), extra_path)
+def run_crosshair(
+    label: str, args: Sequence[str], extra_path: Sequence[Path] = (), env: Mapping[str, str] | None = None
+) -> Result:
+    """Run CrossHair with the repository's import roots on ``PYTHONPATH``
+    (``env``: variables that replace the defaults of :func:`run_command`)."""
+    return run_command(label, crosshair_argv(*args), extra_path, env)
 
 
 def run_bounded(label: str, args: Sequence[str]) -> Result:
@@ -147,13 +153,18 @@ def run_bounded(label: str, args: Sequence[str]) -> Result:
     return run_command(label, [sys.executable, "-m", "kvproofs.bounded", *args])
 
 
-def run_command(label: str, argv: list[str], extra_path: Sequence[Path] = ()) -> Result:
+def run_command(
+    label: str, argv: list[str], extra_path: Sequence[Path] = (), overrides: Mapping[str, str] | None = None
+) -> Result:
     """Run ``argv`` with the repository's import roots on ``PYTHONPATH``;
-    collect its ``path:line: level: text`` messages."""
-    roots = [*extra_path, REPO / "proofs", REPO / "spec", REPO / "impl", REPO / "kit"]
+    collect its ``path:line: level: text`` messages. ``overrides`` replace
+    the environment's values (the hash seed and z3's budget of a retry)."""
+    roots = [*extra_path, *SOURCE_ROOTS]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([*(str(p) for p in roots), *filter(None, [env.get("PYTHONPATH")])])
     env.setdefault("PYTHONHASHSEED", "0")
+    env.setdefault("CROSSHAIR_SMT_RLIMIT", str(SMT_RLIMIT))
+    env.update(overrides or {})
     start = time.monotonic()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=err, text=True)
@@ -167,8 +178,18 @@ def run_command(label: str, argv: list[str], extra_path: Sequence[Path] = ()) ->
     for line in stdout.splitlines():
         m = _MESSAGE.match(line)
         if m:
-            result.messages.append((Path(m["path"]), int(m["line"]), m["level"], m["text"]))
+            result.messages.append((_repo_path(m["path"]), int(m["line"]), m["level"], m["text"]))
     return result
+
+
+def _repo_path(path: str) -> Path:
+    """A message's path relative to the repository when it lies inside it
+    (CrossHair prints absolute paths; the generated wrappers are mapped by
+    their relative paths), else as printed."""
+    try:
+        return Path(path).resolve().relative_to(REPO)
+    except ValueError:
+        return Path(path)
 
 
 def run_parallel(jobs: int, tasks: Sequence[tuple[str, Callable[[], Result]]]) -> list[Result]:
@@ -186,7 +207,7 @@ def run_parallel(jobs: int, tasks: Sequence[tuple[str, Callable[[], Result]]]) -
 
 @cache
 def _functions(path: Path) -> list[tuple[int, int, str]]:
-    tree = ast.parse(path.read_text())
+    tree = ast.parse((REPO / path).read_text())
     return [
         (node.lineno, node.end_lineno or node.lineno, node.name)
         for node in ast.walk(tree)
@@ -196,7 +217,7 @@ def _functions(path: Path) -> list[tuple[int, int, str]]:
 
 @cache
 def _lines(path: Path) -> list[str]:
-    return path.read_text().splitlines()
+    return (REPO / path).read_text().splitlines()
 
 
 def describe(path: Path, line: int) -> tuple[str, str]:
@@ -214,14 +235,20 @@ def relative(path: Path) -> str:
     if m:
         return f"proofs/kvproofs/holds/{m[1]}.py"
     try:
-        return str(path.resolve().relative_to(REPO))
+        return str((REPO / path).resolve().relative_to(REPO))
     except ValueError:
         return str(path)
 
 
+WRAPPER_LINES: dict[tuple[Path, int], tuple[Path, int]] = {}
+"""Lines of the generated contract wrappers -> the spec lines they copy."""
+
+
 def condition_key(path: Path, line: int, text: str) -> str:
     """Stable text of one refuted condition: ``file::function: condition``
-    (for ``proofs/kvproofs/bounded``, the condition is the name the check gives it)."""
+    (for ``proofs/kvproofs/bounded``, the condition is the name the check
+    gives it; a contract wrapper's line is the spec's own line)."""
+    path, line = WRAPPER_LINES.get((path, line), (path, line))
     func, cond = describe(path, line)
     if relative(path).startswith("proofs/kvproofs/bounded/"):
         cond = text
@@ -242,45 +269,198 @@ def report_crash(result: Result) -> None:
 # --- holds -------------------------------------------------------------------
 
 
-def holds(jobs: int, timeout: float, spec_iterations: int) -> bool:
-    """Check the spec contracts and the harnesses; True when nothing is refuted."""
-
-    opts = ["check", "--analysis_kind=PEP316", f"--per_condition_timeout={timeout}", "--report_all"]
-    spec_opts = [*opts, f"--max_uninteresting_iterations={spec_iterations}"]
-    half = (len(DIRECT) + 1) // 2
-    groups = [(f"holds.{m}", [*opts, f"kvproofs.holds.{m}"]) for m in HOLDS]
-    groups.insert(1, ("spec contracts (1/2)", [*spec_opts, *DIRECT[:half]]))
-    groups.insert(2, ("spec contracts (2/2)", [*spec_opts, *DIRECT[half:]]))
-    tasks = [(label, _bind(label, args)) for label, args in groups]
-    tasks.insert(1, ("bounded", lambda: run_bounded("bounded", [])))
+def holds(jobs: int, timeout: float) -> bool:
+    """Check the spec's own contracts (CrossHair and enumerations), the
+    harnesses and the bounded checks; True when every obligation is exhausted
+    or confirmed within its bound. Writes :data:`kvproofs.report.RESULTS`."""
+    timeouts = [f"--per_condition_timeout={timeout}", f"--per_path_timeout={PATH_TIMEOUT}"]
+    opts = ["check", "--analysis_kind=PEP316", *timeouts, "--report_all"]
+    gen_dir = _fresh(GENERATED / "contracts")
+    targets, mapping = write_modules(gen_dir, list(CROSSHAIR))
+    # One process per target: CrossHair's search carries state from one
+    # function to the next in a process, so a target's result would depend on
+    # what else shares its process (and would move when a contract is added).
+    harnesses = [f"kvproofs.holds.{m}.{f}" for m in HOLDS for f in harness_functions(m)]
+    commands = {t.rsplit(".", 1)[-1]: [*opts, t] for t in [*targets, *harnesses]}
+    tasks = [(label, _bind(label, args, [gen_dir])) for label, args in commands.items()]
+    for i, chunk in enumerate(_chunks(bounded_checks(), BOUNDED_PROCESSES), start=1):
+        label = f"bounded ({i}/{BOUNDED_PROCESSES})"
+        tasks.insert(i - 1, (label, _bounded_task(label, chunk)))
     results = run_parallel(jobs, tasks)
+    results = [retry_unexhausted(r, commands[r.label], [gen_dir]) if r.label in commands else r for r in results]
     ok = True
-    counts = {"confirmed": 0, "not refuted": 0, "REFUTED": 0}
-    print("\n  result       condition")
+    obligations: list[Obligation] = []
+    print("\n  result        condition")
     for result in results:
         if result.crashed:
             report_crash(result)
             ok = False
         for path, line, level, text in result.messages:
-            if level == "error":
-                status = "REFUTED"
-                ok = False
-            elif text.startswith("Confirmed over all"):
-                status = "confirmed"
-            elif text.startswith("Not confirmed"):
-                status = "not refuted"
-            else:
-                status = level
-            counts[status] = counts.get(status, 0) + 1
-            func, cond = describe(path, line)
-            if relative(path).startswith("proofs/kvproofs/bounded/"):
-                cond = f"(bounded) {text}"
-            print(f"  {status:<12} {relative(path)}:{line} {func}  {cond}")
-            if level == "error":
-                print(f"               {text}")
-    summary = ", ".join(f"{n} {k}" for k, n in counts.items())
-    print(f"\n==> holds: {summary} ({'OK' if ok else 'FAILED'})")
+            o = obligation(path, line, level, text, mapping)
+            obligations.append(o)
+            ok = ok and o.status in ("exhausted", "within bound")
+            print(f"  {o.status:<13} {o.where} {o.function}  {o.condition}")
+            if o.status == "refuted":
+                print(f"                {text}")
+    save(obligations)
+    counts = Counter(o.status for o in obligations)
+    summary = ", ".join(f"{counts[k]} {k}" for k in STATUSES)
+    print(f"\n==> holds: {len(obligations)} obligations: {summary} ({'OK' if ok else 'FAILED'})")
+    print(f"    written to {RESULTS.relative_to(REPO)}; python -m kvproofs.coverage renders the tables")
     return ok
+
+
+RETRY_ENV = {"PYTHONHASHSEED": "1", "CROSSHAIR_SMT_RLIMIT": str(4 * SMT_RLIMIT)}
+"""What a retry of a CrossHair process changes (see :func:`retry_unexhausted`)."""
+
+
+def retry_unexhausted(result: Result, args: list[str], extra_path: Sequence[Path]) -> Result:
+    """``result``, or a second run of its CrossHair process when the first left
+    a condition "Not confirmed" without refuting anything.
+
+    CrossHair's search order depends on more than its inputs: it keys its
+    choices by code locations, whose file names differ from one checkout and
+    venv to another, so a condition that exhausts in a few seconds in one
+    place can end "Not confirmed" in another (seen once in CI, on a contract
+    that exhausts here at a fiftieth of z3's budget). The retry runs the same
+    command in a fresh process under another string-hash seed and with four
+    times z3's budget (:data:`RETRY_ENV`); its result replaces the first only
+    when it leaves nothing "Not confirmed", and it is then an exhaustive run in
+    its own right. A refutation is never retried, and a retry that is still not
+    exhausted keeps the first result, which fails the run."""
+    unexhausted = [m for m in result.messages if m[3].startswith("Not confirmed")]
+    if not unexhausted or result.crashed or any(m[2] == "error" for m in result.messages):
+        return result
+    retry = run_crosshair(result.label, args, extra_path, RETRY_ENV)
+    settled = not retry.crashed and not any(m[3].startswith("Not confirmed") or m[2] == "error" for m in retry.messages)
+    verdict = "exhausted on the retry" if settled else "still not exhausted on the retry"
+    print(
+        f"    {result.label}: {len(unexhausted)} condition(s) not confirmed; {verdict} "
+        f"({', '.join(f'{k}={v}' for k, v in RETRY_ENV.items())}; {retry.seconds:.1f}s wall)",
+        flush=True,
+    )
+    return retry if settled else result
+
+
+def harness_functions(module: str) -> list[str]:
+    """The harness functions of ``proofs/kvproofs/holds/<module>.py``: those
+    defined there whose docstring has a ``post:`` line."""
+    mod = importlib.import_module(f"kvproofs.holds.{module}")
+    return [
+        name
+        for name, fn in vars(mod).items()
+        if inspect.isfunction(fn) and fn.__module__ == mod.__name__ and "post:" in (fn.__doc__ or "")
+    ]
+
+
+def _fresh(directory: Path) -> Path:
+    """``directory`` (relative to the repository), emptied."""
+    shutil.rmtree(REPO / directory, ignore_errors=True)
+    (REPO / directory).mkdir(parents=True)
+    return directory
+
+
+def _chunks(items: Sequence[str], n: int) -> list[list[str]]:
+    """``items`` dealt round-robin into ``n`` lists (none empty)."""
+    return [c for c in ([list(items[i::n]) for i in range(n)]) if c]
+
+
+def bounded_checks() -> list[str]:
+    """Every bounded check name: the property checks, then the contract domains."""
+    from kvproofs.bounded import CHECKS, MODULES  # noqa: PLC0415 - loads every domain
+    from kvproofs.bounded.pep316 import DOMAINS, PREFIX  # noqa: PLC0415
+
+    for module in MODULES:
+        importlib.import_module(f"kvproofs.bounded.{module}")
+    return [*CHECKS, *(PREFIX + q.removeprefix("kvspec.") for q in DOMAINS)]
+
+
+def _bounded_task(label: str, checks: list[str]) -> Callable[[], Result]:
+    return lambda: run_bounded(label, checks)
+
+
+_RELEASES = re.compile(r"releases: (?P<releases>[^)]*)\)")
+_CASES = re.compile(r"Confirmed over all (?P<n>\d+) cases")
+
+
+def obligation(
+    path: Path, line: int, level: str, text: str, mapping: dict[tuple[Path, int], tuple[Path, int]]
+) -> Obligation:
+    """The :class:`~kvproofs.report.Obligation` of one CrossHair or bounded message."""
+    status = "refuted" if level == "error" else "not refuted" if text.startswith("Not confirmed") else "within bound"
+    if (path, line) in mapping:  # a generated wrapper: the spec's own contract, by CrossHair
+        spec_path, spec_line = mapping[(path, line)]
+        fn = owner(spec_path, spec_line)
+        assert fn is not None
+        bound = CROSSHAIR[fn.qualname].bound
+        if bound is None and status == "within bound":
+            status = "exhausted"
+        releases = ALL if _takes_profile(fn) else ()
+        return Obligation("contract (CrossHair)", f"{relative(spec_path)}:{spec_line}", fn.name,
+                          describe(spec_path, spec_line)[1], (fn.qualname,), status,
+                          f"pre: {bound}" if bound else "none", releases)  # fmt: skip
+    rel = relative(path)
+    func, cond = describe(path, line)
+    if rel.startswith("spec/"):  # a contract evaluated over a domain
+        fn = owner(path, line)
+        assert fn is not None
+        m = _RELEASES.search(text)
+        releases = tuple(r for r in (m["releases"].split() if m else ()) if r != "-")
+        cases = _CASES.search(text)
+        bound = f"{cases['n']} cases: {domain_of(fn.qualname)}" if cases else domain_of(fn.qualname)
+        return Obligation(
+            "contract (enumeration)", f"{rel}:{line}", fn.name, cond, (fn.qualname,), status, bound, releases
+        )
+    target = _harness(rel, func)
+    subjects, marked = about_of(target) if target is not None else ((), None)
+    releases = ALL if marked == ALL_RELEASES else tuple(marked or ())
+    if rel.startswith("proofs/kvproofs/bounded/"):
+        cases = _CASES.search(text)
+        return Obligation("enumeration", f"{rel}:{line}", func, text if status == "refuted" else f"(bounded) {func}",
+                          subjects, status, f"{cases['n']} cases" if cases else "", releases)  # fmt: skip
+    pres = "; ".join(c.source for c in conditions_of_function(target) if c.kind == "pre") if target else ""
+    return Obligation("harness", f"{rel}:{line}", func, cond, subjects, status, pres, releases)
+
+
+ALL: tuple[str, ...] = tuple(p.release for p in PROFILES.values())
+
+
+def _takes_profile(fn: SpecFunction) -> bool:
+    return any(p.annotation in ("SemanticsProfile",) for p in _params(fn))
+
+
+def _params(fn: SpecFunction) -> list[inspect.Parameter]:
+    real = getattr(importlib.import_module(fn.module), fn.name)
+    return list(inspect.signature(real).parameters.values())
+
+
+def _harness(rel: str, func: str) -> Callable[..., object] | None:
+    """The harness or bounded check function ``func`` of the file ``rel``."""
+    m = re.match(r"proofs/(kvproofs/(holds|bounded)/\w+)\.py$", rel)
+    if not m:
+        return None
+    module = importlib.import_module(m[1].replace("/", "."))
+    target = getattr(module, func, None)
+    return target if callable(target) else None
+
+
+def conditions_of_function(fn: Callable[..., object]) -> list[Condition]:
+    """The contract lines of a harness (plain text, no file lines)."""
+    doc = inspect.getdoc(fn) or ""
+    out = []
+    for raw in doc.splitlines():
+        kind, sep, text = raw.strip().partition(":")
+        if sep and kind in ("pre", "post"):
+            out.append(Condition(kind, text.strip(), 0))
+    return out
+
+
+def domain_of(qualname: str) -> str:
+    """The description of ``qualname``'s enumerated domain."""
+    from kvproofs.bounded.pep316 import DOMAINS  # noqa: PLC0415
+
+    bounded_checks()
+    return DOMAINS[qualname][1]
 
 
 def _bind(label: str, args: list[str], extra_path: Sequence[Path] = ()) -> Callable[[], Result]:
@@ -310,7 +490,13 @@ class Mutant:
     @property
     def crosshair_harnesses(self) -> tuple[str, ...]:
         """The ``proofs/kvproofs/holds`` harnesses."""
-        return tuple(h for h in self.harnesses if not h.startswith(BOUNDED))
+        return tuple(h for h in self.harnesses if not h.startswith((BOUNDED, CONTRACT)))
+
+    @property
+    def contracts(self) -> tuple[str, ...]:
+        """Spec functions (``kvspec.module.function``) whose own contract
+        CrossHair checks through its wrapper, with the mutant bound in it."""
+        return tuple("kvspec." + h.removeprefix(CONTRACT) for h in self.harnesses if h.startswith(CONTRACT))
 
     @property
     def bounded_checks(self) -> tuple[str, ...]:
@@ -319,6 +505,7 @@ class Mutant:
 
 
 BOUNDED = "bounded:"
+CONTRACT = "contract:"
 
 
 def load_mutants() -> list[Mutant]:
@@ -351,11 +538,11 @@ def spec_function(name: str) -> object:
 
 
 def _spec_owner(name: str) -> tuple[object, str]:
-    for modname in SPEC_MODULES:
-        module = importlib.import_module(modname)
-        if hasattr(module, name):
-            return module, name
-    raise SystemExit(f"no spec function {name!r} in {', '.join(SPEC_MODULES)}")
+    """``(module, name)`` of the public spec function called ``name``."""
+    for fn in spec_functions():
+        if fn.name == name:
+            return importlib.import_module(fn.module), name
+    raise SystemExit(f"no public spec function {name!r} in spec/kvspec")
 
 
 def mutant_target(mutant: Mutant) -> tuple[object, str]:
@@ -376,13 +563,22 @@ def mutant_targets(mutant: Mutant, gen_dir: Path) -> list[str]:
     by an import that rebinds the spec function's name to the mutant: the
     harness functions look the name up at call time, so they test the mutant.
     Only the ``max_iterations`` directives change (capped at
-    :data:`MUTANT_ITERATIONS`).
+    :data:`MUTANT_ITERATIONS`). A ``contract:`` entry becomes the spec
+    function's contract wrapper (:mod:`kvproofs.wrappers`) with the same
+    rebinding.
     """
     targets = [f"kvproofs.mutants.{mutant.name}.{mutant.function}"] if mutant.own_contract else []
+    if mutant.contracts:
+        names = {mutant.function: f"kvproofs.mutants.{mutant.name}:{mutant.function}"}
+        wrapped, mapping = write_modules(
+            gen_dir, list(mutant.contracts), names, f"_mutc_{mutant.name}", MUTANT_ITERATIONS
+        )
+        WRAPPER_LINES.update(mapping)
+        targets += wrapped
     for harness in mutant.crosshair_harnesses:
         module, func = harness.split(".")
         gen = f"_mut_{mutant.name}__{module}"
-        path = gen_dir / f"{gen}.py"
+        path = REPO / gen_dir / f"{gen}.py"
         if not path.exists():
             source = _DIRECTIVE.sub(_cap_iterations, (PROOFS / "holds" / f"{module}.py").read_text())
             rebind = f"from kvproofs.mutants.{mutant.name} import {mutant.function}  # noqa: E402, F811\n"
@@ -458,18 +654,22 @@ def mutants(jobs: int, timeout: float, write: bool, only: Sequence[str] = ()) ->
         if spec != mine:
             print(f"!!! {mutant.name}: contract differs from the spec's {mutant.function}: {mine} != {spec}")
             ok = False
-    opts = ["check", "--analysis_kind=PEP316", f"--per_condition_timeout={timeout}"]
-    with tempfile.TemporaryDirectory(prefix="kvref-mutants-") as tmp:
-        gen_dir = Path(tmp)
-        tasks = [(m.name, _mutant_task(m, opts, gen_dir)) for m in all_mutants]
-        results = run_parallel(jobs, tasks)
-        for result in results:
-            if result.crashed:
-                report_crash(result)
-                ok = False
-            found[result.label] = {
-                condition_key(path, line, text) for path, line, level, text in result.messages if level == "error"
-            }
+    opts = [
+        "check",
+        "--analysis_kind=PEP316",
+        f"--per_condition_timeout={timeout}",
+        f"--per_path_timeout={PATH_TIMEOUT}",
+    ]
+    gen_dir = _fresh(GENERATED / "mutants")
+    tasks = [(m.name, _mutant_task(m, opts, gen_dir)) for m in all_mutants]
+    results = run_parallel(jobs, tasks)
+    for result in results:
+        if result.crashed:
+            report_crash(result)
+            ok = False
+        found[result.label] = {
+            condition_key(path, line, text) for path, line, level, text in result.messages if level == "error"
+        }
     if write:
         write_expected({**(read_expected() if only else {}), **found})
         print(f"==> wrote {EXPECTED.relative_to(REPO)}")
@@ -606,7 +806,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("what", choices=("holds", "mutants", "diff", "all"))
     parser.add_argument("--jobs", type=int, default=min(os.cpu_count() or 1, 4))
     parser.add_argument("--holds-timeout", type=float, default=HOLDS_TIMEOUT)
-    parser.add_argument("--spec-iterations", type=int, default=SPEC_ITERATIONS)
     parser.add_argument("--mutant-timeout", type=float, default=MUTANT_TIMEOUT)
     parser.add_argument("--diff-timeout", type=float, default=DIFF_TIMEOUT)
     parser.add_argument("--write-expected", action="store_true", help="rewrite proofs/kvproofs/mutants/expected.txt")
@@ -615,7 +814,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ok = True
     steps: list[tuple[str, Callable[[], bool]]] = []
     if args.what in ("holds", "all"):
-        steps.append(("holds", lambda: holds(args.jobs, args.holds_timeout, args.spec_iterations)))
+        steps.append(("holds", lambda: holds(args.jobs, args.holds_timeout)))
     if args.what in ("mutants", "all"):
         steps.append(("mutants", lambda: mutants(args.jobs, args.mutant_timeout, args.write_expected, args.only)))
     if args.what in ("diff", "all"):

@@ -131,14 +131,16 @@ class BlockPool:
                 self.free_queue.remove(b)
             self.ref_cnt[b] += 1
 
-    def free_blocks(self, ordered_blocks: Iterable[BlockId]) -> None:
+    def free_blocks(self, ordered_blocks: Iterable[BlockId], skipped: bool = False) -> None:
         """Drop one reference per element; blocks reaching 0 become free.
 
         ``ordered_blocks`` is in eviction priority order. Of the blocks reaching
         0, unhashed ones go to the *front* of the queue (they can never be hit)
         and hashed ones to the *tail* (least recently used last), each set in
         the given order (:func:`requeue_unhashed_first` says when the profile
-        puts every block at the tail instead).
+        puts every block at the tail instead; ``skipped``: the blocks come from
+        ``remove_skipped_blocks`` or a sliding-window group's free, which vLLM
+        0.23.0 already requeues unhashed first).
 
         Raises:
             InvalidBlockIdError: For an id outside the pool.
@@ -157,7 +159,7 @@ class BlockPool:
             if self.ref_cnt[b] == 0:
                 released.append(b)
         hashed = [self.block_hash[b] is not None for b in released]
-        self.free_queue = requeue(self.free_queue, released, hashed, requeue_unhashed_first(self))
+        self.free_queue = requeue(self.free_queue, released, hashed, requeue_unhashed_first(self, skipped))
 
     def cache_full_blocks(
         self,
@@ -287,7 +289,7 @@ class BlockPool:
             if self.enable_kv_cache_events:
                 digest, gid = split_key(key)
                 ext = external_block_hash(digest, self.int_block_hashes)
-                self.events.append(BlockRemoved((ext,), MEDIUM_GPU, gid if annotated_events(self) else None))
+                self.events.append(BlockRemoved((ext,), MEDIUM_GPU, gid if event_fields(self.profile)[1] else None))
 
     def _valid_id(self, b: int, op: str) -> BlockId:
         if not isinstance(b, int) or isinstance(b, bool) or not 0 <= b < self.num_gpu_blocks:
@@ -302,13 +304,22 @@ class BlockPool:
         )
 
 
-def requeue_unhashed_first(pool: BlockPool) -> bool:
+def requeue_unhashed_first(pool: BlockPool, skipped: bool = False) -> bool:
     """Whether freed unhashed blocks go to the front of the free queue: from
-    vLLM 0.25.1 on (before it, every block went to the tail), except in
-    0.27.x with prefix caching off (profile switches ``free_unhashed_first``,
-    ``free_unhashed_needs_caching``)."""
+    vLLM 0.24.0 on (before it, every block went to the tail; in 0.23.0 only
+    blocks freed by ``remove_skipped_blocks`` and a sliding-window group's
+    blocks freed with its request, ``skipped``), except in 0.27.x with prefix
+    caching off (profile switches ``free_unhashed_first``,
+    ``skipped_unhashed_first``, ``free_unhashed_needs_caching``).
+
+    post: pool.profile.free_unhashed_first or (skipped and pool.profile.skipped_unhashed_first) or not __return__
+    post: not pool.enable_caching or __return__ == (pool.profile.free_unhashed_first or (skipped and pool.profile.skipped_unhashed_first))
+    post: pool.enable_caching or __return__ == ((pool.profile.free_unhashed_first or (skipped and pool.profile.skipped_unhashed_first)) and not pool.profile.free_unhashed_needs_caching)
+    post: skipped or __return__ == (pool.profile.free_unhashed_first and (pool.enable_caching or not pool.profile.free_unhashed_needs_caching))
+    """  # noqa: E501 - a PEP 316 condition is one line
     p = pool.profile
-    return p.free_unhashed_first and (pool.enable_caching or not p.free_unhashed_needs_caching)
+    first = p.free_unhashed_first or (skipped and p.skipped_unhashed_first)
+    return first and (pool.enable_caching or not p.free_unhashed_needs_caching)
 
 
 def requeue(
@@ -324,7 +335,11 @@ def requeue(
 
     pre: len(released) == len(hashed)
     post: len(__return__) == len(free_queue) + len(released)
-    """
+    post: __return__[(len(released) - sum(hashed)) * unhashed_first :][: len(free_queue)] == list(free_queue)
+    post: unhashed_first or __return__[len(free_queue) :] == list(released)
+    post: not unhashed_first or __return__[: len(released) - sum(hashed)] == [b for b, h in zip(released, hashed) if not h]
+    post: not unhashed_first or __return__[len(__return__) - sum(hashed) :] == [b for b, h in zip(released, hashed) if h]
+    """  # noqa: E501 - a PEP 316 condition is one line
     if not unhashed_first:
         return [*free_queue, *released]
     front = [b for b, h in zip(released, hashed, strict=True) if not h]
@@ -342,12 +357,13 @@ def _stored_event(
     group_id: int,
 ) -> BlockStored:
     """The BlockStored event of one ``cache_full_blocks`` call (without
-    extra keys and group index where :func:`annotated_events` says so)."""
+    extra keys or group index where :func:`event_fields` says so)."""
     as_int = pool.int_block_hashes
-    annotated = annotated_events(pool)
+    with_keys, with_group, _ = event_fields(pool.profile)
+    forms = (pool.profile.mm_key_with_offset, pool.profile.prompt_embeds_digest)
     extra_keys, cursor = [], 0
     for i in stored:
-        keys, cursor = block_extra_keys(request.extra, i * block_size, (i + 1) * block_size, cursor)
+        keys, cursor = block_extra_keys(request.extra, i * block_size, (i + 1) * block_size, cursor, False, *forms)
         extra_keys.append(keys)
     lora = request.extra.lora
     return BlockStored(
@@ -358,16 +374,32 @@ def _stored_event(
         lora_id=lora.adapter_id if lora else None,
         medium=MEDIUM_GPU,
         lora_name=lora.name if lora else None,
-        extra_keys=tuple(extra_keys) if extra_keys and annotated else None,
-        group_idx=group_id if annotated else None,
+        extra_keys=tuple(extra_keys) if extra_keys and with_keys else None,
+        group_idx=group_id if with_group else None,
     )
 
 
+def event_fields(profile: SemanticsProfile) -> tuple[bool, bool, bool]:
+    """Which annotation fields the release's events have: ``BlockStored``'s
+    ``extra_keys`` (from vLLM 0.17.0, profile switch ``event_extra_keys``),
+    the group index of both events (from 0.20.0, ``event_group_idx``), and
+    ``BlockStored``'s kind and window, which the facade adds (from 0.22.0,
+    ``event_annotations``). A field the release lacks is None.
+
+    post: __return__ == (profile.event_extra_keys, profile.event_group_idx, profile.event_annotations)
+    post: not __return__[2] or __return__[1]
+    post: not __return__[1] or __return__[0]
+    """
+    return profile.event_extra_keys, profile.event_group_idx, profile.event_annotations
+
+
 def annotated_events(pool: BlockPool) -> bool:
-    """Whether events carry ``extra_keys`` and the group index (and so,
-    through the facade, the attention kind): from vLLM 0.25.1 on (profile
-    switch ``event_annotations``; before it those fields do not exist)."""
-    return pool.profile.event_annotations
+    """Whether the pool's events carry the group index (:func:`event_fields`):
+    the cache keys their replay rebuilds are then per group.
+
+    post: __return__ == pool.profile.event_group_idx
+    """
+    return event_fields(pool.profile)[1]
 
 
 def inv_null_block_inert(pool: BlockPool) -> bool:

@@ -130,14 +130,21 @@ RING_KINDS = (CircularBuffer, KpoolTail)
 def prefix_cacheable(kind: AttentionKind) -> bool:
     """Whether groups of ``kind`` take part in prefix caching (vLLM's
     ``KVCacheSpec.prefix_cacheable``): false only for the ring kinds, which a
-    hybrid lookup, its block-size checks and the hash block size leave out."""
+    hybrid lookup, its block-size checks and the hash block size leave out.
+
+    post: __return__ == (not isinstance(kind, CircularBuffer | KpoolTail))
+    """
     return not isinstance(kind, RING_KINDS)
 
 
 def speculative_blocks(kind: AttentionKind) -> int:
     """The spare blocks a group's tables hold past the request's tokens: a
     Mamba group's ``num_speculative_blocks`` (every mode allocates them), else 0.
-    ``cache_blocks`` does not count them as blocks that tokens fill."""
+    ``cache_blocks`` does not count them as blocks that tokens fill.
+
+    post: __return__ == (kind.num_speculative_blocks if isinstance(kind, Mamba) else 0)
+    post: __return__ >= 0
+    """
     return kind.num_speculative_blocks if isinstance(kind, Mamba) else 0
 
 
@@ -148,14 +155,24 @@ def cacheable_blocks(kind: AttentionKind, table_len: int) -> int | None:
     token filled). None for a group that caches nothing (cross attention and
     the ring kinds), where any count is accepted. A count ``n`` asks for
     ``n // block_size`` full blocks; more than this is refused
-    (``CacheBeyondAllocationError``)."""
+    (``CacheBeyondAllocationError``).
+
+    post: (__return__ is None) == (isinstance(kind, CrossAttention) or not prefix_cacheable(kind))
+    post: __return__ is None or __return__ == table_len - speculative_blocks(kind)
+    """
     if isinstance(kind, CrossAttention) or not prefix_cacheable(kind):
         return None
     return table_len - speculative_blocks(kind)
 
 
 def kind_name(kind: AttentionKind) -> str:
-    """The kind string carried by BlockStored events (vLLM's ``KVCacheSpecKind``)."""
+    """The kind string carried by BlockStored events (vLLM's ``KVCacheSpecKind``).
+
+    post: __return__ in ("full_attention", "mla_attention", "sink_full_attention", "sliding_window", "chunked_local_attention", "mamba", "cross_attention", "unknown")
+    post: (__return__ == "sliding_window") == isinstance(kind, SlidingWindow | KpoolTail)
+    post: (__return__ == "unknown") == isinstance(kind, CircularBuffer)
+    post: (__return__ == "full_attention") == isinstance(kind, FullAttention)
+    """  # noqa: E501 - a PEP 316 condition is one line
     names: dict[type, str] = {
         FullAttention: "full_attention",
         MLA: "mla_attention",
@@ -171,7 +188,11 @@ def kind_name(kind: AttentionKind) -> str:
 
 
 def event_sliding_window(kind: AttentionKind) -> int | None:
-    """The sliding window carried by BlockStored events (None unless SWA)."""
+    """The sliding window carried by BlockStored events (None unless SWA).
+
+    post: (__return__ is not None) == isinstance(kind, SlidingWindow | KpoolTail)
+    post: __return__ is None or __return__ == kind.window
+    """
     return kind.window if isinstance(kind, SlidingWindow | KpoolTail) else None
 
 
@@ -180,6 +201,8 @@ def tracks_new_block_ids(kind: AttentionKind) -> bool:
 
     NOTE: vLLM checks the exact spec type, so SinkFull, SWA, Mamba,
     ChunkedLocal and Cross groups are not reported.
+
+    post: __return__ == isinstance(kind, FullAttention | MLA)
     """
     return type(kind) in (FullAttention, MLA)
 
@@ -189,7 +212,10 @@ def admission_cap(kind: AttentionKind, max_num_batched_tokens: int, max_model_le
 
     pre: max_num_batched_tokens > 0 and max_model_len > 0
     post: __return__ is None or __return__ >= 1
-    """
+    post: (__return__ is None) == (not isinstance(kind, SlidingWindow | ChunkedLocal))
+    post: not isinstance(kind, SlidingWindow) or (__return__ - 1) * kind.block_size >= min(kind.window - 1 + max_num_batched_tokens, max_model_len)
+    post: not isinstance(kind, ChunkedLocal) or __return__ * kind.block_size >= min(kind.chunk + max_num_batched_tokens, max_model_len)
+    """  # noqa: E501 - a PEP 316 condition is one line
     if isinstance(kind, SlidingWindow):
         tokens = min(kind.window - 1 + max_num_batched_tokens, max_model_len)
         return -(-tokens // kind.block_size) + 1
@@ -341,12 +367,18 @@ def _validate(cfg: KVCacheConfig) -> None:
 
 
 def validate_release_options(cfg: KVCacheConfig) -> None:
-    """Refuse options the profile's release does not have: before vLLM 0.25.1
-    there is no watermark, no ``max_num_batched_tokens`` (profile switch
-    ``admission_controls``) and no per-group EAGLE flag (``eagle_group_flags``).
+    """Refuse options the profile's release does not have: before vLLM 0.24.0
+    there is no watermark (profile switch ``admission_controls``), and
+    ``max_num_batched_tokens`` is refused too (0.16.0 to 0.19.1 lack it;
+    0.20.0 to 0.23.0 have it, but kvspec does not model it there); before
+    0.20.0 there is no per-group EAGLE flag (``eagle_group_flags``).
 
     Raises:
         UnsupportedByProfileError: Naming the option and the release.
+
+    raises: UnsupportedByProfileError
+    post: cfg.profile.admission_controls or (cfg.watermark == 0.0 and cfg.max_num_batched_tokens is None)
+    post: cfg.profile.eagle_group_flags or not cfg.eagle_groups
     """
     p = cfg.profile
     if not p.admission_controls:
@@ -354,7 +386,8 @@ def validate_release_options(cfg: KVCacheConfig) -> None:
             raise UnsupportedByProfileError(f"{p.name} has no watermark (got {cfg.watermark})")
         if cfg.max_num_batched_tokens is not None:
             raise UnsupportedByProfileError(
-                f"{p.name} has no max_num_batched_tokens (got {cfg.max_num_batched_tokens})"
+                f"{p.name}: max_num_batched_tokens (got {cfg.max_num_batched_tokens}) is not modelled before "
+                "vllm-0.24.0 (0.16.0-0.19.1 lack it)"
             )
     if not p.eagle_group_flags and cfg.eagle_groups:
         raise UnsupportedByProfileError(
@@ -365,7 +398,12 @@ def validate_release_options(cfg: KVCacheConfig) -> None:
 def validate_groups(cfg: KVCacheConfig) -> None:
     """A cached model of several groups needs a prefix-cacheable group; before
     vLLM 0.29.0 it needs two distinct kinds (profile switch
-    ``single_spec_group_hybrid``)."""
+    ``single_spec_group_hybrid``).
+
+    raises: ConfigError
+    post: not cfg.enable_caching or len(cfg.groups) < 2 or any(prefix_cacheable(g) for g in cfg.groups)
+    post: cfg.profile.single_spec_group_hybrid or not cfg.enable_caching or len(set(cfg.groups)) > 1 or len(cfg.groups) < 2
+    """  # noqa: E501 - a PEP 316 condition is one line
     if cfg.enable_caching and len(cfg.groups) > 1 and not any(prefix_cacheable(g) for g in cfg.groups):
         raise ConfigError("a cached hybrid needs at least one prefix-cacheable group (ring groups are not)")
     if cfg.profile.single_spec_group_hybrid:
@@ -375,7 +413,19 @@ def validate_groups(cfg: KVCacheConfig) -> None:
 
 
 def validate_kind(gid: int, kind: AttentionKind, cfg: KVCacheConfig) -> None:
-    """Raise ConfigError naming the first broken condition of group ``gid``."""
+    """Raise ConfigError naming the first broken condition of group ``gid``.
+
+    raises: ConfigError
+    post: kind.block_size >= 1 and (not isinstance(kind, SlidingWindow | KpoolTail) or kind.window >= 1)
+    post: not isinstance(kind, ChunkedLocal) or kind.chunk >= 1
+    post: not isinstance(kind, SinkFullAttention) or (kind.sink_len >= 1 and kind.sink_len % kind.block_size == 0)
+    post: not isinstance(kind, Mamba) or (kind.mode in ("none", "all", "align") and kind.num_speculative_blocks >= 0)
+    post: not (isinstance(kind, Mamba) and cfg.enable_caching and cfg.profile.mamba_caching_needs_align) or kind.mode == "align"
+    post: not isinstance(kind, CrossAttention) or not cfg.enable_caching
+    post: not isinstance(kind, ChunkedLocal) or not cfg.enable_caching or gid not in cfg.eagle_group_ids()
+    post: not isinstance(kind, CircularBuffer) or cfg.profile.circular_buffer_kind
+    post: not isinstance(kind, KpoolTail) or cfg.profile.kpool_tail_kind
+    """  # noqa: E501 - a PEP 316 condition is one line
     where = f"group {gid} ({type(kind).__name__})"
     if not isinstance(kind, AttentionKind):
         raise ConfigError(f"{where}: not an attention kind of kvspec.config (FullAttention, SlidingWindow, ...)")
@@ -408,7 +458,12 @@ def validate_kind(gid: int, kind: AttentionKind, cfg: KVCacheConfig) -> None:
 def validate_ring_kind(where: str, kind: CircularBuffer | KpoolTail, profile: SemanticsProfile) -> None:
     """A ring kind needs a release that has it: ``CircularBuffer`` from vLLM
     0.29.0, ``KpoolTail`` in 0.30.0 and 0.31.0 only (profile switches
-    ``circular_buffer_kind`` and ``kpool_tail_kind``)."""
+    ``circular_buffer_kind`` and ``kpool_tail_kind``).
+
+    raises: ConfigError
+    post: not isinstance(kind, CircularBuffer) or profile.circular_buffer_kind
+    post: not isinstance(kind, KpoolTail) or profile.kpool_tail_kind
+    """
     if isinstance(kind, CircularBuffer) and not profile.circular_buffer_kind:
         raise ConfigError(f"{where}: CircularBufferSpec is new in vLLM 0.29.0; not in {profile.name}")
     if isinstance(kind, KpoolTail) and not profile.kpool_tail_kind:
@@ -422,7 +477,9 @@ def cp_scale(kind: AttentionKind, cfg: KVCacheConfig) -> int:
 
     pre: cfg.dcp_world_size >= 1 and cfg.pcp_world_size >= 1
     post: __return__ >= 1
-    """
+    post: cfg.profile.cp_block_scaling != "dcp-pcp" or __return__ == cfg.dcp_world_size * cfg.pcp_world_size
+    post: cfg.profile.cp_block_scaling == "dcp-pcp" or __return__ == (cfg.dcp_world_size if scales_by_dcp(kind, cfg.profile) else 1)
+    """  # noqa: E501 - a PEP 316 condition is one line
     if cfg.profile.cp_block_scaling == "dcp-pcp":
         return cfg.dcp_world_size * cfg.pcp_world_size
     return cfg.dcp_world_size if scales_by_dcp(kind, cfg.profile) else 1
@@ -434,7 +491,13 @@ def scales_by_dcp(kind: AttentionKind, profile: SemanticsProfile) -> bool:
     0.26.0 to 0.28.0 every kind but Mamba (``MambaManager`` undoes the
     scaling); in 0.29.0 and 0.30.0 only the full-attention-type kinds
     (``dcp_world_size_for_kv_cache_spec``); from 0.31.0 the ``dcp_sharded``
-    specs, every attention kind but Mamba."""
+    specs, every attention kind but Mamba.
+
+    post: profile.cp_block_scaling != "dcp-pcp" or __return__
+    post: profile.cp_block_scaling != "dcp-full-attention" or __return__ == isinstance(kind, FULL_TYPE_KINDS)
+    post: profile.cp_block_scaling not in ("dcp", "dcp-sharded") or __return__ == (not isinstance(kind, Mamba))
+    post: __return__ or isinstance(kind, Mamba) or profile.cp_block_scaling == "dcp-full-attention"
+    """
     rule = profile.cp_block_scaling
     if rule == "dcp-pcp":
         return True
@@ -450,7 +513,13 @@ def cp_lookup_refusal(kind: AttentionKind, cfg: KVCacheConfig) -> str | None:
     dcp_world_size == 1, "DCP not support sliding window attn now."`` and
     the like). Up to vLLM 0.28.0 the coordinator passes the process DCP size;
     from 0.29.0 the size the group's manager got (1 where
-    :func:`scales_by_dcp` is false)."""
+    :func:`scales_by_dcp` is false).
+
+    post: __return__ is None or isinstance(kind, SlidingWindow | ChunkedLocal | Mamba)
+    post: __return__ is None or cfg.dcp_world_size > 1 or cfg.pcp_world_size > 1
+    post: not isinstance(kind, SlidingWindow | ChunkedLocal | Mamba) or cfg.pcp_world_size == 1 or __return__ is not None
+    post: not isinstance(kind, SlidingWindow | ChunkedLocal | Mamba) or cfg.pcp_world_size > 1 or cfg.dcp_world_size == 1 or (__return__ is None) == (cfg.profile.cp_block_scaling in ("dcp-full-attention", "dcp-sharded") and not scales_by_dcp(kind, cfg.profile))
+    """  # noqa: E501 - a PEP 316 condition is one line
     if not isinstance(kind, SlidingWindow | ChunkedLocal | Mamba):
         return None
     name = {SlidingWindow: "sliding window attn", ChunkedLocal: "chunked local attn", Mamba: "mamba"}[type(kind)]
@@ -472,7 +541,11 @@ def validate_cp(cfg: KVCacheConfig) -> None:
 
     Raises:
         ConfigError: Naming the broken condition and the sizes.
-    """
+
+    raises: ConfigError
+    post: all(k.sink_len % k.block_size == 0 for k in cfg.manager_groups() if isinstance(k, SinkFullAttention)) or cfg.dcp_world_size * cfg.pcp_world_size == 1
+    post: cfg.dcp_world_size * cfg.pcp_world_size == 1 or len(cfg.groups) == 1 or not cfg.enable_caching or cfg.profile.cp_block_scaling != "dcp-pcp"
+    """  # noqa: E501 - a PEP 316 condition is one line
     if cfg.dcp_world_size * cfg.pcp_world_size == 1:
         return
     for gid, kind in enumerate(cfg.manager_groups()):
@@ -498,7 +571,10 @@ def validate_sink_room(cfg: KVCacheConfig) -> None:
 
     Raises:
         ConfigError: Naming the sink blocks needed and the blocks there are.
-    """
+
+    raises: ConfigError
+    post: not cfg.profile.sink_blocks_reserved or sum(k.sink_len // k.block_size for k in cfg.manager_groups() if isinstance(k, SinkFullAttention)) < cfg.num_blocks
+    """  # noqa: E501 - a PEP 316 condition is one line
     if not cfg.profile.sink_blocks_reserved:
         return
     need = sum(k.sink_len // k.block_size for k in cfg.manager_groups() if isinstance(k, SinkFullAttention))
@@ -516,7 +592,10 @@ def validate_unitary_hash_block(cfg: KVCacheConfig) -> None:
 
     Raises:
         ConfigError: Naming both sizes (and the context-parallel factor).
-    """
+
+    raises: ConfigError
+    post: not cfg.enable_caching or len(cfg.groups) != 1 or cfg.resolved_hash_block_size() == cfg.manager_groups()[0].block_size
+    """  # noqa: E501 - a PEP 316 condition is one line
     if not cfg.enable_caching or len(cfg.groups) != 1:
         return
     bs, hbs = cfg.manager_groups()[0].block_size, cfg.resolved_hash_block_size()

@@ -86,6 +86,8 @@ def get_hash_fn_by_name(name: str) -> HashFunction:
         UnknownHashFunctionError: For any other name.
 
     pre: isinstance(name, str)
+    raises: UnknownHashFunctionError
+    post: name in HASH_FUNCTION_NAMES
     """
     if name == "sha256":
         return _sha256
@@ -104,6 +106,8 @@ def none_hash(fn: HashFunction, seed: str) -> BlockHash:
     NOTE: vLLM uses ``fn(PYTHONHASHSEED)`` when that variable is set and 32
     random bytes otherwise; the spec always takes the seed string, so digests
     are reproducible (set ``PYTHONHASHSEED`` to the same string in vLLM).
+
+    post: __return__ == fn(seed)
     """
     return BlockHash(fn(seed))
 
@@ -117,12 +121,21 @@ def hash_block_tokens(
     """Hash one full block: ``fn((parent, tuple(token_ids), extra_keys))``.
 
     ``extra_keys`` is ``None`` (never an empty tuple) when a block has none.
+
+    pre: extra_keys is None or len(extra_keys) > 0
+    post: __return__ == fn((parent, tuple(token_ids), extra_keys))
     """
     return BlockHash(fn((parent, tuple(token_ids), extra_keys)))
 
 
 def block_extra_keys(
-    src: ExtraKeySource, start: int, end: int, mm_cursor: int, tagged: bool = False, v025_forms: bool = True
+    src: ExtraKeySource,
+    start: int,
+    end: int,
+    mm_cursor: int,
+    tagged: bool = False,
+    v025_forms: bool = True,
+    embeds_digest: bool | None = None,
 ) -> tuple[tuple[Any, ...] | None, int]:
     """Extra keys of the block ``[start, end)`` and the advanced mm cursor.
 
@@ -133,10 +146,11 @@ def block_extra_keys(
     ``extra_keys_tagged``) each key names its source: ``("lora", name, path)``,
     ``("mm", identifier, offset)``, ``("cache_salt", salt)``,
     ``("prompt_embeds", digest)``; events always carry the untagged form.
-    Without ``v025_forms`` (hashes before vLLM 0.25.1, profile switches
-    ``mm_key_with_offset`` and ``prompt_embeds_digest``) a multimodal key is
-    the bare identifier, a feature also keys the block that starts exactly at
-    its end, and the prompt-embedding key is the raw bytes.
+    Without ``v025_forms`` (hashes before vLLM 0.19.0, profile switch
+    ``mm_key_with_offset``) a multimodal key is the bare identifier and a
+    feature also keys the block that starts exactly at its end; without
+    ``embeds_digest`` (None: as ``v025_forms``; before vLLM 0.17.0, profile
+    switch ``prompt_embeds_digest``) the prompt-embedding key is the raw bytes.
 
     Args:
         src: The request's extra-key sources.
@@ -145,11 +159,16 @@ def block_extra_keys(
         mm_cursor: Index of the first feature to consider; ``-1`` means the
             last feature (used for blocks completed after construction).
         tagged: Whether keys carry their source tag.
-        v025_forms: Whether keys have vLLM 0.25.1's forms (see above).
+        v025_forms: Whether multimodal keys have vLLM 0.25.1's form (see above).
+        embeds_digest: Whether the prompt-embedding key is a digest (None: ``v025_forms``).
 
     pre: 0 <= start < end and mm_cursor >= -1
     post: __return__[0] is None or len(__return__[0]) > 0
-    """
+    post: not tagged or all(isinstance(k, tuple) and k[0] in ("lora", "mm", "cache_salt", "prompt_embeds") for k in __return__[0] or ())
+    post: tagged or v025_forms or not any(isinstance(k, tuple) for k in __return__[0] or ())
+    post: len(__return__[0] or ()) == len(block_extra_keys(src, start, end, mm_cursor, not tagged, v025_forms)[0] or ())
+    post: embeds_digest is not None or __return__ == block_extra_keys(src, start, end, mm_cursor, tagged, v025_forms, v025_forms)
+    """  # noqa: E501 - a PEP 316 condition is one line
     mm_keys, cursor = _mm_extra_keys(src.mm_features, start, end, mm_cursor, v025_forms)
     keys: list[Any] = []
     if src.lora is not None:
@@ -159,7 +178,8 @@ def block_extra_keys(
         keys.append(("cache_salt", src.cache_salt) if tagged else src.cache_salt)
     if src.prompt_embeds is not None:
         rows = b"".join(src.prompt_embeds[start:end])
-        digest = hashlib.sha256(rows).digest() if v025_forms else rows
+        digested = v025_forms if embeds_digest is None else embeds_digest
+        digest = hashlib.sha256(rows).digest() if digested else rows
         keys.append(("prompt_embeds", digest) if tagged else digest)
     return (tuple(keys) if keys else None), cursor
 
@@ -174,6 +194,7 @@ def extend_block_hashes(
     tagged: bool = False,
     resume_from_first: bool = False,
     v025_forms: bool = True,
+    embeds_digest: bool | None = None,
 ) -> tuple[BlockHash, ...]:
     """Return ``existing`` extended with the hashes of every new full block.
 
@@ -181,8 +202,8 @@ def extend_block_hashes(
     appended output token: the mm cursor starts at 0 when hashing starts at
     token 0, and at the last feature otherwise, unless ``resume_from_first``
     (vLLM 0.31.0 on, profile switch ``mm_resume_from_first_feature``), which
-    always starts at the first feature. ``tagged``, ``v025_forms``: see
-    :func:`block_extra_keys`.
+    always starts at the first feature. ``tagged``, ``v025_forms``,
+    ``embeds_digest``: see :func:`block_extra_keys`.
 
     pre: hash_block_size > 0
     post: len(__return__) == len(token_ids) // hash_block_size
@@ -192,7 +213,7 @@ def extend_block_hashes(
     cursor = 0 if start == 0 or resume_from_first else -1
     while start + hash_block_size <= len(token_ids):
         end = start + hash_block_size
-        extra, cursor = block_extra_keys(src, start, end, cursor, tagged, v025_forms)
+        extra, cursor = block_extra_keys(src, start, end, cursor, tagged, v025_forms, embeds_digest)
         parent = hashes[-1] if hashes else seed_hash
         hashes.append(hash_block_tokens(fn, parent, token_ids[start:end], extra))
         start = end
@@ -212,7 +233,10 @@ def coarse_block_hashes(
 
     pre: hash_block_size > 0 and block_size > 0 and block_size % hash_block_size == 0
     post: len(__return__) == len(fine) // (block_size // hash_block_size)
-    """
+    post: all(h.endswith(fine[(j + 1) * (block_size // hash_block_size) - 1]) for j, h in enumerate(__return__))
+    post: not last_fine or all(h == fine[(j + 1) * (block_size // hash_block_size) - 1] for j, h in enumerate(__return__))
+    post: last_fine or all(h == b"".join(fine[j * (block_size // hash_block_size) : (j + 1) * (block_size // hash_block_size)]) for j, h in enumerate(__return__))
+    """  # noqa: E501 - a PEP 316 condition is one line
     k = block_size // hash_block_size
     if last_fine:
         return tuple(fine[(j + 1) * k - 1] for j in range(len(fine) // k))
@@ -224,6 +248,7 @@ def make_key(block_hash: BlockHash, group_id: int) -> BlockHashWithGroupId:
 
     pre: 0 <= group_id < 2 ** 32
     post: len(__return__) == len(block_hash) + 4
+    post: split_key(__return__) == (block_hash, group_id)
     """
     return BlockHashWithGroupId(block_hash + group_id.to_bytes(4, "big", signed=False))
 
@@ -232,6 +257,8 @@ def split_key(key: BlockHashWithGroupId) -> tuple[BlockHash, int]:
     """Inverse of :func:`make_key`.
 
     pre: len(key) >= 4
+    post: make_key(*__return__) == key
+    post: 0 <= __return__[1] < 2 ** 32
     """
     return BlockHash(key[:-4]), int.from_bytes(key[-4:], "big", signed=False)
 
@@ -243,6 +270,8 @@ def external_block_hash(block_hash: BlockHash, as_int: bool) -> bytes | int:
     bits of the digest read as a big-endian integer; otherwise the raw bytes.
 
     post: as_int or __return__ == block_hash
+    post: not as_int or __return__ == int.from_bytes(block_hash[-8:], "big")
+    post: not as_int or 0 <= __return__ < 2 ** 64
     """
     if not as_int:
         return block_hash

@@ -18,7 +18,11 @@ class InvariantViolation(AssertionError):
 
 
 def require(holds: bool, message: str) -> None:
-    """Raise InvariantViolation(message) unless ``holds``."""
+    """Raise InvariantViolation(message) unless ``holds``.
+
+    raises: InvariantViolation
+    post: holds
+    """
     if not holds:
         raise InvariantViolation(message)
 
@@ -28,7 +32,11 @@ def inv_tables_append_only(before: KVView, after: KVView) -> bool:
     entry only changes by becoming null (never back): block tables are
     append-only, and a position that was nulled (outside the attention
     window) stays null. A request that appears or disappears is
-    unconstrained."""
+    unconstrained.
+
+    post: __return__ or before != after
+    post: __return__ or any(t[0] in dict(before.tables) for t in after.tables)
+    """
     old = dict(before.tables)
     for rid, groups in after.tables:
         for prev, cur in zip(old.get(rid, ()), groups, strict=False):
@@ -48,15 +56,27 @@ def inv_hash_lifetime(before: KVView, after: KVView, operation: str) -> bool:
     for a pending copy; they may have been freed by the same call, which
     first releases blocks outside the attention window) and those it moved
     to another block (a Mamba tail entry moved to its owner's private copy);
-    every other operation drops none."""
+    ``cache_blocks`` only the entries of a block it keys anew (a block's
+    partial-tail entry gives way to its full key once it fills: vLLM 0.29.0
+    does so when an asynchronous scheduler caches after a step's output);
+    every other operation drops none.
+
+    post: __return__ or before.cached != after.cached
+    post: __return__ or operation not in ("evict_blocks", "reset_prefix_cache")
+    """
     now = {(k, b) for k, ids in after.cached for b in ids}
     was = {(k, b) for k, ids in before.cached for b in ids}
     lost = was - now
     if operation in ("evict_blocks", "reset_prefix_cache"):
         return True
-    if operation == "allocate_slots":
-        held = {b for _, groups in after.tables for g in groups for b in g}
-        taken = set(before.free_queue) - set(after.free_queue)
+    if operation in ("allocate_slots", "allocate_slots_batch"):  # a batch: several allocations in a row
+        free = set(after.free_queue)
+        taken = set(before.free_queue) - free
         moved = {k for k, _ in now - was}
-        return all(b in held or b in taken or k in moved for k, b in lost)
+        # in no free queue afterwards: in a table, or retained for a pending copy (a block the
+        # call first released outside the window may be the copy's destination)
+        return all(b not in free or b in taken or k in moved for k, b in lost)
+    if operation == "cache_blocks":
+        rekeyed = {b for _, b in now - was}
+        return all(b in rekeyed for _, b in lost)
     return not lost

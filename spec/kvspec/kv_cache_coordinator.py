@@ -38,6 +38,7 @@ from kvspec.partial_hits import (
 from kvspec.request import Request
 from kvspec.single_type_kv_cache_manager import (
     MambaManager,
+    caches_eagle_peek,
     eagle_window_hit_before_drop,
     find_longest_cache_hit,
     make_manager,
@@ -296,8 +297,10 @@ class HybridCoordinator(KVCacheCoordinator):
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Cache only up to a scheduler-block boundary (hits always end on one;
         with fine-grained hits every token counts); EAGLE groups one block
-        further, the block their look-ahead needs. vLLM 0.16.0 (profile switch
-        ``hybrid_cache_reachable_only`` off) caches every full block."""
+        further, the block their look-ahead needs (from vLLM 0.23.0:
+        :func:`kvspec.single_type_kv_cache_manager.caches_eagle_peek`). Before
+        0.22.0 (profile switch ``hybrid_cache_reachable_only`` off) every full
+        block is cached."""
         if not self.config.profile.hybrid_cache_reachable_only:
             super().cache_blocks(request, num_tokens)
             return
@@ -305,7 +308,7 @@ class HybridCoordinator(KVCacheCoordinator):
         aligned = num_tokens if self.partial_hash_hits else num_tokens // sched * sched
         for m in self.managers:
             n = aligned
-            if m.use_eagle and aligned > 0:
+            if caches_eagle_peek(m) and aligned > 0:
                 n = min(num_tokens, aligned + m.block_size)
             m.cache_blocks(request, n)
 
@@ -314,7 +317,30 @@ def hybrid_hit_search(
     coord: HybridCoordinator, block_hashes: Sequence[BlockHash], max_len: int
 ) -> tuple[int, list[list[BlockId]]]:
     """The fixed-point loop of :meth:`HybridCoordinator.find_longest_cache_hit`;
-    returns the hit length and untrimmed hit lists per group."""
+    returns the hit length and untrimmed hit lists per group.
+
+    The hit is at most ``max_len``, a multiple of the hit alignment, and
+    every group's list covers it (a full-attention list may be longer: the
+    caller trims it; a ring group's list is empty). Every spec group holds
+    the hit (:func:`_accepts` without EAGLE: the blocks its attention reads
+    are cached), and no longer aligned length up to ``max_len`` is accepted
+    by every spec group as its own lookup decides (EAGLE look-ahead
+    included).
+
+    NOTE: the hit need not be one every EAGLE group accepts with its
+    look-ahead. A group's verified drop is forgotten only when a lookup
+    without a drop shortens the hit (vLLM 0.25.1's
+    ``HybridKVCacheCoordinator`` alike), so when another EAGLE group's own
+    first lookup, with its drop, shortens it, a window group verified at the
+    longer length keeps that verification although its look-ahead block at
+    the final length may not be cached.
+
+    pre: max_len >= 0
+    post: 0 <= __return__[0] <= max_len and __return__[0] % coord.hit_alignment == 0
+    post: all(len(h) >= -(-__return__[0] // m.block_size) if isinstance(m.kind, FULL_TYPE_KINDS) else len(h) == (-(-__return__[0] // m.block_size) if prefix_cacheable(m.kind) else 0) for h, m in zip(__return__[1], coord.managers, strict=True))
+    post: all(_accepts(coord, sg, block_hashes, __return__[0], max_len, eagle=False) for sg in coord.spec_groups)
+    post: not any(all(_accepts(coord, sg, block_hashes, n, max_len) for sg in coord.spec_groups) for n in range(__return__[0] + coord.hit_alignment, max_len + 1, coord.hit_alignment))
+    """  # noqa: E501 - a PEP 316 condition is one line
     hit, hits, _ = hybrid_hit_search_longest(coord, block_hashes, max_len)
     return hit, hits
 
@@ -323,7 +349,12 @@ def hybrid_hit_search_longest(
     coord: HybridCoordinator, block_hashes: Sequence[BlockHash], max_len: int
 ) -> tuple[int, list[list[BlockId]], int]:
     """:func:`hybrid_hit_search`, also returning the longest length any one
-    spec-group lookup reached (vLLM's ``longest_hit_length``), at least the hit."""
+    spec-group lookup reached (vLLM's ``longest_hit_length``), at least the hit.
+
+    pre: max_len >= 0
+    post: __return__[:2] == hybrid_hit_search(coord, block_hashes, max_len)
+    post: __return__[0] <= __return__[2]
+    """
     longest = 0
     hits: list[list[BlockId]] = [[] for _ in coord.managers]
     lengths: dict[int, int] = {}
@@ -373,7 +404,18 @@ def hybrid_hit_search_v016(
     pass changes nothing (often at 0); a "simple" hybrid, two spec groups with
     full attention first, stops after one pass. A sliding-window EAGLE hit in
     a group whose block is not the scheduler block raises (:func:`v016_spec_group_hit`).
-    """
+
+    Without EAGLE (and without fine-grained hits, which 0.16.0 does not
+    have) it finds what the later releases' search finds; with EAGLE never
+    more (every lookup drops a block).
+
+    pre: max_len >= 0
+    raises: EagleAlignmentLookupError
+    post: 0 <= __return__[0] <= max_len and __return__[0] % coord.scheduler_block_size == 0
+    post: all(len(h) >= -(-__return__[0] // m.block_size) if isinstance(m.kind, FULL_TYPE_KINDS) else len(h) == (-(-__return__[0] // m.block_size) if prefix_cacheable(m.kind) else 0) for h, m in zip(__return__[1], coord.managers, strict=True))
+    post: coord.partial_hash_hits or any(sg.use_eagle for sg in coord.spec_groups) or __return__ == hybrid_hit_search(coord, block_hashes, max_len)
+    post: __return__[0] <= hybrid_hit_search(coord, block_hashes, max_len)[0]
+    """  # noqa: E501 - a PEP 316 condition is one line
     hits: list[list[BlockId]] = [[] for _ in coord.managers]
     searched: set[int] = set()
     simple = len(coord.spec_groups) == 2 and isinstance(coord.spec_groups[0].kind, FULL_TYPE_KINDS)
@@ -398,15 +440,27 @@ def v016_spec_group_hit(
     coord: HybridCoordinator, sg: SpecGroup, block_hashes: Sequence[BlockHash], limit: int
 ) -> list[list[BlockId]]:
     """One spec group's hit of at most ``limit`` tokens in vLLM 0.16.0's
-    search: aligned to the scheduler block, its EAGLE block dropped.
+    search: aligned to the scheduler block, its EAGLE block dropped. A
+    sliding-window EAGLE group whose block is not the scheduler block fails
+    an assertion when it finds a hit, up to vLLM 0.19.0; 0.19.1 drops and
+    aligns again instead (profile switch ``v016_swa_eagle_realign``), where
+    kvspec keeps the longest aligned hit after the drop (the shorter hit
+    vLLM can return is the divergence ``swa-eagle-fallback``).
 
     Raises:
-        EagleAlignmentLookupError: A sliding-window EAGLE group whose block is
-            not the scheduler block finds a hit (0.16.0 asserts there).
-    """
+        EagleAlignmentLookupError: Where 0.16.0 to 0.19.0 assert.
+
+    pre: len(sg.group_ids) >= 1
+    raises: EagleAlignmentLookupError
+    post: len(__return__) == len(sg.group_ids) and len({len(h) for h in __return__}) == 1
+    post: len(__return__[0]) * sg.kind.block_size <= max(limit, 0)
+    post: len(__return__[0]) * sg.kind.block_size % coord.scheduler_block_size == 0
+    post: not (isinstance(sg.kind, SlidingWindow) and sg.use_eagle and sg.kind.block_size != coord.scheduler_block_size) or coord.config.profile.v016_swa_eagle_realign or not __return__[0]
+    """  # noqa: E501 - a PEP 316 condition is one line
     kind, align = sg.kind, coord.scheduler_block_size
     hashes = coord._hashes_for(kind, block_hashes)
-    if isinstance(kind, SlidingWindow) and sg.use_eagle and kind.block_size != align:
+    realign = coord.config.profile.v016_swa_eagle_realign
+    if isinstance(kind, SlidingWindow) and sg.use_eagle and kind.block_size != align and not realign:
         if eagle_window_hit_before_drop(kind, hashes, limit, sg.group_ids, coord.pool, align):
             raise EagleAlignmentLookupError(
                 f"get_computed_blocks: sliding-window group {sg.group_ids[0]} (block size {kind.block_size}) "
@@ -422,7 +476,14 @@ def spec_group_hit(
 ) -> tuple[list[list[BlockId]], int]:
     """One spec group's hit of at most ``limit`` tokens: its lists per group
     and its length, found at hash granularity where the group does
-    fine-grained lookups (:mod:`kvspec.partial_hits`)."""
+    fine-grained lookups (:mod:`kvspec.partial_hits`).
+
+    pre: len(sg.group_ids) >= 1
+    post: len(__return__[0]) == len(sg.group_ids) and all(len(h) == -(-__return__[1] // sg.kind.block_size) for h in __return__[0])
+    post: 0 <= __return__[1] <= max(limit, 0)
+    post: __return__[1] % coord.hit_alignment == 0 or isinstance(sg.kind, ChunkedLocal)
+    post: fine_grained(sg.kind, coord.hit_alignment) or __return__[1] % sg.kind.block_size == 0
+    """  # noqa: E501 - a PEP 316 condition is one line
     kind, align = sg.kind, coord.hit_alignment
     if fine_grained(kind, align):
         if isinstance(kind, Mamba):
@@ -441,16 +502,45 @@ def eagle_search_limit(cur: int, margin: int, max_len: int, hashed: int, hashed_
     ``eagle_margin_hashed_cap``), which lets the hit reach a block that ends
     exactly at the request's last token.
 
-    pre: cur >= 0 and margin >= 1
+    pre: cur >= 0 and margin >= 1 and max_len >= 0 and hashed >= 0
     post: __return__ >= 0
+    post: __return__ == min(cur + margin, hashed if hashed_cap else max_len)
+    post: __return__ >= eagle_search_limit(cur, margin, max_len, hashed, False) or hashed < max_len
     """
     return min(cur + margin, hashed if hashed_cap else max_len)
 
 
 def make_coordinator(config: KVCacheConfig) -> KVCacheCoordinator:
-    """The coordinator vLLM would pick for ``config``."""
+    """The coordinator vLLM would pick for ``config``.
+
+    post: isinstance(__return__, NoPrefixCacheCoordinator) == (not config.enable_caching)
+    post: isinstance(__return__, UnitaryCoordinator) == (config.enable_caching and len(config.groups) == 1)
+    post: isinstance(__return__, HybridCoordinator) == (config.enable_caching and len(config.groups) > 1)
+    post: len(__return__.managers) == len(config.groups) and __return__.config is config
+    """
     if not config.enable_caching:
         return NoPrefixCacheCoordinator(config, False)
     if len(config.groups) == 1:
         return UnitaryCoordinator(config, True)
     return HybridCoordinator(config, True)
+
+
+def _accepts(
+    coord: HybridCoordinator, sg: SpecGroup, block_hashes: Sequence[BlockHash], n: int, max_len: int, eagle: bool = True
+) -> bool:
+    """Whether spec group ``sg`` accepts a hit of ``n`` tokens as its own
+    lookup decides (a predicate of the contracts above). With ``eagle``, an
+    EAGLE group other than Mamba looks one margin further and drops it; a
+    full-attention kind is looked up once from ``max_len`` and accepts when
+    its hit reaches ``n`` (its hits are downward closed: a shorter hit may
+    end inside a block it found whole); any other kind accepts when its hit
+    within ``n`` is ``n``."""
+    drop = eagle and sg.use_eagle and not isinstance(sg.kind, Mamba)
+    full = isinstance(sg.kind, FULL_TYPE_KINDS)
+    limit = max_len if full else n
+    if drop:
+        margin = eagle_margin(sg.kind, coord.hash_block_size, coord.partial_hash_hits)
+        hashed = len(block_hashes) * coord.hash_block_size
+        limit = eagle_search_limit(limit, margin, max_len, hashed, coord.config.profile.eagle_margin_hashed_cap)
+    found = spec_group_hit(coord, sg, block_hashes, limit, drop)[1]
+    return found >= n if full else found == n

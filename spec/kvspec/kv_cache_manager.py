@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
-from kvspec.block_pool import NULL_BLOCK, BlockId, annotated_events
+from kvspec.block_pool import NULL_BLOCK, BlockId, annotated_events, event_fields
 from kvspec.config import (
     FULL_TYPE_KINDS,
     RING_KINDS,
@@ -91,12 +91,16 @@ class KVCacheManager:
         """Fraction of non-null blocks in use (cached free blocks count as free)."""
         return self.block_pool.get_usage()
 
-    def get_computed_blocks(self, request: Request) -> tuple[BlockIds, int]:
+    def get_computed_blocks(self, request: Request, max_cache_hit_length: int | None = None) -> tuple[BlockIds, int]:
         """The longest prefix-cache hit, at most ``num_tokens - 1`` tokens (the
-        last token is always recomputed for its logits). Changes nothing: the
-        hit blocks are only pinned by ``allocate_slots``.
+        last token is always recomputed for its logits; :func:`lookup_length`
+        says how the request's own limit and ``max_cache_hit_length``, vLLM
+        0.33.0 on, change that). Changes nothing: the hit blocks are only
+        pinned by ``allocate_slots``.
 
         Raises:
+            UnsupportedOperationError: ``max_cache_hit_length`` before vLLM 0.33.0.
+            InvalidTokenCountError: ``max_cache_hit_length`` is not None or an int >= 0.
             ContextParallelLookupError: A sliding-window, chunked-local or Mamba
                 group under context parallelism (:func:`kvspec.config.cp_lookup_refusal`).
             EagleAlignmentLookupError: vLLM 0.16.0's assertion on a sliding-window
@@ -104,23 +108,52 @@ class KVCacheManager:
                 (:func:`kvspec.kv_cache_coordinator.v016_spec_group_hit`).
         """
         check_request(request)
-        if self.enable_caching and not request.skip_reading_prefix_cache:
-            refusal = cp_lookup_refusal(self.config.groups[0], self.config) if len(self.kinds) == 1 else None
-            if refusal is not None:
-                raise ContextParallelLookupError(f"get_computed_blocks: {refusal}")
-        if not self.enable_caching or request.skip_reading_prefix_cache:
-            self.shared_prefix_boundary.pop(request.request_id, None)
-            return self._ids(tuple([] for _ in self.config.groups)), 0
-        blocks, n = self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
+        check_hit_length_bound(self.config.profile, max_cache_hit_length)
+        reads = self.enable_caching and reads_prefix_cache(self.config.profile, request)
+        if reads:
+            self._check_cp_lookup()
         self.shared_prefix_boundary.pop(request.request_id, None)
+        if not reads:
+            return self._ids(tuple([] for _ in self.config.groups)), 0
+        max_len = lookup_length(self.config.profile, request, max_cache_hit_length)
+        blocks, n = self.coordinator.find_longest_cache_hit(request.block_hashes, max_len)
         uncached = self.coordinator.num_uncached_common_prefix_tokens
         if uncached:
             self.shared_prefix_boundary[request.request_id] = n + uncached
-        covered = hit_covers_length(self.config, blocks, n, request.num_tokens - 1, self.coordinator.hit_alignment)
+        covered = hit_covers_length(self.config, blocks, n, max_len, self.coordinator.hit_alignment)
         require(covered, f"malformed hit {blocks}, {n}")
         if self.prefix_cache_stats is not None and self.config.profile.stats_at_lookup:
             self.prefix_cache_stats.record(request.num_tokens, n, request.num_preemptions > 0)
         return self._ids(blocks), n
+
+    def get_num_cached_tokens(self, request: Request) -> int:
+        """How many leading tokens of ``request`` a lookup would hit now
+        (vLLM 0.34.0 on; the scheduler asks before it admits): the hit length
+        of :meth:`get_computed_blocks` at ``num_tokens - 1``, without the
+        request's prompt-logprob limit (only a limit of 0, no reads, makes it
+        0). Changes nothing: no statistics, no prefix hint.
+
+        Raises:
+            UnsupportedOperationError: Before vLLM 0.34.0 (switch ``num_cached_tokens_op``).
+            InvalidRequestError: ``request`` is not a Request.
+            ContextParallelLookupError: As :meth:`get_computed_blocks`.
+        """
+        require_operation(self.config.profile, "get_num_cached_tokens")
+        check_request(request)
+        if not self.enable_caching or not reads_prefix_cache(self.config.profile, request):
+            return 0
+        self._check_cp_lookup()
+        kept = self.coordinator.num_uncached_common_prefix_tokens
+        _, n = self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
+        self.coordinator.num_uncached_common_prefix_tokens = kept
+        return n
+
+    def _check_cp_lookup(self) -> None:
+        """Raise ContextParallelLookupError where a one-group lookup refuses
+        context parallelism (:func:`kvspec.config.cp_lookup_refusal`)."""
+        refusal = cp_lookup_refusal(self.config.groups[0], self.config) if len(self.kinds) == 1 else None
+        if refusal is not None:
+            raise ContextParallelLookupError(f"get_computed_blocks: {refusal}")
 
     def get_prefix_hint(self, request: Request) -> int:
         """The prefix hint vLLM's scheduler reads right after ``request``'s
@@ -161,7 +194,11 @@ class KVCacheManager:
         check_request(request)
         if not is_int(num_hits) or num_hits < 0:
             raise InvalidTokenCountError(f"record_prefix_cache_stats: num_hits {num_hits!r} is not an int >= 0")
-        if self.prefix_cache_stats is None or not self.enable_caching or request.skip_reading_prefix_cache:
+        if (
+            self.prefix_cache_stats is None
+            or not self.enable_caching
+            or not reads_prefix_cache(self.config.profile, request)
+        ):
             return
         self.prefix_cache_stats.record(request.num_tokens, num_hits, request.num_preemptions > 0)
 
@@ -188,7 +225,9 @@ class KVCacheManager:
         ``has_scheduled_reqs``; the main check also leaves ``reserved_blocks``.
         With ``full_sequence_must_fit`` the whole request (SWA and chunked
         local capped per request) must fit first. Blocks outside the attention
-        window are freed *before* the capacity check, even when it fails.
+        window are freed *before* the capacity check, even when it fails (from
+        vLLM 0.26.0 on the window of ``C+H+E`` less the request's in-flight
+        tokens: :func:`skip_basis`).
 
         Returns:
             The blocks newly taken from the free queue per group (not the hit
@@ -207,6 +246,7 @@ class KVCacheManager:
             request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, num_lookahead_tokens,
             num_external_computed_tokens, num_encoder_tokens, reserved_blocks,
         )  # fmt: skip
+        cache_now = self.enable_caching and not delay_cache_blocks  # read before anything changes
         local = request.num_computed_tokens + num_new_computed_tokens
         total = min(local + num_external_computed_tokens, self.config.max_model_len)
         wm = self.watermark_blocks if has_scheduled_reqs and request.status in _WATERMARKED else 0
@@ -220,7 +260,7 @@ class KVCacheManager:
                 return None
         main = total + num_new_tokens
         slots = min(main + num_lookahead_tokens, self.config.max_model_len)
-        coord.remove_skipped_blocks(rid, total)
+        coord.remove_skipped_blocks(rid, skip_basis(self.config.profile, total, request.num_in_flight_tokens))
         need = coord.get_num_blocks_to_allocate(
             rid, slots, hits, num_encoder_tokens, local + num_external_computed_tokens, main,
             num_external=num_external_computed_tokens, num_local=local,
@@ -232,7 +272,7 @@ class KVCacheManager:
         new = coord.allocate_new_blocks(rid, slots, main, num_encoder_tokens)
         self.requests[rid] = request
         require(tables_cover_slots(self, rid, slots), f"request {rid}: tables shorter than {slots} slots")
-        if self.enable_caching and not delay_cache_blocks:
+        if cache_now:
             coord.cache_blocks(request, min(total + num_new_tokens, request.num_tokens))
         return self._ids(new)
 
@@ -301,11 +341,15 @@ class KVCacheManager:
     def get_num_common_prefix_blocks(self, request_id: str) -> tuple[int, ...]:
         """Per group, the leading blocks of the request's table that every
         request with a table in that group holds (0 for non-full kinds); from
-        vLLM 0.32.0 on always zeros (profile switch ``common_prefix``).
+        vLLM 0.32.0 on always zeros, and gone in 0.34.0 (profile switch
+        ``common_prefix``).
 
         Raises:
+            UnsupportedOperationError: From vLLM 0.34.0 on.
             UnknownRequestError: If the request holds no block.
         """
+        if self.config.profile.common_prefix == "absent":
+            raise UnsupportedOperationError(f"get_num_common_prefix_blocks: not in {self.config.profile.name}")
         check_request_id("get_num_common_prefix_blocks", request_id)
         if not any(self.coordinator.get_blocks(request_id)):
             raise UnknownRequestError(f"get_num_common_prefix_blocks: request {request_id!r} holds no blocks")
@@ -320,7 +364,7 @@ class KVCacheManager:
         return events
 
     def _annotate(self, ev: KVCacheEvent) -> KVCacheEvent:
-        if not isinstance(ev, BlockStored) or ev.group_idx is None:
+        if not isinstance(ev, BlockStored) or ev.group_idx is None or not event_fields(self.config.profile)[2]:
             return ev
         kind = self.config.groups[ev.group_idx]
         return replace(ev, kv_cache_spec_kind=kind_name(kind), kv_cache_spec_sliding_window=event_sliding_window(kind))
@@ -405,6 +449,39 @@ class KVCacheManager:
         require_operation(self.config.profile, "take_new_block_ids")
         return [b for m in self.coordinator.managers for b in m.take_new_block_ids()]
 
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        """List the request's blocks from ``start_token`` on for zeroing again,
+        in every group that lists fresh blocks
+        (:func:`kvspec.single_type_kv_cache_manager.records_new_block_ids`),
+        in group order and table order (null entries included, as vLLM lists
+        them); the next :meth:`take_new_block_ids` returns them. vLLM's
+        scheduler calls it when a connector load failed part-way: the blocks
+        past the valid prefix were never written, and their zeroing was
+        skipped while the load was expected to fill them (vLLM 0.26.0 on:
+        switch ``record_zeroing_op``). An unknown request has empty tables.
+
+        Raises:
+            UnsupportedOperationError: Before vLLM 0.26.0.
+            InvalidRequestError: ``request_id`` is not a str.
+            InvalidTokenCountError: ``start_token`` is not an int >= 0, or not
+                a multiple of the block size of a group that lists fresh
+                blocks (zeroing part of a block would wipe its valid tokens);
+                nothing is listed then.
+        """
+        require_operation(self.config.profile, "record_blocks_for_zeroing")
+        check_request_id("record_blocks_for_zeroing", request_id)
+        if not is_int(start_token) or start_token < 0:
+            raise InvalidTokenCountError(f"record_blocks_for_zeroing: start_token {start_token!r} is not an int >= 0")
+        listing = [m for m in self.coordinator.managers if m.records_new_ids]
+        for m in listing:
+            if start_token % m.block_size:
+                raise InvalidTokenCountError(
+                    f"record_blocks_for_zeroing: start_token {start_token} is not a multiple of group "
+                    f"{m.group_id}'s block size {m.block_size}"
+                )
+        for m in listing:
+            m.record_for_zeroing(request_id, start_token // m.block_size)
+
     def take_kv_cache_block_copies(self) -> tuple[list[tuple[BlockId, BlockId]], list[BlockId]]:
         """Drain the copy-on-write copies of fine-grained hits (vLLM 0.26.0 on;
         :mod:`kvspec.partial_hits`): ``(source, copy)`` pairs in group order,
@@ -478,6 +555,7 @@ class KVCacheManager:
             "num_new_tokens": n_new, "num_new_computed_tokens": n_hit, "num_lookahead_tokens": n_lookahead,
             "num_external_computed_tokens": n_external, "num_encoder_tokens": n_encoder,
             "reserved_blocks": reserved, "request.num_computed_tokens": request.num_computed_tokens,
+            "request.num_in_flight_tokens": request.num_in_flight_tokens,
         }  # fmt: skip
         for name, value in counts.items():
             if not is_int(value) or value < 0:
@@ -552,7 +630,10 @@ _WATERMARKED = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 
 def is_int(value: object) -> bool:
-    """Whether ``value`` is an int and not a bool (``True`` is not a count)."""
+    """Whether ``value`` is an int and not a bool (``True`` is not a count).
+
+    post: __return__ == (isinstance(value, int) and not isinstance(value, bool))
+    """
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -563,18 +644,98 @@ def prefix_hint(lookup_returns_boundary: bool, num_uncached_common_prefix_tokens
 
     pre: num_uncached_common_prefix_tokens >= 0 and boundary >= 0
     post: __return__ >= 0
+    post: __return__ == (boundary if lookup_returns_boundary else num_uncached_common_prefix_tokens)
     """
     return boundary if lookup_returns_boundary else num_uncached_common_prefix_tokens
 
 
+def skip_basis(profile: SemanticsProfile, total_computed_tokens: int, num_in_flight_tokens: int) -> int:
+    """The computed-token count ``allocate_slots`` frees skipped blocks on
+    (profile switch ``skip_on_processed_tokens``): from vLLM 0.26.0 the
+    processed tokens, the computed ones less those still in flight (a step
+    in flight still reads its window below the optimistic count, and draft
+    tokens it rejects move the count back: vLLM#47728); before, the computed
+    tokens.
+
+    pre: total_computed_tokens >= 0 and num_in_flight_tokens >= 0
+    post: 0 <= __return__ <= total_computed_tokens
+    post: profile.skip_on_processed_tokens or __return__ == total_computed_tokens
+    post: __return__ >= total_computed_tokens - num_in_flight_tokens
+    """
+    if not profile.skip_on_processed_tokens:
+        return total_computed_tokens
+    return max(0, total_computed_tokens - num_in_flight_tokens)
+def reads_prefix_cache(profile: SemanticsProfile, request: Request) -> bool:
+    """Whether ``request`` may read the prefix cache (caching on aside): from
+    vLLM 0.34.0 on its ``prefix_cache_hit_limit`` is not 0, a value fixed
+    when the request was made (switch ``hit_limit_at_construction``); before,
+    its ``skip_reading_prefix_cache`` as it is now.
+
+    post: profile.hit_limit_at_construction or __return__ == (not request.skip_reading_prefix_cache)
+    post: not profile.hit_limit_at_construction or __return__ == (request.prefix_cache_hit_limit != 0)
+    """
+    if profile.hit_limit_at_construction:
+        return request.prefix_cache_hit_limit != 0
+    return not request.skip_reading_prefix_cache
+
+
+def lookup_length(profile: SemanticsProfile, request: Request, bound: int | None) -> int:
+    """The longest hit a lookup of ``request`` may return: ``num_tokens - 1``
+    (the last token is recomputed for its logits), lowered by the request's
+    ``prefix_cache_hit_limit`` where the release reads it; an explicit
+    ``bound`` (``max_cache_hit_length``) replaces that as given in vLLM 0.33.0
+    (even above it) and can only lower it from 0.34.0 on (switch
+    ``hit_length_bound``).
+
+    pre: request.num_tokens >= 1
+    pre: bound is None or bound >= 0
+    post: __return__ >= 0
+    post: bound is not None or __return__ <= request.num_tokens - 1
+    post: bound is not None or profile.hit_limit_at_construction or __return__ == request.num_tokens - 1
+    post: bound is None or profile.hit_length_bound != "capped" or __return__ == min(lookup_length(profile, request, None), bound)
+    post: bound is None or profile.hit_length_bound == "capped" or __return__ == bound
+    """  # noqa: E501 - a PEP 316 condition is one line
+    length = request.num_tokens - 1
+    limit = request.prefix_cache_hit_limit
+    if profile.hit_limit_at_construction and limit is not None:
+        length = min(length, limit)
+    if bound is None:
+        return length
+    return min(length, bound) if profile.hit_length_bound == "capped" else bound
+
+
+def check_hit_length_bound(profile: SemanticsProfile, bound: object) -> None:
+    """Raise UnsupportedOperationError for a bound before vLLM 0.33.0 (switch
+    ``hit_length_bound``), InvalidTokenCountError for one that is not an int >= 0.
+
+    raises: UnsupportedOperationError, InvalidTokenCountError
+    post: bound is None or profile.hit_length_bound != "absent"
+    post: bound is None or (isinstance(bound, int) and not isinstance(bound, bool) and bound >= 0)
+    """
+    if bound is None:
+        return
+    if profile.hit_length_bound == "absent":
+        raise UnsupportedOperationError(f"get_computed_blocks(max_cache_hit_length=...): not in {profile.name}")
+    if not isinstance(bound, int) or isinstance(bound, bool) or bound < 0:
+        raise InvalidTokenCountError(f"get_computed_blocks: max_cache_hit_length {bound!r} is not an int >= 0")
+
+
 def check_request(request: object) -> None:
-    """Raise InvalidRequestError unless ``request`` is a :class:`Request` with a str id."""
+    """Raise InvalidRequestError unless ``request`` is a :class:`Request` with a str id.
+
+    raises: InvalidRequestError
+    post: isinstance(request, Request) and isinstance(request.request_id, str)
+    """
     if not isinstance(request, Request) or not isinstance(request.request_id, str):
         raise InvalidRequestError(f"expected a kvspec Request with a str request_id, got {request!r}")
 
 
 def check_request_id(op: str, request_id: object) -> None:
-    """Raise InvalidRequestError unless ``request_id`` is a str."""
+    """Raise InvalidRequestError unless ``request_id`` is a str.
+
+    raises: InvalidRequestError
+    post: isinstance(request_id, str)
+    """
     if not isinstance(request_id, str):
         raise InvalidRequestError(f"{op}: request_id must be a str, got {request_id!r}")
 
@@ -586,6 +747,8 @@ OPERATION_SWITCHES = {
     "get_block_ids_for_computed_tokens": "computed_block_ids_op",
     "estimate_cached_tokens": "estimate_cached_tokens_op",
     "get_prefix_hint": "prefix_hint_op",
+    "get_num_cached_tokens": "num_cached_tokens_op",
+    "record_blocks_for_zeroing": "record_zeroing_op",
 }
 """Facade operations that exist only with a profile switch on."""
 
@@ -598,7 +761,14 @@ def require_operation(profile: SemanticsProfile, op: str) -> None:
     ``new_step_starts`` needs ``mamba_step_guard``, ``get_block_ids_for_computed_tokens``
     needs ``computed_block_ids_op`` (all from vLLM 0.25.1), ``estimate_cached_tokens``
     needs ``estimate_cached_tokens_op`` (from 0.26.0), ``get_prefix_hint``
-    needs ``prefix_hint_op`` (0.25.1 on)."""
+    needs ``prefix_hint_op`` (0.25.1 on), ``get_num_cached_tokens`` needs
+    ``num_cached_tokens_op`` (0.34.0 on), ``record_blocks_for_zeroing`` needs
+    ``record_zeroing_op`` (0.26.0 on).
+
+    pre: op in OPERATION_SWITCHES
+    raises: UnsupportedOperationError
+    post: getattr(profile, OPERATION_SWITCHES[op])
+    """
     if not getattr(profile, OPERATION_SWITCHES[op]):
         raise UnsupportedOperationError(f"{op}: not in {profile.name}")
 
@@ -612,8 +782,12 @@ def estimate_from_tables(
     with ``skip_uncacheable`` neither do the ring kinds. 0 when no group counts.
 
     pre: len(counts) == len(kinds)
+    pre: all(all(n >= 0 for n in c) for c in counts)
     post: __return__ >= 0
-    """
+    post: all(__return__ <= max(c, default=0) for c, k in zip(counts, kinds) if not isinstance(k, CrossAttention) and (prefix_cacheable(k) or not skip_uncacheable))
+    post: __return__ == 0 or __return__ in {max(c, default=0) for c in counts}
+    post: not skip_uncacheable or __return__ >= estimate_from_tables(counts, kinds, False) or all(not prefix_cacheable(k) or isinstance(k, CrossAttention) for k in kinds)
+    """  # noqa: E501 - a PEP 316 condition is one line
     found = [
         max(c, default=0)
         for c, kind in zip(counts, kinds, strict=True)
@@ -632,7 +806,10 @@ def clip_to_computed(tables: BlockIds, kinds: Sequence[AttentionKind], num_compu
 
     pre: len(tables) == len(kinds) and num_computed_tokens >= 0
     post: all(len(c) <= len(t) for c, t in zip(__return__, tables))
-    """
+    post: all(c == tuple(t[: len(c)]) for c, t in zip(__return__, tables))
+    post: all(len(c) == len(t) for c, t, k in zip(__return__, tables, kinds) if isinstance(k, Mamba | CrossAttention))
+    post: all(len(c) == min(len(t), -(-num_computed_tokens // k.block_size)) for c, t, k in zip(__return__, tables, kinds) if not isinstance(k, Mamba | CrossAttention))
+    """  # noqa: E501 - a PEP 316 condition is one line
     clipped: list[tuple[int, ...]] = []
     for table, kind in zip(tables, kinds, strict=True):
         whole = isinstance(kind, Mamba | CrossAttention)
@@ -642,12 +819,22 @@ def clip_to_computed(tables: BlockIds, kinds: Sequence[AttentionKind], num_compu
 
 def check_admission_args(profile: SemanticsProfile, must_fit: bool, reserved: int, has_scheduled: bool) -> None:
     """Raise UnsupportedOperationError for an admission argument of
-    ``allocate_slots`` the profile's release lacks (before vLLM 0.25.1:
-    profile switch ``admission_controls``)."""
-    if profile.admission_controls:
-        return
-    given = [f"{k}={v!r}" for k, v, d in (("full_sequence_must_fit", must_fit, False),
-             ("reserved_blocks", reserved, 0), ("has_scheduled_reqs", has_scheduled, True)) if v != d]  # fmt: skip
+    ``allocate_slots`` the profile's release lacks: ``full_sequence_must_fit``
+    before vLLM 0.21.0 (profile switch ``full_sequence_arg``),
+    ``reserved_blocks`` before 0.23.0 (``reserved_blocks_arg``),
+    ``has_scheduled_reqs`` before 0.24.0 (``admission_controls``).
+
+    raises: UnsupportedOperationError
+    post: profile.full_sequence_arg or not must_fit
+    post: profile.reserved_blocks_arg or reserved == 0
+    post: profile.admission_controls or has_scheduled
+    """
+    args = (
+        ("full_sequence_must_fit", must_fit, False, profile.full_sequence_arg),
+        ("reserved_blocks", reserved, 0, profile.reserved_blocks_arg),
+        ("has_scheduled_reqs", has_scheduled, True, profile.admission_controls),
+    )
+    given = [f"{k}={v!r}" for k, v, d, has in args if v != d and not has]
     if given:
         raise UnsupportedOperationError(f"allocate_slots: {profile.name} has no {', '.join(given)}")
 
@@ -655,7 +842,11 @@ def check_admission_args(profile: SemanticsProfile, must_fit: bool, reserved: in
 def allocation_without_tokens(profile: SemanticsProfile, n_new: int, n_hit: int, n_external: int) -> bool:
     """Whether an allocation's token counts are acceptable: some new or
     external tokens, or, from vLLM 0.31.0 on, hit tokens to adopt (profile
-    switch ``adopt_hit_without_new_tokens``)."""
+    switch ``adopt_hit_without_new_tokens``).
+
+    post: __return__ == (n_new > 0 or n_external > 0 or (profile.adopt_hit_without_new_tokens and n_hit > 0))
+    post: not __return__ or allocation_without_tokens(replace(profile, adopt_hit_without_new_tokens=True), n_new, n_hit, n_external)
+    """  # noqa: E501 - a PEP 316 condition is one line
     if n_new > 0 or n_external > 0:
         return True
     return profile.adopt_hit_without_new_tokens and n_hit > 0
@@ -704,8 +895,12 @@ def hit_keys(
     ``partial`` (the last block of a fine-grained hit) also the key of any
     hash boundary inside the block (:mod:`kvspec.partial_hits`).
 
-    pre: hash_block_size >= 1 and block_size % hash_block_size == 0 and i >= 0
-    """
+    pre: hash_block_size >= 1 and block_size >= 1 and block_size % hash_block_size == 0 and i >= 0
+    pre: 0 <= group_id < 2 ** 32
+    post: len(__return__) == ((i + 1) * (block_size // hash_block_size) <= len(fine)) + (partial and max(0, min((i + 1) * (block_size // hash_block_size) - 1, len(fine)) - i * (block_size // hash_block_size)))
+    post: all(split_key(k)[1] == group_id for k in __return__)
+    post: not last_fine or all(split_key(k)[0] in fine for k in __return__)
+    """  # noqa: E501 - a PEP 316 condition is one line
     k = block_size // hash_block_size
     keys = []
     if (i + 1) * k <= len(fine):
@@ -717,12 +912,19 @@ def hit_keys(
 
 
 def hit_covers_length(config: KVCacheConfig, blocks: GroupBlocks, n: int, max_len: int, alignment: int) -> bool:
-    """A hit never exceeds ``num_tokens - 1`` tokens, is a multiple of the hit
+    """A hit never exceeds the lookup length ``max_len`` (``num_tokens - 1``
+    unless the request's limit or a bound lowers it: :func:`lookup_length`), is a multiple of the hit
     alignment (the scheduler block size; the hash block size with
     fine-grained hits), and every group's list has the ``cdiv(n, bs)`` blocks
     that cover exactly ``n`` tokens (vLLM 0.25.1 breaks this in two places,
     registered as the divergences ``eagle-mamba-hit`` and ``second-full-group``);
-    a ring group's list is always empty."""
+    a ring group's list is always empty.
+
+    pre: alignment >= 1 and len(blocks) == len(config.groups)
+    post: not __return__ or 0 <= n <= max(max_len, 0) and n % alignment == 0
+    post: not __return__ or all(not b for b, k in zip(blocks, config.manager_groups()) if not prefix_cacheable(k))
+    post: __return__ or n > max(max_len, 0) or n % alignment or any(len(b) != (-(-n // k.block_size) if prefix_cacheable(k) else 0) for b, k in zip(blocks, config.manager_groups()))
+    """  # noqa: E501 - a PEP 316 condition is one line
     exact = all(
         len(b) == -(-n // k.block_size) if prefix_cacheable(k) else not b
         for b, k in zip(blocks, config.manager_groups(), strict=True)
@@ -771,7 +973,11 @@ def inv_hash_content(mgr: KVCacheManager) -> bool:
 
 
 def replay_events(keys: Counter[tuple[object, int | None]], events: Sequence[KVCacheEvent]) -> None:
-    """Apply events to a multiset of (external hash, group) cache entries."""
+    """Apply events to a multiset of (external hash, group) cache entries.
+
+    post: not all(isinstance(e, BlockStored | BlockRemoved) for e in events) or sum(keys.values()) == sum(__old__.keys.values()) + sum(len(e.block_hashes) * (1 if isinstance(e, BlockStored) else -1) for e in events)
+    post: not events or isinstance(events[-1], BlockStored | BlockRemoved) or not keys
+    """  # noqa: E501 - a PEP 316 condition is one line
     for ev in events:
         if isinstance(ev, BlockStored):
             keys.update((h, ev.group_idx) for h in ev.block_hashes)

@@ -52,7 +52,13 @@ def registers_mamba_tail(kind: Mamba, profile: SemanticsProfile, hash_block_size
     ``align`` mode, from vLLM 0.32.0 on (profile switch
     ``mamba_tail_entries``); from 0.26.0 on already a group coarser than the
     hash block (with fine-grained hits, :mod:`kvspec.partial_hits`; switch
-    ``partial_hash_hits``)."""
+    ``partial_hash_hits``).
+
+    post: not __return__ or kind.mode == "align"
+    post: not __return__ or profile.mamba_tail_entries or profile.partial_hash_hits
+    post: __return__ or kind.mode != "align" or not profile.mamba_tail_entries
+    post: __return__ == (kind.mode == "align" and (profile.mamba_tail_entries or kind.block_size > hash_block_size)) or not profile.partial_hash_hits
+    """  # noqa: E501 - a PEP 316 condition is one line
     if kind.mode != "align":
         return False
     return profile.mamba_tail_entries or (profile.partial_hash_hits and kind.block_size > hash_block_size)
@@ -68,7 +74,10 @@ def mamba_tail_boundary(num_prompt_tokens: int, hash_block_size: int, drop_eagle
     pre: num_prompt_tokens >= 0 and hash_block_size >= 1
     post: 0 <= __return__ <= num_prompt_tokens
     post: __return__ % hash_block_size == 0
-    """
+    post: drop_eagle or below_last or __return__ + hash_block_size > num_prompt_tokens
+    post: drop_eagle or not below_last or __return__ + hash_block_size >= num_prompt_tokens > __return__ or __return__ == 0
+    post: not drop_eagle or __return__ == max(mamba_tail_boundary(num_prompt_tokens, hash_block_size, False, False) - hash_block_size, 0)
+    """  # noqa: E501 - a PEP 316 condition is one line
     limit = num_prompt_tokens - 1 if below_last and not drop_eagle else num_prompt_tokens
     boundary = max(limit, 0) // hash_block_size * hash_block_size
     return max(boundary - hash_block_size, 0) if drop_eagle else boundary
@@ -77,7 +86,12 @@ def mamba_tail_boundary(num_prompt_tokens: int, hash_block_size: int, drop_eagle
 def tail_eagle_shift(manager: MambaManager) -> bool:
     """Whether EAGLE lowers the tail boundary: never before vLLM 0.30.0, in
     0.30.x when the group itself is an EAGLE group, from 0.31.0 on when the
-    model uses EAGLE (profile switch ``mamba_tail_eagle``)."""
+    model uses EAGLE (profile switch ``mamba_tail_eagle``).
+
+    post: manager.profile.mamba_tail_eagle != "none" or not __return__
+    post: manager.profile.mamba_tail_eagle != "group" or __return__ == manager.use_eagle
+    post: manager.profile.mamba_tail_eagle != "model" or __return__ == manager.drop_eagle_checkpoint
+    """
     rule = manager.profile.mamba_tail_eagle
     if rule == "group":
         return manager.use_eagle
@@ -90,18 +104,21 @@ def cache_mamba_tail_block(manager: MambaManager, request: Request, num_tokens: 
     (None if nothing was keyed). Before vLLM 0.32.0 only a boundary inside a
     block counts. A boundary inside a block leaves a partial-hit record: the
     owner's next allocation moves the entry to a private copy
-    (:mod:`kvspec.partial_hits`)."""
+    (:mod:`kvspec.partial_hits`).
+
+    pre: num_tokens >= 0
+    post: __return__ is None or __return__ in manager.pool.keys_of(manager.req_to_blocks[request.request_id][-(-num_tokens // manager.block_size) - 1])
+    post: __return__ is None or num_tokens % manager.block_size == 0 or request.request_id in manager.tail_owners
+    post: len(set(manager.pool.cached) - set(__old__.manager.pool.cached)) <= 1
+    post: manager.req_to_blocks == __old__.manager.req_to_blocks
+    """  # noqa: E501 - a PEP 316 condition is one line
     pool, bs, p = manager.pool, manager.block_size, manager.profile
     hbs = pool.hash_block_size
     boundary = mamba_tail_boundary(request.num_prompt_tokens, hbs, tail_eagle_shift(manager), p.mamba_tail_entries)
-    if num_tokens <= 0 or num_tokens % hbs or num_tokens != boundary:
-        return None
-    if not p.mamba_tail_entries and num_tokens % bs == 0:
-        return None
     rid = request.request_id
     table = manager.req_to_blocks.get(rid, [])
-    idx = -(-num_tokens // bs) - 1
-    if idx >= len(table) or table[idx] == NULL_BLOCK:
+    idx = mamba_tail_index(num_tokens, boundary, hbs, bs, p.mamba_tail_entries)
+    if idx is None or idx >= len(table) or table[idx] == NULL_BLOCK:
         return None
     b = table[idx]
     if p.mamba_tail_skip_keyed and pool.hash_num_tokens[b] == num_tokens:
@@ -111,3 +128,26 @@ def cache_mamba_tail_block(manager: MambaManager, request: Request, num_tokens: 
         record_partial_hit(manager, rid, idx, b)
         manager.tail_owners.add(rid)
     return key
+
+
+def mamba_tail_index(
+    num_tokens: int, boundary: int, hash_block_size: int, block_size: int, any_boundary: bool
+) -> int | None:
+    """The table index whose state block a ``cache_blocks`` call up to
+    ``num_tokens`` keys at the tail ``boundary``, or None: only a call that
+    ends exactly on the boundary (a positive multiple of the hash block) keys
+    it, on the block holding the boundary's last token; before vLLM 0.32.0
+    (``any_boundary`` off, profile switch ``mamba_tail_entries``) only a
+    boundary inside a block.
+
+    pre: num_tokens >= 0 and hash_block_size >= 1 and block_size >= 1
+    post: __return__ is None or num_tokens == boundary > 0 and num_tokens % hash_block_size == 0
+    post: __return__ is None or __return__ * block_size < num_tokens <= (__return__ + 1) * block_size
+    post: __return__ is None or any_boundary or num_tokens % block_size != 0
+    post: __return__ is not None or num_tokens != boundary or num_tokens == 0 or num_tokens % hash_block_size != 0 or not any_boundary and num_tokens % block_size == 0
+    """  # noqa: E501 - a PEP 316 condition is one line
+    if num_tokens <= 0 or num_tokens % hash_block_size or num_tokens != boundary:
+        return None
+    if not any_boundary and num_tokens % block_size == 0:
+        return None
+    return -(-num_tokens // block_size) - 1

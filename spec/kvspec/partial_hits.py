@@ -52,7 +52,11 @@ def partial_hash_hits_enabled(config: KVCacheConfig) -> bool:
     NOTE: vLLM 0.26.x and 0.27.x keep the feature on in that case and fail an
     assertion at the first lookup; kvspec refuses such configurations for
     those profiles (:func:`kvspec.profiles.unsupported_reason`).
-    """
+
+    post: not __return__ or (config.profile.partial_hash_hits and config.enable_caching and len(config.groups) > 1)
+    post: not __return__ or any(isinstance(k, Mamba) and k.mode == "align" and k.block_size > config.resolved_hash_block_size() for k in config.groups)
+    post: not __return__ or not config.profile.partial_hits_gated or not any(blocks_fine_hits(k, config.resolved_hash_block_size()) for k in config.groups)
+    """  # noqa: E501 - a PEP 316 condition is one line
     p = config.profile
     if not p.partial_hash_hits or not config.enable_caching or len(config.groups) < 2:
         return False
@@ -64,14 +68,23 @@ def partial_hash_hits_enabled(config: KVCacheConfig) -> bool:
 
 def blocks_fine_hits(kind: AttentionKind, hash_block_size: int) -> bool:
     """A group of ``kind`` cannot take part in fine-grained hits: it is not a
-    full-attention kind or Mamba, and coarser than the hash block."""
+    full-attention kind or Mamba, and coarser than the hash block.
+
+    post: __return__ == (not isinstance(kind, (*FULL_TYPE_KINDS, Mamba)) and kind.block_size != hash_block_size)
+    """
     return not isinstance(kind, (*FULL_TYPE_KINDS, Mamba)) and kind.block_size != hash_block_size
 
 
 def fine_grained(kind: AttentionKind, alignment: int) -> bool:
     """Whether a group of ``kind`` looks up hash boundaries inside its blocks:
     a full-attention kind or Mamba whose block is coarser than the hit
-    alignment (which is the hash block size when fine-grained hits are on)."""
+    alignment (which is the hash block size when fine-grained hits are on).
+
+    pre: alignment >= 1
+    post: not __return__ or isinstance(kind, (*FULL_TYPE_KINDS, Mamba))
+    post: not __return__ or (kind.block_size > alignment and kind.block_size % alignment == 0)
+    post: __return__ or not isinstance(kind, (*FULL_TYPE_KINDS, Mamba)) or kind.block_size % alignment or kind.block_size <= alignment
+    """  # noqa: E501 - a PEP 316 condition is one line
     bs = kind.block_size
     return isinstance(kind, (*FULL_TYPE_KINDS, Mamba)) and alignment < bs and bs % alignment == 0
 
@@ -83,6 +96,8 @@ def eagle_margin(kind: AttentionKind, hash_block_size: int, enabled: bool) -> in
 
     pre: hash_block_size >= 1
     post: __return__ in (hash_block_size, kind.block_size)
+    post: __return__ == kind.block_size or (enabled and isinstance(kind, FULL_TYPE_KINDS))
+    post: not enabled or not isinstance(kind, FULL_TYPE_KINDS) or __return__ == min(kind.block_size, hash_block_size)
     """
     if enabled and isinstance(kind, FULL_TYPE_KINDS) and kind.block_size > hash_block_size:
         return hash_block_size
@@ -103,7 +118,15 @@ def fine_full_attention_hit(
     the next block (probed downwards), minus one hash unit under EAGLE.
     Returns the blocks per group (``cdiv(length, bs)`` each; the last may be
     partly covered) and the length in tokens.
-    """
+
+    pre: alignment >= 1 and kind.block_size % alignment == 0 and len(group_ids) >= 1
+    post: 0 <= __return__[1] <= max(max_length, 0) and __return__[1] % alignment == 0
+    post: all(len(h) == -(-__return__[1] // kind.block_size) for h in __return__[0])
+    post: all(pool.get_cached_block(fine[(j + 1) * (kind.block_size // alignment) - 1], group_ids) is not None for j in range(__return__[1] // kind.block_size))
+    post: all(h[j] == pool.get_cached_block(fine[(j + 1) * (kind.block_size // alignment) - 1], group_ids)[g] for g, h in enumerate(__return__[0]) for j in range(__return__[1] // kind.block_size))
+    post: __return__[1] == 0 or pool.get_cached_block(fine[__return__[1] // alignment + drop_eagle - 1], group_ids) is not None
+    post: drop_eagle or all(pool.get_cached_block(fine[f], group_ids) is None for f in range(__return__[1] // alignment, min((__return__[1] // kind.block_size + 1) * (kind.block_size // alignment) - 1, max_length // alignment, len(fine))))
+    """  # noqa: E501 - a PEP 316 condition is one line
     bs = kind.block_size
     k = bs // alignment
     found: GroupHits = [[] for _ in group_ids]
@@ -133,7 +156,14 @@ def fine_mamba_hit(
 ) -> tuple[GroupHits, int]:
     """A Mamba hit at hash granularity ``alignment``: the rightmost cached
     state at any hash boundary, full block or partial entry; earlier
-    positions are null. No EAGLE drop (draft models have no Mamba layers)."""
+    positions are null. No EAGLE drop (draft models have no Mamba layers).
+
+    pre: alignment >= 1 and kind.block_size % alignment == 0 and len(group_ids) >= 1
+    post: 0 <= __return__[1] <= max(max_length, 0) and __return__[1] % alignment == 0
+    post: all(len(h) == -(-__return__[1] // kind.block_size) and NULL_BLOCK not in h[-1:] and set(h[:-1]) <= {NULL_BLOCK} for h in __return__[0])
+    post: __return__[1] == 0 or [h[-1] for h in __return__[0]] == pool.get_cached_block(fine[__return__[1] // alignment - 1], group_ids)
+    post: all(pool.get_cached_block(fine[f], group_ids) is None for f in range(__return__[1] // alignment, min(max_length // alignment, len(fine))))
+    """  # noqa: E501 - a PEP 316 condition is one line
     k = kind.block_size // alignment
     for f in range(min(max_length // alignment, len(fine)) - 1, -1, -1):
         blocks = pool.get_cached_block(fine[f], group_ids)
@@ -147,6 +177,7 @@ def has_partial_local_hit(hits: Sequence[BlockId], num_local: int, block_size: i
     blocks (its last hit block must be privatised).
 
     pre: block_size >= 1
+    post: __return__ == (len(hits) > 0 and num_local % block_size != 0)
     """
     return len(hits) > 0 and num_local % block_size != 0
 
@@ -154,7 +185,11 @@ def has_partial_local_hit(hits: Sequence[BlockId], num_local: int, block_size: i
 def record_partial_hit(manager: SingleTypeKVCacheManager, request_id: str, idx: int, block: BlockId) -> None:
     """Remember that table entry ``idx`` (``block``) is shared and must be
     privatised at the next allocation; until then it does not count as
-    cached, so the private copy is hashed once it is full."""
+    cached, so the private copy is hashed once it is full.
+
+    post: manager.partial_hit[request_id] == (idx, block) and manager.num_cached_block[request_id] == idx
+    post: manager.req_to_blocks == __old__.manager.req_to_blocks and manager.pool.ref_cnt == __old__.manager.pool.ref_cnt
+    """  # noqa: E501 - a PEP 316 condition is one line
     manager.partial_hit[request_id] = (idx, block)
     manager.num_cached_block[request_id] = idx
 
@@ -163,7 +198,13 @@ def apply_cow(manager: SingleTypeKVCacheManager, request_id: str, idx: int, src:
     """Replace the shared block ``src`` at table entry ``idx`` by the fresh
     block ``cow`` and queue the copy. ``src`` keeps the reference its hit
     took, ``cow`` takes one more than the table's: both are retained until
-    the copy has run."""
+    the copy has run.
+
+    pre: 0 <= idx < len(manager.req_to_blocks[request_id]) and src != cow
+    post: manager.req_to_blocks[request_id][idx] == cow and manager.pending_copies[-1] == (src, cow)
+    post: manager.pool.ref_cnt[cow] == __old__.manager.pool.ref_cnt[cow] + 1 and manager.pool.ref_cnt[src] == __old__.manager.pool.ref_cnt[src]
+    post: all(a == b for i, (a, b) in enumerate(zip(manager.req_to_blocks[request_id], __old__.manager.req_to_blocks[request_id], strict=True)) if i != idx)
+    """  # noqa: E501 - a PEP 316 condition is one line
     table = manager.req_to_blocks[request_id]
     assert table[idx] == src and src != NULL_BLOCK, f"request {request_id}: entry {idx} is not {src}"
     table[idx] = cow
@@ -175,7 +216,14 @@ def move_block_hashes(pool: BlockPool, src: BlockId, dst: BlockId) -> None:
     """Re-point every key of ``src`` to the unhashed block ``dst``, silently
     (no events): the first becomes ``dst``'s primary key with ``src``'s
     prefix length, the others its secondary keys; each goes to the end of
-    its key's block list."""
+    its key's block list.
+
+    pre: src != dst
+    post: pool.keys_of(dst) == __old__.pool.keys_of(src) and not pool.keys_of(src)
+    post: pool.hash_num_tokens[dst] == __old__.pool.hash_num_tokens[src]
+    post: all(ids[-1] == dst and src not in ids for k, ids in pool.cached.items() if k in __old__.pool.keys_of(src))
+    post: pool.events == __old__.pool.events
+    """
     assert pool.block_hash[dst] is None, f"block {dst} is already hashed"
     num_tokens = pool.hash_num_tokens[src] or 0
     for key in pool.remove_keys(src):

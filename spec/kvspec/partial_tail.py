@@ -45,7 +45,10 @@ def registers_partial_tail(kind: AttentionKind, profile: SemanticsProfile, hash_
     (profile switch ``partial_tail_entries``).
 
     pre: hash_block_size >= 1
-    """
+    post: not __return__ or profile.partial_tail_entries
+    post: not __return__ or isinstance(kind, FULL_TYPE_KINDS)
+    post: __return__ == (isinstance(kind, FULL_TYPE_KINDS) and kind.block_size != hash_block_size) or not profile.partial_tail_entries
+    """  # noqa: E501 - a PEP 316 condition is one line
     return profile.partial_tail_entries and isinstance(kind, FULL_TYPE_KINDS) and kind.block_size != hash_block_size
 
 
@@ -59,6 +62,9 @@ def fa_tail_boundary(num_prompt_tokens: int, hash_block_size: int, use_eagle: bo
     pre: num_prompt_tokens >= 0 and hash_block_size >= 1
     post: 0 <= __return__ <= num_prompt_tokens
     post: __return__ % hash_block_size == 0
+    post: __return__ + hash_block_size > num_prompt_tokens - (below_last and not use_eagle)
+    post: not below_last or use_eagle or __return__ < num_prompt_tokens or num_prompt_tokens == 0
+    post: below_last and not use_eagle or __return__ == fa_tail_boundary(num_prompt_tokens, hash_block_size, True, True)
     """
     limit = num_prompt_tokens - 1 if below_last and not use_eagle else num_prompt_tokens
     return max(limit, 0) // hash_block_size * hash_block_size
@@ -67,17 +73,21 @@ def fa_tail_boundary(num_prompt_tokens: int, hash_block_size: int, use_eagle: bo
 def cache_partial_tail_block(manager: SingleTypeKVCacheManager, request: Request, num_tokens: int) -> None:
     """After a full-attention group cached up to ``num_tokens``: register the
     prompt's tail boundary ``B`` on the block holding it, unless ``B`` is 0,
-    beyond ``num_tokens``, on a block boundary, or past the table."""
+    beyond ``num_tokens``, on a block boundary (:func:`partial_tail_index`), or
+    past the table.
+
+    post: partial_tail_index(fa_tail_boundary(request.num_prompt_tokens, manager.pool.hash_block_size, manager.use_eagle, manager.profile.fa_tail_below_last_token), num_tokens, manager.block_size) is not None or manager.pool.cached == __old__.manager.pool.cached
+    post: len(set(manager.pool.cached) - set(__old__.manager.pool.cached)) <= 1
+    post: manager.req_to_blocks == __old__.manager.req_to_blocks
+    """  # noqa: E501 - a PEP 316 condition is one line
     pool = manager.pool
     hbs = pool.hash_block_size
     boundary = fa_tail_boundary(
         request.num_prompt_tokens, hbs, manager.use_eagle, manager.profile.fa_tail_below_last_token
     )
-    if boundary == 0 or boundary > num_tokens or boundary % manager.block_size == 0:
-        return
+    idx = partial_tail_index(boundary, num_tokens, manager.block_size)
     table = manager.req_to_blocks.get(request.request_id, [])
-    idx = boundary // manager.block_size
-    if idx < len(table):
+    if idx is not None and idx < len(table):
         cache_partial_block(pool, request, table[idx], boundary, manager.group_id)
 
 
@@ -93,7 +103,15 @@ def cache_partial_block(
     every key (one BlockRemoved each): its contents now reach further. The
     key then becomes the block's primary key if it has none, else a
     secondary one, with one BlockStored.
-    """
+
+    pre: num_tokens > 0 and num_tokens % pool.hash_block_size == 0
+    pre: num_tokens // pool.hash_block_size <= len(request.block_hashes)
+    post: (__return__ is None) == (b == NULL_BLOCK)
+    post: __return__ is None or __return__ == make_key(request.block_hashes[num_tokens // pool.hash_block_size - 1], group_id)
+    post: __return__ is None or (__return__ in pool.keys_of(b) and pool.hash_num_tokens[b] >= num_tokens)
+    post: __return__ is None or __return__ in __old__.pool.keys_of(b) or not pool.enable_kv_cache_events or pool.events[-1] == partial_stored_event(pool, request, num_tokens, group_id)
+    post: __return__ is None or __return__ not in __old__.pool.keys_of(b) or pool.events == __old__.pool.events
+    """  # noqa: E501 - a PEP 316 condition is one line
     if b == NULL_BLOCK:
         return None
     key = make_key(request.block_hashes[num_tokens // pool.hash_block_size - 1], group_id)
@@ -114,7 +132,15 @@ def partial_stored_event(pool: BlockPool, request: Request, num_tokens: int, gro
     the previous hash unit's hash, extra keys as a one-element list (the
     multimodal cursor starts at the first feature for the prompt's first
     unit or from vLLM 0.31.0 on, else at the last feature; profile switch
-    ``mm_resume_from_first_feature``)."""
+    ``mm_resume_from_first_feature``).
+
+    pre: num_tokens >= pool.hash_block_size and num_tokens % pool.hash_block_size == 0
+    post: len(__return__.block_hashes) == 1 and __return__.block_size == pool.hash_block_size
+    post: __return__.token_ids == request.all_token_ids[num_tokens - pool.hash_block_size : num_tokens]
+    post: (__return__.parent_block_hash is None) == (num_tokens == pool.hash_block_size)
+    post: __return__.block_hashes[0] == external_block_hash(request.block_hashes[num_tokens // pool.hash_block_size - 1], pool.int_block_hashes)
+    post: __return__.group_idx == group_id and __return__.extra_keys is not None and len(__return__.extra_keys) == 1
+    """  # noqa: E501 - a PEP 316 condition is one line
     hbs, as_int = pool.hash_block_size, pool.int_block_hashes
     unit = num_tokens // hbs
     start = num_tokens - hbs
@@ -132,3 +158,20 @@ def partial_stored_event(pool: BlockPool, request: Request, num_tokens: int, gro
         extra_keys=(keys,),
         group_idx=group_id,
     )
+
+
+def partial_tail_index(boundary: int, num_tokens: int, block_size: int) -> int | None:
+    """The table index of the block a full-attention group's partial tail at
+    ``boundary`` registers on after a ``cache_blocks`` call up to
+    ``num_tokens``, or None: the block holding the boundary's last token,
+    only for a boundary that is positive, reached by ``num_tokens`` and
+    inside a block.
+
+    pre: boundary >= 0 and block_size >= 1
+    post: __return__ is None or __return__ * block_size < boundary < (__return__ + 1) * block_size
+    post: __return__ is None or boundary <= num_tokens
+    post: __return__ is not None or boundary == 0 or boundary > num_tokens or boundary % block_size == 0
+    """
+    if boundary == 0 or boundary > num_tokens or boundary % block_size == 0:
+        return None
+    return boundary // block_size

@@ -3,15 +3,15 @@
 A profile is a frozen value of named behaviour switches. Each release's
 constant is built from its predecessor with :func:`dataclasses.replace`,
 naming only what that release changed, so this module reads as a changelog of
-observable behaviour, oldest first (0.16.0, then 0.25.1 onwards). A release with no observable change
+observable behaviour, oldest first (every release from 0.16.0 to 0.34.0). A release with no observable change
 shares its predecessor's switches (and says so). Each switch is read in one
 named place of the spec (given after it below), so every rule stays a small
 function a port can check alone.
 
 NOTE: The dataclass defaults are vLLM 0.25.1's switches, the release kvspec
 was first written against; :data:`VLLM_0_16_0` (the oldest) names every
-switch that differs from them, and :data:`VLLM_0_25_1` is built from it by
-the inverse changes, so it equals the defaults and the changelog still reads
+switch that differs from them, and the releases between build up to
+:data:`VLLM_0_25_1`, which equals the defaults, so the changelog still reads
 oldest first.
 
 Releases change more than these switches: some add state (partial-tail
@@ -35,8 +35,9 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from kvspec.config import KVCacheConfig
 
-NewBlockIds = Literal["full-mla", "full-mla-with-mamba", "attention-with-mamba"]
-CommonPrefix = Literal["tables", "zero"]
+NewBlockIds = Literal["full", "full-mla", "full-mla-with-mamba", "attention-with-mamba"]
+CommonPrefix = Literal["tables", "zero", "absent"]
+HitLengthBound = Literal["absent", "as-given", "capped"]
 CpBlockScaling = Literal["dcp-pcp", "dcp", "dcp-full-attention", "dcp-sharded"]
 TailEagle = Literal["none", "group", "model"]
 
@@ -63,20 +64,30 @@ class SemanticsProfile:
     mm_key_with_offset: bool = True
     """The multimodal extra key is ``(identifier, offset - start)`` and a
     feature overlaps a block only if it ends after the block's start; without
-    it (before 0.25.1) the key is the bare identifier and a block starting
-    exactly at a feature's end gets that key too: :func:`kvspec.request.v025_key_forms`."""
+    it (before 0.19.0) the key is the bare identifier and a block starting
+    exactly at a feature's end gets that key too: :func:`kvspec.request.key_forms`."""
     prompt_embeds_digest: bool = True
     """The prompt-embedding extra key is the SHA-256 digest of the block's
-    rows; without it (before 0.25.1) the raw bytes: :func:`kvspec.request.v025_key_forms`."""
+    rows; without it (before 0.17.0) the raw bytes: :func:`kvspec.request.key_forms`."""
 
     # -- block pool (kvspec.block_pool) ------------------------------------------------
     free_unhashed_first: bool = True
     """Freed blocks without a hash go to the front of the free queue (they can
     never be hit), hashed ones to the tail: :func:`kvspec.block_pool.requeue_unhashed_first`."""
+    event_extra_keys: bool = True
+    """``BlockStored`` events carry ``extra_keys`` (from 0.17.0; before, None):
+    :func:`kvspec.block_pool.event_fields`."""
+    event_group_idx: bool = True
+    """Events carry the group index ``group_idx`` (from 0.20.0; before, None):
+    :func:`kvspec.block_pool.event_fields`."""
     event_annotations: bool = True
-    """Events carry ``extra_keys`` and the group index (and, added by the
-    facade, the attention kind); before 0.25.1 those fields do not exist (None):
-    :func:`kvspec.block_pool.annotated_events`."""
+    """``BlockStored`` events carry the group's attention kind and window,
+    added by the facade (from 0.22.0; before, None): :func:`kvspec.block_pool.event_fields`."""
+    skipped_unhashed_first: bool = True
+    """Blocks freed by ``remove_skipped_blocks``, and a sliding-window group's
+    blocks freed with its request, go unhashed first even where other frees
+    do not (0.23.0, the release before ``free_unhashed_first``):
+    :func:`kvspec.block_pool.requeue_unhashed_first`."""
     free_unhashed_needs_caching: bool = False
     """Freed unhashed blocks go to the front of the free queue only with prefix
     caching on (otherwise every freed block goes to the tail):
@@ -105,6 +116,11 @@ class SemanticsProfile:
     """Mamba align's admission estimate is ``min(need, 1 + spec)`` instead of
     ``1 + spec`` for a request that needs any block:
     :func:`kvspec.single_type_kv_cache_manager.mamba_align_new_blocks`."""
+    mamba_align_retired_mark: bool = False
+    """Mamba align's removal of skipped blocks steps over null gaps (freeing
+    every state block below the skipped count, not only those after the last
+    null) and never goes below the table index it reached before:
+    :func:`kvspec.single_type_kv_cache_manager.retire_range`."""
 
     # -- context parallelism (kvspec.config, the managers' block sizes) ---------------------
     cp_block_scaling: CpBlockScaling = "dcp-pcp"
@@ -122,6 +138,11 @@ class SemanticsProfile:
     :meth:`SingleTypeKVCacheManager.cache_blocks`."""
 
     # -- coordinator (kvspec.kv_cache_coordinator) ----------------------------------------
+    v016_swa_eagle_realign: bool = True
+    """In 0.16.0's hybrid search (``hybrid_eagle_lookahead`` off), a
+    sliding-window EAGLE hit in a group whose block is not the scheduler block
+    drops its block and aligns again (0.19.1) instead of failing an assertion:
+    :func:`kvspec.kv_cache_coordinator.v016_spec_group_hit`."""
     mamba_eagle_counts_verified: bool = False
     """In the hybrid search an EAGLE Mamba group gets no look-ahead but counts
     as having made its drop (a Mamba shrink then keeps the other groups'
@@ -150,11 +171,18 @@ class SemanticsProfile:
     :func:`kvspec.config.validate_ring_kind`."""
 
     # -- facade (kvspec.kv_cache_manager) -------------------------------------------------
+    full_sequence_arg: bool = True
+    """``allocate_slots(full_sequence_must_fit=...)`` exists (0.21.0 on):
+    :func:`kvspec.kv_cache_manager.check_admission_args`."""
+    reserved_blocks_arg: bool = True
+    """``allocate_slots(reserved_blocks=...)`` exists (0.23.0 on):
+    :func:`kvspec.kv_cache_manager.check_admission_args`."""
     admission_controls: bool = True
     """The watermark, ``max_num_batched_tokens`` and ``allocate_slots``'s
-    ``full_sequence_must_fit``, ``reserved_blocks`` and ``has_scheduled_reqs``
-    exist; before 0.25.1 the only capacity test is need > free:
-    :func:`kvspec.config.validate_admission`, :func:`kvspec.kv_cache_manager.check_admission_args`."""
+    ``has_scheduled_reqs`` exist (0.24.0 on; ``max_num_batched_tokens`` came
+    with 0.20.0, but before 0.24.0 kvspec refuses it as not modelled, see
+    ``docs/vllm-versions.md``): :func:`kvspec.config.validate_release_options`,
+    :func:`kvspec.kv_cache_manager.check_admission_args`."""
     deferred_free: bool = True
     """``pop_blocks_for_free`` exists (before 0.25.1 a request is always freed
     at once; ``free_blocks`` then only ever sees double frees):
@@ -174,6 +202,11 @@ class SemanticsProfile:
     """``estimate_cached_tokens`` exists (the prefix length a request's cached
     blocks stand for, which the scheduler reports in its prefill statistics;
     new in 0.26.0): :func:`kvspec.kv_cache_manager.estimate_cached_tokens`."""
+    record_zeroing_op: bool = False
+    """``record_blocks_for_zeroing`` exists (after a failed connector load the
+    scheduler lists the request's blocks from the first token the load did not
+    deliver for zeroing again; new in 0.26.0):
+    :func:`kvspec.kv_cache_manager.require_operation`."""
     estimate_skips_uncacheable: bool = False
     """``estimate_cached_tokens`` leaves out groups that are not prefix
     cacheable (the ring kinds; before 0.30.0 a ring group, never hashed,
@@ -185,8 +218,27 @@ class SemanticsProfile:
     """``allocate_slots`` with 0 new tokens is legal when it adopts hit tokens:
     :func:`kvspec.kv_cache_manager.allocation_without_tokens`."""
     common_prefix: CommonPrefix = "tables"
-    """``get_num_common_prefix_blocks``: leading blocks held by every table, or
-    always zeros (cascade attention removed): :meth:`KVCacheManager.get_num_common_prefix_blocks`."""
+    """``get_num_common_prefix_blocks``: leading blocks held by every table,
+    always zeros (cascade attention removed), or no such method:
+    :meth:`KVCacheManager.get_num_common_prefix_blocks`."""
+    num_cached_tokens_op: bool = False
+    """``get_num_cached_tokens`` exists (a lookup's hit length without its
+    blocks, which changes nothing; the scheduler reads it before admitting):
+    :func:`kvspec.kv_cache_manager.require_operation`."""
+    hit_limit_at_construction: bool = False
+    """Whether a request reads the prefix cache is its ``prefix_cache_hit_limit``
+    (0: no reads), fixed when the request is made, not its
+    ``skip_reading_prefix_cache`` as it is at each lookup (changing that
+    attribute later does nothing): :func:`kvspec.kv_cache_manager.reads_prefix_cache`."""
+    prompt_logprobs_hit_cap: bool = False
+    """A request that asks for prompt logprobs may read at most its first
+    scored row (``prompt_logprob_start``, 0 without one) from the prefix
+    cache (before, with reads not turned off, it reads as far as any other):
+    :func:`kvspec.request.construction_hit_limit`."""
+    hit_length_bound: HitLengthBound = "absent"
+    """``get_computed_blocks(request, max_cache_hit_length)``: no such argument;
+    the bound replaces ``num_tokens - 1`` as given (even above it); or it can
+    only lower the request's own limit: :func:`kvspec.kv_cache_manager.lookup_length`."""
     pop_drops_leading_nulls: bool = False
     """``pop_blocks_for_free`` leaves out each group's leading null blocks:
     :meth:`SingleTypeKVCacheManager.pop_blocks_for_free`."""
@@ -198,12 +250,23 @@ class SemanticsProfile:
     (``get_computed_blocks`` returns it, the request keeps it), not the
     coordinator's last ``num_uncached_common_prefix_tokens``:
     :func:`kvspec.kv_cache_manager.prefix_hint`."""
+    skip_on_processed_tokens: bool = False
+    """``allocate_slots`` frees the blocks attention no longer reads on the
+    processed-token basis, the computed tokens less the request's
+    ``num_in_flight_tokens`` (scheduled in steps whose output is not processed
+    yet), instead of on the computed tokens alone (vLLM#47728):
+    :func:`kvspec.kv_cache_manager.skip_basis`."""
 
     # -- rules of cached hybrids that changed between 0.16.0 and 0.25.1 --------------------
     coarse_hash_last_fine: bool = True
     """A group coarser than the hash block keys each block by the last fine
     hash inside it, which already chains the whole prefix (0.16.0: by the
     concatenation of its fine hashes): :func:`kvspec.hashing.coarse_block_hashes`."""
+    hybrid_cache_eagle_reach: bool = True
+    """With ``hybrid_cache_reachable_only``, an EAGLE group caches one block
+    past the scheduler-block boundary and its window mask counts the EAGLE
+    peek (0.23.0 on; 0.22.x caches an EAGLE group like any other):
+    :meth:`kvspec.kv_cache_coordinator.HybridCoordinator.cache_blocks`."""
     hybrid_cache_reachable_only: bool = True
     """A cached hybrid caches its blocks only up to a scheduler-block boundary
     (an EAGLE group one block further) and a sliding-window group only the
@@ -217,6 +280,11 @@ class SemanticsProfile:
     kind cuts to one pass; and a sliding-window EAGLE hit in a group whose
     block is not the scheduler block fails an assertion):
     :func:`kvspec.kv_cache_coordinator.hybrid_hit_search_v016`."""
+
+    # -- requests (kvspec.request) -------------------------------------------------------
+    token_ids_int32: bool = False
+    """Token ids are stored as 32-bit ints: an id of 2**31 or more is refused
+    (vLLM raises on it): :func:`kvspec.request.token_id_limit`."""
 
     # -- a rule of 0.16.0's degenerate windows (not modelled yet) ---------------------------
     external_cap_any_skip: bool = True
@@ -266,10 +334,15 @@ VLLM_0_16_0 = SemanticsProfile(
     mm_key_with_offset=False,
     prompt_embeds_digest=False,
     free_unhashed_first=False,
+    skipped_unhashed_first=False,
+    event_extra_keys=False,
+    event_group_idx=False,
     event_annotations=False,
     mamba_skip_spec_slack=False,
     mamba_step_guard=False,
     eagle_group_flags=False,
+    full_sequence_arg=False,
+    reserved_blocks_arg=False,
     admission_controls=False,
     deferred_free=False,
     new_block_ids_list=False,
@@ -277,7 +350,9 @@ VLLM_0_16_0 = SemanticsProfile(
     prefix_hint_op=False,
     coarse_hash_last_fine=False,
     hybrid_cache_reachable_only=False,
+    hybrid_cache_eagle_reach=False,
     hybrid_eagle_lookahead=False,
+    v016_swa_eagle_realign=False,
     external_cap_any_skip=False,
     cp_swa_mask_unscaled=False,
 )
@@ -294,35 +369,116 @@ concatenated fine hashes, cache every full block, and drop an EAGLE block at
 every lookup of the hit search. Degenerate windows are refused (not modelled
 yet)."""
 
-VLLM_0_25_1 = replace(
+VLLM_0_17_0 = replace(
     VLLM_0_16_0,
-    name="vllm-0.25.1",
-    release="0.25.1",
-    mm_key_with_offset=True,
+    name="vllm-0.17.0",
+    release="0.17.0",
     prompt_embeds_digest=True,
-    free_unhashed_first=True,
-    event_annotations=True,
+    event_extra_keys=True,
     mamba_skip_spec_slack=True,
     mamba_step_guard=True,
-    eagle_group_flags=True,
-    admission_controls=True,
-    deferred_free=True,
-    new_block_ids_list=True,
-    computed_block_ids_op=True,
-    prefix_hint_op=True,
-    coarse_hash_last_fine=True,
-    hybrid_cache_reachable_only=True,
+)
+"""0.17.0: prompt-embedding keys are digests; ``BlockStored`` carries extra
+keys; Mamba subtracts its speculative block count when freeing skipped
+blocks and a state cached this step waits for ``new_step_starts``."""
+
+VLLM_0_17_1 = replace(
+    VLLM_0_17_0, name="vllm-0.17.1", release="0.17.1", new_block_ids_list=True, new_block_ids="full"
+)
+"""0.17.1: ``take_new_block_ids`` reports the fresh blocks of full-attention
+groups (exactly ``FullAttentionSpec``: not MLA)."""
+
+VLLM_0_18_0 = replace(VLLM_0_17_1, name="vllm-0.18.0", release="0.18.0")
+"""0.18.0: no observable change from 0.17.1."""
+
+VLLM_0_18_1 = replace(VLLM_0_18_0, name="vllm-0.18.1", release="0.18.1")
+"""0.18.1: no observable change from 0.18.0."""
+
+VLLM_0_19_0 = replace(VLLM_0_18_1, name="vllm-0.19.0", release="0.19.0", mm_key_with_offset=True)
+"""0.19.0: multimodal keys carry the feature's offset in the block, and a
+feature no longer keys the block that starts exactly at its end."""
+
+VLLM_0_19_1 = replace(VLLM_0_19_0, name="vllm-0.19.1", release="0.19.1", v016_swa_eagle_realign=True)
+"""0.19.1: a sliding-window EAGLE hit in a group whose block is not the
+scheduler block drops its block and aligns again instead of failing an
+assertion."""
+
+VLLM_0_20_0 = replace(
+    VLLM_0_19_1,
+    name="vllm-0.20.0",
+    release="0.20.0",
     hybrid_eagle_lookahead=True,
-    external_cap_any_skip=True,
+    eagle_group_flags=True,
+    event_group_idx=True,
+)
+"""0.20.0: the hybrid hit search gives EAGLE groups a look-ahead block
+(dropped once per candidate); per-group EAGLE flags; events carry the group
+index. (``max_num_batched_tokens`` arrives too; kvspec refuses it before
+0.24.0, ``docs/vllm-versions.md``.)"""
+
+VLLM_0_20_1 = replace(VLLM_0_20_0, name="vllm-0.20.1", release="0.20.1")
+"""0.20.1: no observable change from 0.20.0."""
+
+VLLM_0_20_2 = replace(VLLM_0_20_1, name="vllm-0.20.2", release="0.20.2")
+"""0.20.2: no observable change from 0.20.1 (the per-request cap applies only
+to the full-sequence gate again, which ends 0.20.0's half-way failures)."""
+
+VLLM_0_21_0 = replace(VLLM_0_20_2, name="vllm-0.21.0", release="0.21.0", full_sequence_arg=True)
+"""0.21.0: ``allocate_slots(full_sequence_must_fit=...)`` replaces
+``can_fit_full_sequence``."""
+
+VLLM_0_22_0 = replace(
+    VLLM_0_21_0, name="vllm-0.22.0", release="0.22.0", event_annotations=True, hybrid_cache_reachable_only=True
+)
+"""0.22.0: ``BlockStored`` carries the group's kind and window; a cached
+hybrid caches up to a scheduler-block boundary, a sliding-window group only
+the blocks a hit can reach."""
+
+VLLM_0_22_1 = replace(VLLM_0_22_0, name="vllm-0.22.1", release="0.22.1")
+"""0.22.1: no observable change from 0.22.0."""
+
+VLLM_0_23_0 = replace(
+    VLLM_0_22_1,
+    name="vllm-0.23.0",
+    release="0.23.0",
+    hybrid_cache_eagle_reach=True,
+    reserved_blocks_arg=True,
+    new_block_ids="full-mla",
+    skipped_unhashed_first=True,
     cp_swa_mask_unscaled=True,
 )
-"""vLLM 0.25.1 (the dataclass defaults): freed unhashed blocks go to the
-front; offset multimodal keys and digested embeddings; annotated events;
-per-group EAGLE flags; Mamba's speculative slack when freeing skipped blocks
-and its this-step guard with ``new_step_starts``; the
-admission controls, ``pop_blocks_for_free``, ``take_new_block_ids`` and
-``get_block_ids_for_computed_tokens``;
-the hybrid caching and lookup rules kvspec was written against; under context
+"""0.23.0: an EAGLE group of a cached hybrid caches one block further;
+``allocate_slots(reserved_blocks=...)``; ``take_new_block_ids`` reports MLA
+groups too; skipped blocks and a sliding-window request's freed blocks go
+unhashed first; the window cache mask counts in the unscaled block size."""
+
+VLLM_0_24_0 = replace(
+    VLLM_0_23_0,
+    name="vllm-0.24.0",
+    release="0.24.0",
+    free_unhashed_first=True,
+    admission_controls=True,
+    deferred_free=True,
+    prefix_hint_op=True,
+    coarse_hash_last_fine=True,
+    external_cap_any_skip=True,
+)
+"""0.24.0: every free puts unhashed blocks first; the watermark and
+``has_scheduled_reqs``; ``pop_blocks_for_free``; the prefix hint; a coarse
+block's key is its last fine hash; the external-token cap applies whenever
+tokens are skipped."""
+
+VLLM_0_25_0 = replace(VLLM_0_24_0, name="vllm-0.25.0", release="0.25.0", computed_block_ids_op=True)
+"""0.25.0: ``get_block_ids_for_computed_tokens``."""
+
+VLLM_0_25_1 = replace(VLLM_0_25_0, name="vllm-0.25.1", release="0.25.1")
+"""vLLM 0.25.1 (the dataclass defaults; no observable change from 0.25.0):
+freed unhashed blocks go to the front; offset multimodal keys and digested
+embeddings; annotated events; per-group EAGLE flags; Mamba's speculative
+slack when freeing skipped blocks and its this-step guard with
+``new_step_starts``; the admission controls, ``pop_blocks_for_free``,
+``take_new_block_ids`` and ``get_block_ids_for_computed_tokens``; the hybrid
+caching and lookup rules kvspec was written against; under context
 parallelism the window cache mask counts in the unscaled block size."""
 
 VLLM_0_26_0 = replace(
@@ -337,6 +493,8 @@ VLLM_0_26_0 = replace(
     lookup_returns_boundary=True,
     cp_block_scaling="dcp",
     estimate_cached_tokens_op=True,
+    record_zeroing_op=True,
+    skip_on_processed_tokens=True,
 )
 """0.26.0: fresh-block ids are recorded only for models with a Mamba group;
 Mamba keeps no speculative slack when freeing skipped blocks and gets no EAGLE
@@ -344,7 +502,8 @@ look-ahead; coarse full-attention groups get partial-tail entries; Mamba
 align groups coarser than the hash block get fine-grained hits with
 copy-on-write; the lookup returns the shared-prefix boundary as the
 scheduler's prefix hint; PCP no longer scales block sizes, nor DCP a Mamba
-group's; ``estimate_cached_tokens`` is new."""
+group's; ``estimate_cached_tokens`` and ``record_blocks_for_zeroing`` are new; skipped blocks are freed on the
+processed-token basis (the request's in-flight tokens are subtracted)."""
 
 VLLM_0_27_0 = replace(
     VLLM_0_26_0, name="vllm-0.27.0", release="0.27.0", stats_at_lookup=False, free_unhashed_needs_caching=True
@@ -394,11 +553,13 @@ VLLM_0_30_0 = replace(
     kpool_tail_kind=True,
     cp_swa_mask_unscaled=False,
     estimate_skips_uncacheable=True,
+    mamba_align_retired_mark=True,
 )
 """0.30.0: SinkFull groups reserve no sink blocks (plain full attention); an
 EAGLE Mamba group's tail boundary is one hash unit lower; the ring kind
 ``KpoolTail``; the window cache mask counts in the DCP-scaled block size;
-``estimate_cached_tokens`` leaves out the groups that are not prefix cacheable."""
+``estimate_cached_tokens`` leaves out the groups that are not prefix cacheable;
+Mamba align removes skipped state blocks across null gaps, above a retired mark."""
 
 VLLM_0_31_0 = replace(
     VLLM_0_30_0,
@@ -440,15 +601,49 @@ VLLM_0_33_0 = replace(
     mamba_caching_needs_align=True,
     eagle_flags_need_use_eagle=True,
     mamba_tail_skip_keyed=True,
+    hit_length_bound="as-given",
 )
 """0.33.0: ``pop_blocks_for_free`` drops leading nulls; cached Mamba groups
 must use align mode; EAGLE group flags need ``use_eagle``; the Mamba tail
-skips a block already keyed at the boundary."""
+skips a block already keyed at the boundary; ``get_computed_blocks`` takes
+an upper bound on the hit length."""
+
+VLLM_0_34_0 = replace(
+    VLLM_0_33_0,
+    name="vllm-0.34.0",
+    release="0.34.0",
+    common_prefix="absent",
+    num_cached_tokens_op=True,
+    hit_limit_at_construction=True,
+    prompt_logprobs_hit_cap=True,
+    hit_length_bound="capped",
+    token_ids_int32=True,
+)
+"""0.34.0: ``get_num_common_prefix_blocks`` is gone; ``get_num_cached_tokens``
+is new; whether a request reads the prefix cache is fixed when it is made
+(``prefix_cache_hit_limit``); a prompt-logprob request reads at most up to
+its first scored row; an explicit ``max_cache_hit_length`` can only lower the
+limit; token ids are 32-bit."""
 
 PROFILES: dict[str, SemanticsProfile] = {
     p.name: p
     for p in (
         VLLM_0_16_0,
+        VLLM_0_17_0,
+        VLLM_0_17_1,
+        VLLM_0_18_0,
+        VLLM_0_18_1,
+        VLLM_0_19_0,
+        VLLM_0_19_1,
+        VLLM_0_20_0,
+        VLLM_0_20_1,
+        VLLM_0_20_2,
+        VLLM_0_21_0,
+        VLLM_0_22_0,
+        VLLM_0_22_1,
+        VLLM_0_23_0,
+        VLLM_0_24_0,
+        VLLM_0_25_0,
         VLLM_0_25_1,
         VLLM_0_26_0,
         VLLM_0_27_0,
@@ -459,11 +654,12 @@ PROFILES: dict[str, SemanticsProfile] = {
         VLLM_0_31_0,
         VLLM_0_32_0,
         VLLM_0_33_0,
+        VLLM_0_34_0,
     )
 }
 """Every supported profile by name, oldest first."""
 
-NEWEST = VLLM_0_33_0
+NEWEST = VLLM_0_34_0
 """The default profile: the newest supported release."""
 
 
@@ -472,11 +668,55 @@ def profile_named(name: str) -> SemanticsProfile:
 
     Raises:
         KeyError: For an unknown name, listing the known ones.
+
+    raises: KeyError
+    post: __return__ in PROFILES.values() and name in (__return__.name, __return__.release)
     """
     key = name if name.startswith("vllm-") else f"vllm-{name}"
     if key not in PROFILES:
         raise KeyError(f"unknown semantics profile {name!r}; known: {', '.join(PROFILES)}")
     return PROFILES[key]
+
+
+def profile_for_release(release: str) -> SemanticsProfile:
+    """The profile to run vLLM ``release`` (``"0.35.0"``) under: its own, else
+    the newest profile of an older release (for a release newer than
+    :data:`NEWEST`, the newest).
+
+    Raises:
+        KeyError: For an unparsable release or one older than every profile.
+
+    raises: KeyError
+    post: __return__ in PROFILES.values()
+    post: release_key(__return__.release) <= release_key(release)
+    post: not any(release_key(__return__.release) < release_key(p.release) <= release_key(release) for p in PROFILES.values())
+    """  # noqa: E501 - a PEP 316 condition is one line
+    want = release_key(release)
+    older = [p for p in PROFILES.values() if release_key(p.release) <= want]
+    if not older:
+        raise KeyError(f"vLLM {release} is older than every semantics profile ({', '.join(PROFILES)})")
+    return max(older, key=lambda p: release_key(p.release))
+
+
+def release_key(release: str) -> tuple[int, int, int]:
+    """``"0.25.1"`` (or ``"0.25.1.dev3"``, ``"vllm-0.25.1"``) -> ``(0, 25, 1)``.
+
+    Raises:
+        KeyError: If it does not start with ``MAJOR.MINOR``.
+
+    raises: KeyError
+    post: len(__return__) == 3 and __return__[2] >= 0
+    post: release_key("vllm-" + release.removeprefix("vllm-")) == __return__
+    post: __return__[:2] == release_key(".".join(release.removeprefix("vllm-").split(".")[:2]))[:2]
+    """
+    parts = release.removeprefix("vllm-").split(".")
+    try:
+        major, minor = int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        raise KeyError(f"{release!r} is not a vLLM release number") from None
+    patch = parts[2] if len(parts) > 2 else "0"
+    digits = "".join(c for c in patch[: len(patch) - len(patch.lstrip("0123456789"))] or "0")
+    return major, minor, int(digits or 0)
 
 
 def features_used(config: KVCacheConfig) -> frozenset[str]:
@@ -495,7 +735,12 @@ def features_used(config: KVCacheConfig) -> frozenset[str]:
 
     An implementation that models only some of them refuses the others
     (kvref's impl adapter compares this set with what kvimpl models).
-    """
+
+    post: __return__ <= FEATURE_SWITCHES.keys()
+    post: ("context-parallelism" in __return__) == (config.dcp_world_size * config.pcp_world_size > 1)
+    post: config.enable_caching or __return__ <= {"ring-kinds", "context-parallelism"}
+    post: all(name not in __return__ or getattr(config.profile, switch) for name, switch in (("partial-tail-entries", "partial_tail_entries"), ("partial-hash-hits", "partial_hash_hits"), ("mamba-tail-entries", "mamba_tail_entries")))
+    """  # noqa: E501 - a PEP 316 condition is one line
     from kvspec.config import FULL_TYPE_KINDS, RING_KINDS, Mamba  # noqa: PLC0415 - config imports this module
 
     p = config.profile
@@ -564,7 +809,13 @@ def unsupported_reason(config: KVCacheConfig) -> str | None:
     Some rules of vLLM 0.16.0 are not modelled either
     (:func:`unmodelled_v016_rules`), nor context parallelism beyond one plain
     group (:func:`unmodelled_cp_rules`).
-    """
+
+    post: __return__ is None or __return__.startswith(f"{config.profile.name}: ")
+    post: __return__ is not None or (unmodelled_v016_rules(config) is None and unmodelled_cp_rules(config) is None)
+    post: __return__ is not None or features_used(config) - {"partial-hash-hits"} <= MODELLED_FEATURES
+    post: __return__ is not None or "partial-hash-hits" not in features_used(config) or config.profile.name in PARTIAL_HASH_HITS_CHECKED
+    post: __return__ is None or unmodelled_v016_rules(config) or unmodelled_cp_rules(config) or "partial-hash-hits" in features_used(config) or not features_used(config) <= MODELLED_FEATURES
+    """  # noqa: E501 - a PEP 316 condition is one line
     from kvspec.partial_hits import blocks_fine_hits  # noqa: PLC0415 - partial_hits imports config
 
     old_rules = unmodelled_v016_rules(config) or unmodelled_cp_rules(config)
@@ -595,7 +846,10 @@ def unsupported_reason(config: KVCacheConfig) -> str | None:
 def unmodelled_v016_rules(config: KVCacheConfig) -> str | None:
     """Which 0.16.0 rule kvspec would need for ``config`` and lacks, or None:
     without ``external_cap_any_skip``, a sliding window of 1 token or a chunk
-    shorter than the block (where 0.16.0's external-token cap differs)."""
+    shorter than the block (where 0.16.0's external-token cap differs).
+
+    post: __return__ is None or not config.profile.external_cap_any_skip
+    """
     from kvspec.config import ChunkedLocal, SlidingWindow  # noqa: PLC0415 - config imports this module
 
     if not config.profile.external_cap_any_skip:
@@ -618,7 +872,10 @@ def unmodelled_cp_rules(config: KVCacheConfig) -> str | None:
     0.26.0 on (per-kind checks and per-group scaled sizes), the ring kinds,
     a cached Mamba group from 0.26.0 to 0.28.0, and up to 0.25.1 a Mamba
     group with speculative blocks outside ``align`` mode.
-    """
+
+    post: __return__ is None or config.dcp_world_size * config.pcp_world_size > 1
+    post: __return__ is not None or len(config.groups) == 1 or config.profile.cp_block_scaling == "dcp-pcp" or config.dcp_world_size * config.pcp_world_size == 1
+    """  # noqa: E501 - a PEP 316 condition is one line
     from kvspec.config import RING_KINDS, Mamba  # noqa: PLC0415 - config imports this module
 
     if config.dcp_world_size * config.pcp_world_size == 1:

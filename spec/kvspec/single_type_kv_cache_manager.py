@@ -182,7 +182,7 @@ class SingleTypeKVCacheManager:
             align = self.cache_mask_alignment
             mask = None
             if align is not None:
-                mask = reachable_block_mask(self.mask_kind, num_cached, num_full, align, self.use_eagle)
+                mask = reachable_block_mask(self.mask_kind, num_cached, num_full, align, caches_eagle_peek(self))
             table = self.req_to_blocks.setdefault(rid, [])
             self.pool.cache_full_blocks(request, table, num_cached, num_full, self.block_size, self.group_id, mask)
             self.num_cached_block[rid] = num_full
@@ -205,8 +205,9 @@ class SingleTypeKVCacheManager:
         return trim_null_head(table) if self.profile.pop_drops_leading_nulls else table
 
     def free(self, request_id: str) -> None:
-        """Release the request's blocks, last table entry first."""
-        self.pool.free_blocks(reversed(self._forget(request_id)))
+        """Release the request's blocks, last table entry first (a sliding
+        window's as skipped blocks: :func:`kvspec.block_pool.requeue_unhashed_first`)."""
+        self.pool.free_blocks(reversed(self._forget(request_id)), skipped=isinstance(self.kind, SlidingWindow))
 
     def get_num_common_prefix_blocks(self, request_id: str) -> int:
         """Leading blocks of the request's table held by every table of this
@@ -220,6 +221,11 @@ class SingleTypeKVCacheManager:
         """Drain the ids of fresh blocks (see :func:`records_new_block_ids`)."""
         ids, self.new_block_ids = self.new_block_ids, []
         return ids
+
+    def record_for_zeroing(self, request_id: str, first: int) -> None:
+        """List the request's table from index ``first`` on as fresh blocks again
+        (:meth:`kvspec.kv_cache_manager.KVCacheManager.record_blocks_for_zeroing`)."""
+        self.new_block_ids += self.req_to_blocks.get(request_id, [])[first:]
 
     def take_pending_copies(self) -> list[tuple[BlockId, BlockId]]:
         """Drain the copy-on-write pairs, oldest first; their references stay."""
@@ -266,7 +272,7 @@ class SingleTypeKVCacheManager:
             freed.append(table[i])
             table[i] = NULL_BLOCK
         if freed:
-            self.pool.free_blocks(freed)
+            self.pool.free_blocks(freed, skipped=True)
 
 
 class CrossAttentionManager(SingleTypeKVCacheManager):
@@ -356,6 +362,9 @@ class MambaManager(SingleTypeKVCacheManager):
         self.cached_blocks_this_step: set[BlockHashWithGroupId] = set()
         self.last_state_block_idx: dict[str, int] = {}
         self.allocated_block_reqs: set[str] = set()
+        self.num_retired_blocks: dict[str, int] = {}
+        """Align mode (profile switch ``mamba_align_retired_mark``): per request,
+        the table index removal reached (upstream ``_num_retired_blocks``)."""
 
     def get_num_blocks_to_allocate(
         self,
@@ -436,10 +445,29 @@ class MambaManager(SingleTypeKVCacheManager):
                 self.pool.free_blocks([table[idx]])
                 table[idx] = NULL_BLOCK
 
+    def _remove_blocks_in_range(self, request_id: str, first: int, last: int) -> None:
+        """As the base; in align mode from vLLM 0.30.0 (profile switch
+        ``mamba_align_retired_mark``) as :func:`retire_range` says."""
+        if self.mamba.mode != "align" or not self.profile.mamba_align_retired_mark:
+            super()._remove_blocks_in_range(request_id, first, last)
+            return
+        table = self.req_to_blocks.get(request_id, [])
+        retired = self.num_retired_blocks.get(request_id, 0)
+        span = retire_range(first, last, retired, len(table))
+        if span is None:
+            return
+        freed = [table[i] for i in reversed(span) if table[i] != NULL_BLOCK]
+        for i in span:
+            table[i] = NULL_BLOCK
+        if freed:
+            self.pool.free_blocks(freed)
+        self.num_retired_blocks[request_id] = span.stop
+
     def _forget(self, request_id: str) -> list[BlockId]:
         """As the base, forgetting the align-mode bookkeeping too."""
         self.allocated_block_reqs.discard(request_id)
         self.last_state_block_idx.pop(request_id, None)
+        self.num_retired_blocks.pop(request_id, None)
         return super()._forget(request_id)
 
     def new_step_starts(self) -> None:
@@ -519,18 +547,40 @@ class MambaManager(SingleTypeKVCacheManager):
         return []
 
 
+def caches_eagle_peek(manager: SingleTypeKVCacheManager) -> bool:
+    """Whether an EAGLE group of a cached hybrid caches for its look-ahead
+    block: one block past the scheduler-block boundary, and a window mask
+    shifted by it; from vLLM 0.23.0 on (profile switch
+    ``hybrid_cache_eagle_reach``; 0.22.x caches it like any other group).
+
+    post: not __return__ or manager.use_eagle
+    post: not manager.use_eagle or __return__ == manager.profile.hybrid_cache_eagle_reach
+    """
+    return manager.use_eagle and manager.profile.hybrid_cache_eagle_reach
+
+
 def records_new_block_ids(kind: AttentionKind, profile: SemanticsProfile, has_mamba: bool) -> bool:
     """Whether a group of ``kind`` reports its fresh blocks to ``take_new_block_ids``.
 
-    vLLM 0.25.1: full attention and MLA (the exact types, so not SinkFull).
+    vLLM 0.17.1: full attention (the exact type, so not MLA or SinkFull);
+    0.23.0: full attention and MLA.
     0.26.0: the same, but only in models with a Mamba group (the ids are for
     zeroing recycled Mamba state pages). 0.28.0: every attention kind (not
     Mamba) of a model with a Mamba group (profile switch ``new_block_ids``).
     A ``CircularBuffer`` ring never reports (vLLM excludes its spec class; a
     ``KpoolTail`` ring is a sliding-window spec there, so it follows the rule).
+
+    post: not (__return__ and isinstance(kind, CircularBuffer | Mamba))
+    post: profile.new_block_ids != "full" or __return__ == (type(kind) is FullAttention)
+    post: profile.new_block_ids != "full-mla" or __return__ == isinstance(kind, FullAttention | MLA)
+    post: not __return__ or profile.new_block_ids == "attention-with-mamba" or isinstance(kind, FullAttention | MLA)
+    post: not __return__ or profile.new_block_ids in ("full", "full-mla") or has_mamba
+    post: __return__ or not has_mamba or not isinstance(kind, FullAttention | MLA) or profile.new_block_ids == "full"
     """
     if isinstance(kind, CircularBuffer):
         return False
+    if profile.new_block_ids == "full":
+        return type(kind) is FullAttention
     if profile.new_block_ids == "full-mla":
         return type(kind) in (FullAttention, MLA)
     if profile.new_block_ids == "full-mla-with-mamba":
@@ -541,7 +591,11 @@ def records_new_block_ids(kind: AttentionKind, profile: SemanticsProfile, has_ma
 def mamba_step_guarded(manager: MambaManager, hits: Sequence[BlockId]) -> bool:
     """Whether a Mamba hit ends on a state cached in this very scheduler step,
     which is not usable before ``new_step_starts``: from vLLM 0.25.1 on (profile
-    switch ``mamba_step_guard``; before it the hit is admitted at once)."""
+    switch ``mamba_step_guard``; before it the hit is admitted at once).
+
+    post: manager.profile.mamba_step_guard or not __return__
+    post: __return__ == (len(hits) > 0 and manager.pool.block_hash[hits[-1]] in manager.cached_blocks_this_step) or not manager.profile.mamba_step_guard
+    """  # noqa: E501 - a PEP 316 condition is one line
     if not manager.profile.mamba_step_guard or not hits:
         return False
     return manager.pool.block_hash[hits[-1]] in manager.cached_blocks_this_step
@@ -552,8 +606,10 @@ def num_sink_blocks(kind: SinkFullAttention, profile: SemanticsProfile) -> int:
     block_size`` until vLLM 0.30.0, none since (profile switch
     ``sink_blocks_reserved``).
 
-    pre: kind.block_size >= 1
+    pre: kind.block_size >= 1 and kind.sink_len % kind.block_size == 0
     post: __return__ >= 0
+    post: profile.sink_blocks_reserved or __return__ == 0
+    post: not profile.sink_blocks_reserved or __return__ * kind.block_size == kind.sink_len
     """
     return kind.sink_len // kind.block_size if profile.sink_blocks_reserved else 0
 
@@ -562,6 +618,8 @@ def trim_null_head(table: Sequence[BlockId]) -> list[BlockId]:
     """``table`` without its leading null blocks.
 
     post: NULL_BLOCK not in __return__[:1]
+    post: __return__ == list(table[len(table) - len(__return__) :])
+    post: all(b == NULL_BLOCK for b in table[: len(table) - len(__return__)])
     """
     first = next((i for i, b in enumerate(table) if b != NULL_BLOCK), len(table))
     return list(table[first:])
@@ -576,7 +634,10 @@ def mamba_align_new_blocks(raw: int, allocated: bool, spec: int, capped: bool, p
 
     pre: spec >= 0
     post: raw > 0 or partial or __return__ == raw
-    """
+    post: (raw <= 0 and not partial) or 1 <= __return__ <= (1 if allocated else 1 + spec) + partial
+    post: not capped or __return__ <= max(raw, 0) + partial
+    post: not capped or __return__ == min(mamba_align_new_blocks(raw, allocated, spec, False, partial), max(raw, 0) + partial)
+    """  # noqa: E501 - a PEP 316 condition is one line
     if partial:
         raw = max(raw, 0) + 1
     if raw <= 0:
@@ -600,6 +661,9 @@ def blocks_to_allocate(
 
     pre: required >= 0 and have >= 0 and (cap is None or cap >= 1)
     post: __return__ >= 0
+    post: not tracked or __return__ == max(min(required, cap or required) - have, 0)
+    post: cap is None or __return__ <= blocks_to_allocate(required, None, have, skipped, hit_free, tracked)
+    post: tracked or __return__ >= sum(hit_free[max(0, skipped - have) :])
     """
     if cap is not None:
         required = min(required, cap)
@@ -607,6 +671,24 @@ def blocks_to_allocate(
         return max(required - have, 0)
     new = max(required - max(skipped, len(hit_free) + have), 0)
     return new + sum(hit_free[max(0, skipped - have) :])
+
+
+def retire_range(first: int, last: int, retired: int, table_len: int) -> range | None:
+    """The table entries a Mamba align removal of ``[first, last)`` nulls out
+    from vLLM 0.30.0 on (profile switch ``mamba_align_retired_mark``): from
+    the request's retired mark (where the previous removal ended) up to
+    ``last``, at most the table's length; every state block in it is freed,
+    walking backwards over the null gaps that prefill leaves between states.
+    None when the range is empty (the mark stays); otherwise the mark moves to
+    its end.
+
+    pre: 0 <= first and 0 <= retired and 0 <= table_len
+    post: __return__ is None or (__return__.start >= max(first, retired) and __return__.stop <= table_len)
+    post: __return__ is None or (__return__.start == max(first, retired) and __return__.stop == min(last, table_len))
+    post: __return__ is not None or max(first, retired) >= min(last, table_len)
+    """
+    start, stop = max(first, retired), min(last, table_len)
+    return range(start, stop) if start < stop else None
 
 
 def num_skipped_tokens(kind: AttentionKind, num_computed_tokens: int) -> int:
@@ -620,7 +702,11 @@ def num_skipped_tokens(kind: AttentionKind, num_computed_tokens: int) -> int:
     pre: not isinstance(kind, SlidingWindow) or kind.window >= 1
     pre: not isinstance(kind, ChunkedLocal) or kind.chunk >= 1
     post: __return__ <= num_computed_tokens
-    """
+    post: not isinstance(kind, SlidingWindow) or num_computed_tokens - __return__ == min(num_computed_tokens, kind.window - 1)
+    post: not isinstance(kind, ChunkedLocal) or (__return__ % kind.chunk == 0 and num_computed_tokens - __return__ < kind.chunk)
+    post: not isinstance(kind, Mamba) or __return__ == num_computed_tokens - 1
+    post: isinstance(kind, SlidingWindow | ChunkedLocal | Mamba) or __return__ == 0
+    """  # noqa: E501 - a PEP 316 condition is one line
     if isinstance(kind, SlidingWindow):
         return max(0, num_computed_tokens - kind.window + 1)
     if isinstance(kind, ChunkedLocal):
@@ -658,6 +744,8 @@ def full_attention_hit(present: Sequence[bool], drop_eagle: bool, block_size: in
     pre: block_size >= 1 and alignment >= 1
     post: 0 <= __return__ <= len(present)
     post: all(present[:__return__])
+    post: block_size == alignment or __return__ * block_size % alignment == 0
+    post: not drop_eagle or __return__ == 0 or present[__return__]
     """
     n = 0
     while n < len(present) and present[n]:
@@ -682,6 +770,8 @@ def sliding_window_hit(
     pre: contiguous >= 0 and block_size >= 1 and alignment >= 1
     post: 0 <= __return__[1] <= len(present)
     post: all(present[__return__[0]:__return__[1]])
+    post: block_size == alignment or __return__[1] * block_size % alignment == 0
+    post: __return__[0] == 0 or __return__[1] + drop_eagle - __return__[0] >= contiguous
     """
     run = 0
     for i in range(len(present) - 1, -1, -1):
@@ -705,7 +795,10 @@ def chunked_local_hit(present: Sequence[bool], max_length: int, chunk: int, bloc
 
     pre: chunk >= 1 and block_size >= 1 and len(present) == max(0, max_length) // block_size
     post: __return__[0] <= __return__[1] <= len(present)
-    """
+    post: __return__[0] * block_size == (max_length // chunk * chunk if max_length > 0 else 0) // block_size * block_size
+    post: all(present[__return__[0] : __return__[1]])
+    post: __return__[1] == len(present) or not present[__return__[1]]
+    """  # noqa: E501 - a PEP 316 condition is one line
     first = (max_length // chunk * chunk if max_length > 0 else 0) // block_size
     n = first
     while n < len(present) and present[n]:
@@ -719,6 +812,8 @@ def mamba_hit(present: Sequence[bool], block_size: int, alignment: int) -> tuple
 
     pre: block_size >= 1 and alignment >= 1
     post: __return__ == (0, 0) or present[__return__[0]]
+    post: __return__ == (0, 0) or __return__[1] == __return__[0] + 1
+    post: block_size == alignment or __return__[1] * block_size % alignment == 0
     """
     for i in range(len(present) - 1, -1, -1):
         if present[i] and (block_size == alignment or (i + 1) * block_size % alignment == 0):
@@ -736,7 +831,23 @@ def find_longest_cache_hit(
     alignment: int,
 ) -> list[list[BlockId]]:
     """The longest hit of at most ``max_length`` tokens, one list per group in
-    ``group_ids`` (every group must hold each block); null where not needed."""
+    ``group_ids`` (every group must hold each block); null where not needed.
+
+    The lists are equally long, hold ``length * block_size <= max_length``
+    tokens, aligned as the kind's rule (:func:`full_attention_hit` and the
+    others) requires, and each entry that is not null is the block cached
+    under that position's hash in that group. Full-attention kinds have no
+    null entry; a ring kind never has a hit.
+
+    pre: alignment >= 1 and len(group_ids) >= 1
+    raises: NotImplementedError
+    post: len(__return__) == len(group_ids) and len({len(h) for h in __return__}) == 1
+    post: len(__return__[0]) * kind.block_size <= max(max_length, 0)
+    post: isinstance(kind, ChunkedLocal) or kind.block_size == alignment or len(__return__[0]) * kind.block_size % alignment == 0
+    post: all(b == NULL_BLOCK or b == pool.get_cached_block(block_hashes[i], group_ids)[g] for g, h in enumerate(__return__) for i, b in enumerate(h))
+    post: not isinstance(kind, FULL_TYPE_KINDS) or NULL_BLOCK not in __return__[0]
+    post: not isinstance(kind, RING_KINDS) or not __return__[0]
+    """  # noqa: E501 - a PEP 316 condition is one line
     max_blocks = max(max_length, 0) // kind.block_size
     looked_up = [pool.get_cached_block(h, group_ids) for h in block_hashes[:max_blocks]]
     present = [f is not None for f in looked_up]
@@ -770,7 +881,13 @@ def eagle_window_hit_before_drop(
     """Whether vLLM 0.16.0's sliding-window search under EAGLE finds a hit
     before it drops the EAGLE block: a run of one block more than the window
     needs whose end is aligned, or an aligned run from block 0. Where the
-    block is not ``alignment``, 0.16.0 then fails an assertion. Changes nothing."""
+    block is not ``alignment``, 0.16.0 then fails an assertion. Changes nothing.
+
+    Such a run also holds a hit without EAGLE (its ``need`` blocks).
+
+    pre: alignment >= 1 and len(group_ids) >= 1
+    post: not __return__ or len(find_longest_cache_hit(kind, block_hashes, max_length, group_ids, pool, False, alignment)[0]) > 0
+    """  # noqa: E501 - a PEP 316 condition is one line
     max_blocks = max(max_length, 0) // kind.block_size
     present = [pool.get_cached_block(h, group_ids) is not None for h in block_hashes[:max_blocks]]
     need = contiguous_blocks_for_hit(kind.window, kind.block_size, True)
@@ -789,6 +906,8 @@ def reachable_block_mask(
     pre: 0 <= start <= end and alignment >= 1
     pre: not isinstance(kind, SlidingWindow) or (kind.window >= 1 and kind.block_size >= 1)
     post: __return__ is None or len(__return__) == end - start
+    post: isinstance(kind, SlidingWindow) or __return__ is None
+    post: __return__ is None or not use_eagle or start > 0 or not __return__[:1] or not __return__[0]
     """
     if not isinstance(kind, SlidingWindow):
         return None
@@ -808,6 +927,8 @@ def common_prefix_length(table: Sequence[BlockId], tables: Sequence[Sequence[Blo
     in both directions otherwise (docs/divergences.md, "common-prefix-pending").
 
     post: 0 <= __return__ <= len(table)
+    post: all(all(b in t for t in tables) for b in table[:__return__])
+    post: __return__ == len(table) or any(table[__return__] not in t for t in tables)
     """
     n = 0
     while n < len(table) and all(table[n] in t for t in tables):
@@ -825,7 +946,15 @@ def make_manager(
     profile: SemanticsProfile = NEWEST,
     has_mamba: bool = False,
 ) -> SingleTypeKVCacheManager:
-    """The manager class for ``kind`` (upstream: ``get_manager_for_kv_cache_spec``)."""
+    """The manager class for ``kind`` (upstream: ``get_manager_for_kv_cache_spec``).
+
+    post: isinstance(__return__, MambaManager) == isinstance(kind, Mamba)
+    post: isinstance(__return__, CircularBufferManager) == isinstance(kind, RING_KINDS)
+    post: isinstance(__return__, CrossAttentionManager) == isinstance(kind, CrossAttention)
+    post: (__return__.kind, __return__.group_id, __return__.profile, __return__.pool) == (kind, group_id, profile, pool)
+    post: __return__.admission_cap == (cap if type(__return__) is SingleTypeKVCacheManager else None)
+    post: not __return__.req_to_blocks and not __return__.new_block_ids
+    """
     if isinstance(kind, Mamba):
         return MambaManager(kind, pool, enable_caching, group_id, sched, profile)
     if isinstance(kind, CrossAttention):

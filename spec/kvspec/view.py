@@ -54,7 +54,11 @@ class KVView:
 
 
 def diff_views(a: KVView, b: KVView) -> list[str]:
-    """Human-readable differences between two views (empty when equal)."""
+    """Human-readable differences between two views (empty when equal).
+
+    post: (__return__ == []) == (a == b)
+    post: len(__return__) <= 5
+    """
     out: list[str] = []
     for name in ("free_queue", "ref_cnt", "cached", "tables", "usage"):
         va, vb = getattr(a, name), getattr(b, name)

@@ -23,7 +23,7 @@ import pytest
 from kvimpl import PROFILE_SWITCHES
 from kvimpl.config_rules import unmodelled_features
 from kvimpl.kv_cache_manager import KVCacheManager as ImplManager
-from kvimpl.native import create_manager, native_unsupported
+from kvimpl.native import create_manager, native_module, native_unsupported
 from kvref.adapters.impl import (
     IMPL_FEATURES,
     IMPL_PROFILES,
@@ -33,6 +33,7 @@ from kvref.adapters.impl import (
 )
 from kvspec import profiles
 from kvspec.config import (
+    MLA,
     AttentionKind,
     CircularBuffer,
     CrossAttention,
@@ -50,6 +51,11 @@ from kvspec.profiles import (
     MODELLED_FEATURES,
     NEWEST,
     PROFILES,
+    VLLM_0_17_0,
+    VLLM_0_19_1,
+    VLLM_0_20_0,
+    VLLM_0_21_0,
+    VLLM_0_23_0,
     VLLM_0_25_1,
     VLLM_0_26_0,
     VLLM_0_27_0,
@@ -59,6 +65,7 @@ from kvspec.profiles import (
     VLLM_0_31_0,
     VLLM_0_32_0,
     VLLM_0_33_0,
+    VLLM_0_34_0,
     SemanticsProfile,
     features_used,
 )
@@ -142,6 +149,33 @@ def mamba_slack(mgr: Any, h: RequestBlockHasher) -> object:
     return mgr.get_blocks("a")
 
 
+def in_flight_basis(mgr: Any, h: RequestBlockHasher) -> object:
+    """A 12-token sliding-window request steps on with 8 of its tokens still in flight:
+    are the window's skipped blocks freed below 12 or below 4 computed tokens?"""
+    a = admit(mgr, h.new_request("a", [1] * 13))
+    a = replace(a, num_computed_tokens=12, num_in_flight_tokens=8)
+    return mgr.allocate_slots(a, 1), mgr.get_blocks("a")
+
+
+def mamba_retired(mgr: Any, h: RequestBlockHasher) -> object:
+    """A Mamba align table [hit state, null, state, state] whose state moved on while its
+    tokens were in flight: does removal below 12 tokens step over the null and free the
+    hit state too?"""
+    a = h.new_request("a", [1] * 8)
+    mgr.allocate_slots(a, 4)
+    mgr.allocate_slots(replace(a, num_computed_tokens=4), 4)
+    mgr.free("a")
+    mgr.new_step_starts()
+    b = h.new_request("b", [1] * 4 + [3] * 12)
+    hits, n = mgr.get_computed_blocks(b)
+    assert n == 4, n
+    mgr.allocate_slots(b, 8, n, hits)
+    # 8 tokens in flight: nothing is skipped yet, and the state moves on past the hit's
+    mgr.allocate_slots(replace(b, num_computed_tokens=12, num_in_flight_tokens=8), 2)
+    mgr.remove_skipped_blocks("b", 12)
+    return mgr.get_blocks("b")
+
+
 def mamba_align_estimate(mgr: Any, h: RequestBlockHasher) -> object:
     """A request adopts a cached Mamba state without new tokens in a pool with two free blocks:
     the capped estimate (2) fits, the uncapped one (3) does not."""
@@ -210,6 +244,47 @@ def common_prefix(mgr: Any, h: RequestBlockHasher) -> object:
     admit(mgr, h.new_request("a", [1] * 9))
     admit(mgr, h.new_request("b", [1] * 10))
     return mgr.get_num_common_prefix_blocks("a"), mgr.get_num_common_prefix_blocks("b")
+
+
+def must_fit(mgr: Any, h: RequestBlockHasher) -> object:
+    """An allocation that asks the whole request to fit first."""
+    return mgr.allocate_slots(h.new_request("a", [1] * 9), 9, full_sequence_must_fit=True)
+
+
+def reserved(mgr: Any, h: RequestBlockHasher) -> object:
+    """An allocation that must leave one block free (``reserved_blocks``)."""
+    return mgr.allocate_slots(h.new_request("a", [1] * 9), 9, reserved_blocks=1)
+
+
+def num_cached(mgr: Any, h: RequestBlockHasher) -> object:
+    """A read-only probe of ``b``'s cached tokens (vLLM 0.34.0's ``get_num_cached_tokens``)."""
+    admit(mgr, h.new_request("a", [1] * 9))
+    return mgr.get_num_cached_tokens(h.new_request("b", [1] * 9))
+
+
+def late_skip(mgr: Any, h: RequestBlockHasher) -> object:
+    """``b`` is made reading the cache, then its skip flag is set: which one counts?"""
+    admit(mgr, h.new_request("a", [1] * 9))
+    return mgr.get_computed_blocks(replace(h.new_request("b", [1] * 9), skip_reading_prefix_cache=True))
+
+
+def logprob_cap(mgr: Any, h: RequestBlockHasher) -> object:
+    """A prompt-logprob request that reads the cache, first scored row 5."""
+    admit(mgr, h.new_request("a", [1] * 13))
+    b = h.new_request("b", [1] * 13, skip_reading_prefix_cache=False, prompt_logprobs=True, prompt_logprob_start=5)
+    return mgr.get_computed_blocks(b)
+
+
+def hit_bound(mgr: Any, h: RequestBlockHasher) -> object:
+    """``b``'s 8 tokens are all cached; a bound of 8 (above ``num_tokens - 1``) and of 5."""
+    admit(mgr, h.new_request("a", [1] * 9))
+    b = h.new_request("b", [1] * 8)
+    return [mgr.get_computed_blocks(b, max_cache_hit_length=bound) for bound in (8, 5)]
+
+
+def big_token(mgr: Any, h: RequestBlockHasher) -> object:
+    """A token id of 2**31 in a prompt."""
+    return admit(mgr, h.new_request("a", [1, 2, 1 << 31])).block_hashes
 
 
 def lora_path(mgr: Any, h: RequestBlockHasher) -> object:
@@ -331,6 +406,14 @@ def estimate(mgr: Any, h: RequestBlockHasher) -> object:
     return mgr.estimate_cached_tokens(admit(mgr, h.new_request("a", list(range(13)))))
 
 
+def rezero(mgr: Any, h: RequestBlockHasher) -> object:
+    """``a`` is admitted and its listing drained; then its blocks from token 4 on
+    are listed for zeroing again (``take_new_block_ids`` in :func:`outcome` shows them)."""
+    admit(mgr, h.new_request("a", list(range(13))))
+    mgr.take_new_block_ids()
+    return mgr.record_blocks_for_zeroing("a", 4)
+
+
 def prefix_hint(mgr: Any, h: RequestBlockHasher) -> object:
     """``a`` runs 8 then 9 tokens (Mamba states at 8 and 16); ``b`` shares 12:
     the hint is the uncached common prefix (4) or the boundary (12)."""
@@ -380,6 +463,7 @@ EAGLE_HYBRID = {"groups": (FullAttention(4), SlidingWindow(4, 8)), "use_eagle": 
 TAIL_HYBRID = {"groups": (FullAttention(8), SlidingWindow(4, 4)), "enable_kv_cache_events": True}
 MAMBA_TAILS = {"groups": (FullAttention(4), Mamba(4, "align", 0)), "enable_kv_cache_events": True}
 COW_HYBRID = {"groups": (FullAttention(4), Mamba(8, "align", 0)), "enable_kv_cache_events": True}
+FULL_EVENTS = {"groups": (FullAttention(4),), "enable_kv_cache_events": True}
 MAMBA_HYBRID = {"groups": (FullAttention(4), SlidingWindow(4, 8), Mamba(4, "all", 0)), "enable_caching": False}
 CASES = [
     Case("partial_tail_entries", VLLM_0_26_0, False, partial_tail, TAIL_HYBRID),
@@ -402,6 +486,10 @@ CASES = [
     Case(
         "mamba_skip_spec_slack", VLLM_0_26_0, True, mamba_slack,
         {"groups": (Mamba(4, "all", 1),), "enable_caching": False},
+    ),
+    Case(
+        "mamba_align_retired_mark", VLLM_0_30_0, False, mamba_retired,
+        {"groups": (FullAttention(4), Mamba(4, "align", 0))},
     ),
     Case(
         "mamba_align_estimate_capped", VLLM_0_31_0, False, mamba_align_estimate,
@@ -427,6 +515,14 @@ CASES = [
         {"groups": (FullAttention(4), Mamba(4, "align", 0))},
     ),
     Case("common_prefix", VLLM_0_32_0, "tables", common_prefix, {"groups": (FullAttention(4),)}),
+    Case("skip_on_processed_tokens", VLLM_0_26_0, False, in_flight_basis, {"groups": (SlidingWindow(4, 4),)}),
+    Case("common_prefix", VLLM_0_34_0, "zero", common_prefix, {"groups": (FullAttention(4),)}),
+    Case("num_cached_tokens_op", VLLM_0_34_0, False, num_cached, {"groups": (FullAttention(4),)}),
+    Case("hit_limit_at_construction", VLLM_0_34_0, False, late_skip, {"groups": (FullAttention(4),)}),
+    Case("prompt_logprobs_hit_cap", VLLM_0_34_0, False, logprob_cap, {"groups": (FullAttention(4),)}),
+    Case("hit_length_bound", VLLM_0_34_0, "as-given", hit_bound, {"groups": (FullAttention(4),)}),
+    Case("hit_length_bound", VLLM_0_33_0, "absent", hit_bound, {"groups": (FullAttention(4),)}),
+    Case("token_ids_int32", VLLM_0_34_0, False, big_token, {"groups": (FullAttention(4),)}),
     Case(
         "extra_keys_tagged", VLLM_0_31_0, False, lora_path,
         {"groups": (FullAttention(4),), "enable_kv_cache_events": True},
@@ -461,6 +557,7 @@ CASES = [
     Case("mamba_step_guard", VLLM_0_25_1, False, step_guard, {"groups": (Mamba(4, "all", 0),)}),
     Case("circular_buffer_kind", VLLM_0_29_0, False, hybrid_hit, {"groups": (FullAttention(4), CircularBuffer(2))}),
     Case("estimate_cached_tokens_op", VLLM_0_26_0, False, estimate, {"groups": (FullAttention(4),)}),
+    Case("record_zeroing_op", VLLM_0_26_0, False, rezero, {"groups": (FullAttention(4), Mamba(4, "align"))}),
     Case("estimate_skips_uncacheable", VLLM_0_30_0, False, estimate, {"groups": (FullAttention(4), CircularBuffer(2))}),
     Case("kpool_tail_kind", VLLM_0_30_0, False, hybrid_hit, {"groups": (FullAttention(4), KpoolTail(2, 8))}),
     Case(
@@ -493,6 +590,21 @@ CASES = [
     ),
     Case("prefix_hint_op", VLLM_0_25_1, False, prefix_hint, {"groups": (FullAttention(4), SlidingWindow(4, 8))}),
     Case("external_cap_any_skip", VLLM_0_25_1, False, hybrid_hit, {"groups": (SlidingWindow(4, 1),)}),
+    # the switches of the releases between 0.16.0 and 0.25.1
+    Case("event_extra_keys", VLLM_0_17_0, False, events, FULL_EVENTS),
+    Case("event_group_idx", VLLM_0_20_0, False, events, FULL_EVENTS),
+    Case("skipped_unhashed_first", VLLM_0_23_0, False, free_order, {"groups": (SlidingWindow(4, 8),)}),
+    Case(  # the window's block is not the scheduler block: 0.19.1 aligns again where 0.16.0 asserts
+        "v016_swa_eagle_realign", VLLM_0_19_1, False, hybrid_hit,
+        {"groups": (FullAttention(8), SlidingWindow(4, 8)), "use_eagle": True},
+    ),
+    Case(
+        "hybrid_cache_eagle_reach", VLLM_0_23_0, False, hybrid_hit,
+        {"groups": (FullAttention(8), SlidingWindow(4, 4)), "use_eagle": True},
+    ),
+    Case("full_sequence_arg", VLLM_0_21_0, False, must_fit, {"groups": (FullAttention(4),)}),
+    Case("reserved_blocks_arg", VLLM_0_23_0, False, reserved, {"groups": (FullAttention(4),)}),
+    Case("new_block_ids", VLLM_0_23_0, "full", new_ids, {"groups": (MLA(4),)}),
 ]  # fmt: skip
 
 FEATURE_CASES: dict[str, tuple[SemanticsProfile, dict[str, Any]]] = {
@@ -604,15 +716,11 @@ def test_kvimpl_models_the_tail_features_in_python(groups: tuple[AttentionKind, 
 RING_CONFIG: dict[str, object] = {
     "num_blocks": 16, "groups": (FullAttention(4), CircularBuffer(2)), "max_model_len": 64, "profile": VLLM_0_30_0,
 }  # fmt: skip
-CP_CONFIG: dict[str, object] = {
-    "num_blocks": 16, "groups": (FullAttention(4),), "max_model_len": 64, "dcp_world_size": 2, "profile": VLLM_0_33_0,
-}  # fmt: skip
 PYTHON_ONLY_FEATURES: list[tuple[str, KVCacheConfig]] = [
     *(
         ("ring-kinds", KVCacheConfig(**RING_CONFIG, enable_caching=caching))  # type: ignore[arg-type]  # a test's keyword bag
         for caching in (True, False)
     ),
-    ("context-parallelism", KVCacheConfig(**CP_CONFIG)),  # type: ignore[arg-type]  # a test's keyword bag
 ]
 """Configurations of the features only the pure-Python manager models."""
 
@@ -632,3 +740,33 @@ def test_python_manager_models_a_feature_the_native_core_declines(feature: str, 
     assert hybrid_hit(adapter, RequestBlockHasher.for_config(config)) == hybrid_hit(
         SpecManager(config), RequestBlockHasher.for_config(config)
     )
+
+
+@pytest.mark.skipif(native_module() is None, reason="the native extension is not built here")
+@pytest.mark.parametrize("caching", [True, False])
+def test_native_core_runs_one_group_under_cp(caching: bool) -> None:
+    """Context parallelism (one group; several without caching up to vLLM 0.25.1, where kvspec models
+    them): the core runs it at the managers' scaled block sizes and refuses the lookups the release
+    refuses, as kvspec."""
+    configs: list[tuple[tuple[AttentionKind, ...], SemanticsProfile]] = [
+        ((FullAttention(4),), VLLM_0_33_0), ((SlidingWindow(4, 8),), VLLM_0_33_0)
+    ]
+    if not caching:
+        configs.append(((FullAttention(4), SlidingWindow(4, 8)), VLLM_0_25_1))
+    for groups, profile in configs:
+        config = KVCacheConfig(
+            num_blocks=16, groups=groups, max_model_len=64, dcp_world_size=2, enable_caching=caching,
+            profile=profile,
+        )  # fmt: skip
+        assert native_unsupported(config) is None, groups
+        native = create_manager(config, native=True)
+        assert type(native).__name__ == "NativeKVCacheManager"
+        spec = SpecManager(config)
+        results = []
+        for mgr in (spec, native):
+            try:
+                results.append(hybrid_hit(mgr, RequestBlockHasher.for_config(config)))
+            except KVCacheError as exc:
+                results.append(type(exc).__name__)
+        assert results[0] == results[1] and spec.to_view() == native.to_view(), (groups, results)
+        native.check_invariants()

@@ -192,7 +192,8 @@ def facade_cases() -> list[tuple[str, type[KVCacheError], Call]]:
             (f"cache_blocks(num_computed_tokens={v!r})", InvalidTokenCountError, on("cache_blocks", A, v)),
         ]
     for v in BAD_IDS:
-        for op in ("free", "pop_blocks_for_free", "get_blocks", "get_block_ids", "get_num_common_prefix_blocks"):
+        common = ("get_num_common_prefix_blocks",) if CONFIG.profile.common_prefix != "absent" else ()
+        for op in ("free", "pop_blocks_for_free", "get_blocks", "get_block_ids", *common):
             cases.append((f"{op}({v!r})", InvalidRequestError, on(op, v)))
         cases.append((f"remove_skipped_blocks({v!r})", InvalidRequestError, on("remove_skipped_blocks", v, 4)))
     for v in BAD_BLOCK_IDS:

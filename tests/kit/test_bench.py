@@ -153,3 +153,16 @@ def test_cli_paths(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert all(p in out for p in PATHS)
     assert "load average" in out
+
+
+@pytest.mark.parametrize("device", ["cpu", "cpu-copy"])
+def test_device_table_bench_runs(device: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``kvref bench --steady-decode R --device D`` runs its loop on the CPU
+    (on a GPU: ``ci/gpu-check.sh``), with the slots of kvimpl and of the
+    vLLM-worker-style path compared where vLLM is installed."""
+    pytest.importorskip("torch")
+    from kvref.bench_tables import report  # noqa: PLC0415
+
+    assert report("full+swa", 16, 8, 1, device) == 0
+    out = capsys.readouterr().out
+    assert "impl-python-batched" in out and "µs per request-step" in out

@@ -164,3 +164,22 @@ def test_a_run_of_only_refused_configurations_checks_nothing() -> None:
         refuses_everything(KVCacheConfig(num_blocks=4, groups=(FullAttention(4),), max_model_len=16))
     code = _exit_code(["check", "--target", f"{__name__}:refuses_everything", "--against", "spec"])
     assert code in (USAGE, NOTHING_CHECKED)
+
+
+def test_replay_takes_a_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A folder stands for its .jsonl files (it once failed with an IsADirectoryError text); an empty one is a
+    usage error of one line."""
+    minimal = ROOT / "traces" / "vllm-0.25.1" / "minimal"
+    assert _exit_code(["replay", str(minimal), "--target", "spec"]) == OK
+    assert "12/12 traces as expected against spec" in capsys.readouterr().out
+    assert _exit_code(["replay", str(tmp_path), "--target", "spec"]) == USAGE
+    err = capsys.readouterr().err
+    assert err.strip() == f"kvref replay: {tmp_path}: a folder without .jsonl trace files"
+
+
+def test_replay_help_documents_its_arguments_and_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _exit_code(["replay", "--help"]) == OK
+    out = capsys.readouterr().out
+    documented = ("FILE", "folders", "--target", "--op-timeout", "Exit codes: 0", "3 nothing was", "4 an adapter")
+    for text in documented:
+        assert text in out, text

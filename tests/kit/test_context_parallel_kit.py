@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 
 from kvref.adapters import load_factory
+from kvref.adapters.impl import native_built
 from kvref.adapters.vllm import make_vllm_adapter, vllm_available
 from kvref.ops import config_from_json, config_to_json
 from kvref.shapes import CP_SHAPES, SHAPES, build_kinds, shape_named
 from kvref.traces import load, replay
 from kvspec.config import FullAttention, KVCacheConfig, SlidingWindow
-from kvspec.errors import ContextParallelLookupError, UnsupportedByProfileError
+from kvspec.errors import ContextParallelLookupError
 from kvspec.profiles import VLLM_0_25_1, VLLM_0_33_0
 from kvspec.request import RequestBlockHasher
 
@@ -67,13 +68,15 @@ def test_golden_cp_trace_replays(path: Path, engine: str) -> None:
     assert result.steps == len(trace.steps)
 
 
-def test_impl_runs_context_parallelism_on_python_and_native_declines() -> None:
+def test_impl_runs_context_parallelism_on_both_builds() -> None:
+    """Both builds run a group under context parallelism at its scaled block size (the native core
+    since it takes the managers' block sizes; it declined context parallelism before)."""
     cfg = KVCacheConfig(num_blocks=8, groups=(FullAttention(4),), max_model_len=32, dcp_world_size=2)
-    adapter = load_factory("impl-python")(cfg)
-    req = RequestBlockHasher(cfg.hash_function, cfg.hash_seed, 8).new_request("a", list(range(9)))
-    assert adapter.allocate_slots(req, 9) == ((1, 2),)  # two blocks of the scaled size 8
-    with pytest.raises(UnsupportedByProfileError, match="context-parallelism"):
-        load_factory("impl-native")(cfg)
+    targets = ["impl-python"] + (["impl-native"] if native_built() else [])
+    for target in targets:
+        adapter = load_factory(target)(cfg)
+        req = RequestBlockHasher(cfg.hash_function, cfg.hash_seed, 8).new_request("a", list(range(9)))
+        assert adapter.allocate_slots(req, 9) == ((1, 2),)  # two blocks of the scaled size 8
 
 
 @pytest.mark.skipif(not vllm_available(), reason="no supported vLLM is installed")

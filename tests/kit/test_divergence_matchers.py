@@ -52,6 +52,22 @@ def test_matcher_explains_vllms_output_on_its_trace(div_id: str, vllm_out: Any) 
     assert explain(cfg, op, vllm_out, spec_out, pending) == div_id
 
 
+def test_swa_eagle_window_lost_only_for_nulls_inside_the_window_and_only_in_0_19_1() -> None:
+    """vLLM 0.19.1's output on its trace (a shrunk lockstep failure): the same
+    length, the window's block null. Not explained from 0.20.0 on, nor for a
+    null before the window, a different length, or a difference in another group."""
+    cfg, op, spec_out = _trace_step("swa-eagle-window-lost")
+    assert cfg.profile.release == "0.19.1"
+    assert spec_out == {"blocks": [[1], [0, 6]], "num_tokens": 4}
+    assert explain(cfg, op, {"blocks": [[1], [0, 0]], "num_tokens": 4}, spec_out, False) == "swa-eagle-window-lost"
+    assert explain(cfg, op, {"blocks": [[1], [0, 0]], "num_tokens": 4}, spec_out, False, release="0.20.0") is None
+    assert explain(cfg, op, {"blocks": [[2], [0, 0]], "num_tokens": 4}, spec_out, False) is None
+    assert explain(cfg, op, {"blocks": [[1], [0, 7]], "num_tokens": 4}, spec_out, False) is None
+    wide = {"blocks": [[1, 2], [5, 6, 7, 8]], "num_tokens": 8}
+    assert explain(cfg, op, {"blocks": [[1, 2], [0, 6, 7, 8]], "num_tokens": 8}, wide, False) is None
+    assert explain(cfg, op, {"blocks": [[1, 2], [5, 6, 0, 8]], "num_tokens": 8}, wide, False) is None
+
+
 def test_eagle_mamba_hit_with_lists_longer_than_a_shrunk_hit() -> None:
     """The second form: the hit shrank to 0, a later look-ahead pass left longer lists."""
     vllm_out = {"blocks": [[], [2], [0, 0]], "num_tokens": 0}

@@ -93,6 +93,29 @@ def test_keep_going_counts_a_known_construction_crash_instead_of_listing_it_agai
     assert setup.stats.steps >= 1500  # the other configurations were still checked
 
 
+class _LookupCrashes(KVCacheManager):
+    """A planted crash: every prefix lookup raises."""
+
+    name = "lookup-crashes"
+
+    def get_computed_blocks(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("planted lookup crash")
+
+
+def test_keep_going_goes_on_after_a_reference_that_crashed(tmp_path: Path) -> None:
+    # When the side listed first (whose output the scheduler model reads) crashes in a class
+    # already listed, the run restarts; the model must not read the crash marker as a lookup
+    # result (kvref drift against a real release died there with a KeyError).
+    load_profile("dev")
+    crashing: Any = _LookupCrashes  # a manager class stands in for its adapter factory
+    setup = MachineSetup([crashing, load_factory("spec")], RunStats(), tmp_path / "failures",
+                         shapes=(shape_named("full"),))  # fmt: skip
+    classes = run_keep_going(setup, seed=1, goal=600, out_dir=tmp_path / "classes")  # seed 1 meets it again
+    assert [c.key for c in classes] == ["get_computed_blocks/crash"]
+    assert classes[0].occurrences > 1  # met again, and each time the run went on
+    assert setup.stats.steps >= 600
+
+
 class _HaltingPopThenWrongIds(_ReversedPop):
     """Declares its reversed pop as a *halting* difference; every later
     ``take_new_block_ids`` answer is wrong."""
@@ -320,3 +343,66 @@ def test_lineage_renames_variables_and_modules() -> None:
     assert _repackage("torch", "aphrodite") == "torch"
     with pytest.raises(Exception, match="name the vLLM release"):
         VllmLineage(package="nothing_here").api()
+
+
+def test_lineage_declarations_ride_on_its_factories() -> None:
+    """``features`` (the opt-in context parallelism), ``unsupported`` and ``supports`` of a lineage are on
+    ``make`` and ``make_pool``; ``declare`` takes a lineage's factory (a bound method once refused it); the era
+    names and the era base class are public."""
+    import kvref  # noqa: PLC0415 - the public names under test
+    from kvref import declare  # noqa: PLC0415
+    from kvref.capabilities import refusal  # noqa: PLC0415
+
+    def one_group(config: KVCacheConfig) -> str | None:
+        return None if len(config.groups) == 1 else "one group"
+
+    fork = VllmLineage(package="vllmfork", upstream="0.25.1", features={"context-parallelism"},
+                       unsupported={"events"}, supports=one_group)  # fmt: skip
+    cp = KVCacheConfig(num_blocks=16, groups=(FullAttention(4),), max_model_len=64, dcp_world_size=2,
+                       hash_block_size=8)  # fmt: skip
+    for factory in (fork.make, fork.make_pool):
+        assert getattr(factory, "features") == {"context-parallelism"}  # noqa: B009 - a declared attribute
+        assert getattr(factory, "unsupported") == {"events"}  # noqa: B009
+        assert refusal(factory, cp) is None
+    assert refusal(VllmLineage(upstream="0.25.1").make, cp) is not None  # opt-in: refused without it
+    declared = declare(unsupported={"stats"})(VllmLineage(upstream="0.25.1").build)
+    assert getattr(declared, "unsupported") == {"stats"}  # noqa: B009
+    assert "0.29" in kvref.ERA_NAMES and "kvref" not in kvref.ERA_NAMES
+    assert issubclass(VllmLineage(upstream="0.29.0").base_era(), kvref.VllmApi)
+    assert all(name in kvref.__all__ for name in ("ERA_NAMES", "VllmApi", "VllmLineage"))
+    with pytest.raises(ValueError, match="not opt-in features"):
+        VllmLineage(upstream="0.25.1", features={"events"})
+
+
+@pytest.fixture
+def renamed_fork(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    """The renamed-fork example importable from the working folder (tests/kit/examples/renamed_fork.py)."""
+    monkeypatch.chdir(EXAMPLES)
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    monkeypatch.setenv("KVREF_FAILURE_DIR", str(tmp_path / "failures"))
+    yield EXAMPLES
+    for name in [m for m in sys.modules if m.startswith(("vllmfork", "renamed_fork"))]:
+        del sys.modules[name]
+
+
+@needs_vllm
+def test_the_guides_fork_recipe_catches_a_planted_hit_cap(renamed_fork: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """vLLM 0.25.1 renamed as a fork, with its prefix hit capped at every token instead of all but the last:
+    ``kvref check --target renamed_fork:make_planted --against spec`` at its default settings finds it (seed 0:
+    after 3,796 steps, 5 s into the run; the dev goal of 2,000 steps it once had passed it)."""
+    code = main(["check", "--target", "renamed_fork:make_planted", "--against", "spec"])
+    err = capsys.readouterr().err
+    assert code == DIVERGENCE, err[-1500:]
+    assert "unexplained divergence: fork-planted returned {'blocks'" in err
+
+
+@needs_vllm
+def test_a_renamed_fork_that_opts_in_runs_context_parallelism(renamed_fork: Path, tmp_path: Path) -> None:
+    fork = VllmLineage(package="vllmfork", upstream="0.25.1", name="fork", features={"context-parallelism"})
+    importlib.import_module("renamed_fork")  # its import hook serves vllmfork
+    load_profile("dev")
+    setup = MachineSetup([load_factory("spec"), fork.make], RunStats(), tmp_path, profile=VLLM_0_25_1,
+                         shapes=(shape_named("full@dcp2"),))  # fmt: skip
+    assert run_lockstep(setup, seed=0, goal=400) is None
+    assert setup.stats.configs["full@dcp2"] > 0 and not setup.stats.refused_configs

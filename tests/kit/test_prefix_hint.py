@@ -24,7 +24,7 @@ import pytest
 
 from kvimpl.kv_cache_manager import KVCacheManager as ImplManager
 from kvimpl.native import create_manager
-from kvref.scheduler import cap_at_junction
+from kvref.scheduler_chunks import cap_at_junction
 from kvspec.config import FullAttention, KVCacheConfig, Mamba, SlidingWindow
 from kvspec.kv_cache_manager import KVCacheManager as SpecManager
 from kvspec.profiles import profile_named

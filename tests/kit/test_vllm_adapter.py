@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import pytest
@@ -29,9 +30,11 @@ from kvref.adapters.vllm import (
     VllmApi,
     era_for,
     installed_vllm_version,
+    loaded_api,
     make_vllm_adapter,
     vllm_available,
 )
+from kvref.adapters.vllm.errors import CannotRead
 from kvspec.config import (
     MLA,
     AttentionKind,
@@ -130,8 +133,13 @@ def test_importing_the_adapter_does_not_import_vllm(module: str) -> None:
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.parametrize("version", ["0.34.0", "0.35.2", "1.0.0"])
+def test_a_release_newer_than_every_era_is_driven_by_the_newest(version: str) -> None:
+    assert era_for(version) is ERAS[-1]
+
+
 @any_release
-@pytest.mark.parametrize("version", ["0.15.2", "0.34.0", "1.0.0", "unknown"])
+@pytest.mark.parametrize("version", ["0.15.2", "unknown"])
 def test_undriven_version_is_unavailable(monkeypatch: pytest.MonkeyPatch, version: str) -> None:
     vllm = importlib.import_module("vllm")
     monkeypatch.setattr(va, "_LOADED", None)
@@ -864,7 +872,14 @@ class TestEraSmoke:
         assert got is not None
         ref_cnt = dict(adapter.to_view().ref_cnt)
         assert all(ref_cnt[i] == 2 for i in hits[0])
-        assert len(adapter.get_num_common_prefix_blocks("a")) == 2
+        if "get_num_common_prefix_blocks" in era.missing_methods:
+            _expect_unsupported("get_num_common_prefix_blocks", lambda: adapter.get_num_common_prefix_blocks("a"))
+        else:
+            assert len(adapter.get_num_common_prefix_blocks("a")) == 2
+        if era.has_num_cached_tokens:
+            assert adapter.get_num_cached_tokens(h.new_request("c", list(range(10)))) == 8
+        else:
+            _expect_unsupported("get_num_cached_tokens", lambda: adapter.get_num_cached_tokens(b))
         adapter.remove_skipped_blocks("a", 10)
         assert 0 < adapter.usage < 1
 
@@ -956,3 +971,32 @@ def test_secondary_keys_keep_insertion_order() -> None:
     used.cached_block_hashes_by_block = {1: {b"k"}}
     pin_secondary_key_order(used)
     assert type(used.cached_block_hashes_by_block) is dict
+
+
+@any_release
+def test_an_internal_a_release_reorganised_is_one_line_not_a_crash() -> None:
+    """The prefix-cache map is read in both known layouts; any other, or a
+    manager without an internal the views read, is :class:`CannotRead`."""
+    api = loaded_api()
+    block = api.ku.KVCacheBlock(3)
+    old = SimpleNamespace(cached_block_hash_to_block=SimpleNamespace(_cache={b"k": block, b"d": {3: block}}))
+    assert list(api.cached_entries(old)) == [(b"k", (3,)), (b"d", (3,))]
+    new = SimpleNamespace(
+        cached_block_hash_to_block=SimpleNamespace(_cache={b"k": 3, b"d": 5}, _dup_ids={b"d": {5: None, 2: None}})
+    )
+    assert list(api.cached_entries(new)) == [(b"k", (3,)), (b"d", (5, 2))]
+    strange = SimpleNamespace(cached_block_hash_to_block=SimpleNamespace(_cache={b"k": "3"}))
+    with pytest.raises(CannotRead, match=r"^cannot read the prefix-cache map .*\(an entry is a str\)"):
+        list(api.cached_entries(strange))
+    with pytest.raises(CannotRead, match=r"^cannot read KVCacheManager.block_pool on vLLM"):
+        api.check_readable(SimpleNamespace())
+    adapter = make_vllm_adapter(config((FullAttention(4),)))
+    api.check_readable(adapter.manager)  # the real manager reads
+
+
+@any_release
+def test_a_method_a_newer_release_dropped_is_unsupported_not_a_crash() -> None:
+    adapter = make_vllm_adapter(config((FullAttention(4),)))
+    with pytest.raises(Unsupported, match=r"has no KVCacheManager\.take_events: the release has no such method"):
+        adapter.api.method(SimpleNamespace(), "take_events")
+    assert adapter.api.method(adapter.manager, "take_events")() == []

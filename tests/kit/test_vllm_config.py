@@ -171,8 +171,8 @@ def test_config_fields_and_missing_keywords_are_refused() -> None:
         config_from_vllm(kvc, release="0.29.0", **MANAGER)
     with pytest.raises(ConfigError, match="hash_block_size"):
         config_from_vllm(standin(FullAttentionSpec(16)), release="0.29.0", max_model_len=64)
-    with pytest.raises(ConfigError, match=r"no semantics profile for vLLM 0\.24\.0"):
-        config_from_vllm(standin(FullAttentionSpec(16)), release="0.24.0", **MANAGER)
+    with pytest.raises(ConfigError, match=r"no semantics profile for vLLM 0\.26\.1"):
+        config_from_vllm(standin(FullAttentionSpec(16)), release="0.26.1", **MANAGER)
     with pytest.raises(ConfigError, match=r"0\.16\.0's KVCacheManager takes no keyword 'scheduler_block_size'"):
         config_from_vllm(standin(FullAttentionSpec(16)), release="0.16.0", **MANAGER)
     with pytest.raises(ConfigError, match="not a release the adapter drives"):

@@ -2,8 +2,9 @@
 run side by side, it exits with the documented codes and loses no trace.
 
 Each case runs ``python -m kvref`` in a subprocess in a temporary folder.
-The hanging adapter (exit 4 with its trace) and truncated traces (exit 2,
-one line) have their own tests in ``tests/kit/test_cli_errors.py``.
+Truncated traces (exit 2, one line) have their own tests in
+``tests/kit/test_cli_errors.py``; the hanging factory and the hanging
+operation are here, timed against the command's own start-up.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from kvref.exits import DIVERGENCE, INTERRUPTED, OK, interruptible, watchdog
+from kvref.exits import DIVERGENCE, HANG, INTERRUPTED, NOTHING_CHECKED, OK, interruptible, watchdog
 from kvref.traces import load
 
 RNG = random.Random(20261201)
@@ -175,3 +176,61 @@ def test_an_interrupt_inside_a_finaliser_is_not_printed_and_is_raised_again() ->
     done = subprocess.run(script, check=False, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "raised again", (done.stdout, done.stderr)
     assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+HANGING = """
+import os, time
+from kvref.adapters.spec import SpecAdapter
+
+class Spins(SpecAdapter):
+    name = "spins"
+    def allocate_slots(self, *args, **kwargs):
+        with open("entered", "a") as out:
+            out.write("allocate_slots\\n")
+        while True:  # a busy loop: the watchdog interrupts it between two bytecodes
+            pass
+
+def spins(config):
+    return Spins(config)
+
+def hangs(config):
+    with open("entered", "a") as out:
+        out.write("factory\\n")
+    time.sleep(600)
+
+def refuses(config):
+    from kvref import Unsupported
+    raise Unsupported("this engine runs no configuration")
+"""
+OP_TIMEOUT = 5.0
+"""The watchdog of the hang cases (seconds): large beside the noise of a loaded machine."""
+
+
+def _timed(cwd: Path, *args: str) -> tuple[float, subprocess.CompletedProcess[str]]:
+    env = {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_PROFILE"}
+    env["KVREF_FAILURE_DIR"] = str(cwd / "failures")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "kvref", *args], cwd=cwd, env=env, check=False,
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    return time.monotonic() - started, done
+
+
+@pytest.mark.parametrize("factory", ["hangs", "spins"])
+def test_a_hang_ends_the_check_at_once_with_exit_4(tmp_path: Path, factory: str) -> None:
+    """A factory that hangs at start-up, or an operation that spins, ends the check with exit 4 within twice the
+    watchdog past the command's start-up (a check whose target refuses every configuration, timed just before), and
+    the hanging call was entered once: never replayed, never shrunk. The operation's trace ends before it."""
+    (tmp_path / "hanging.py").write_text(HANGING)
+    startup, refused = _timed(tmp_path, "check", "--target", "hanging:refuses", "--against", "spec")
+    assert refused.returncode == NOTHING_CHECKED, refused.stdout[-500:] + refused.stderr[-500:]
+    args = ("check", "--target", f"hanging:{factory}", "--against", "spec", "--op-timeout", f"{OP_TIMEOUT:g}")
+    elapsed, done = _timed(tmp_path, *args)
+    assert done.returncode == HANG, done.stdout[-800:] + done.stderr[-800:]
+    assert "Traceback" not in done.stderr, done.stderr[-800:]
+    assert elapsed < startup + 2 * OP_TIMEOUT, (elapsed, startup)
+    entered = (tmp_path / "entered").read_text().splitlines()
+    assert entered == (["factory"] if factory == "hangs" else ["allocate_slots"])
+    if factory == "spins":
+        (trace,) = (tmp_path / "failures").glob("failure-*.jsonl")
+        assert "did not return within 5 s" in load(trace).meta["failure"]
+        assert f"trace up to the hanging call (allocate_slots): {trace}" in done.stderr

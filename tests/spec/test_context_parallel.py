@@ -193,7 +193,7 @@ def test_every_profile_names_its_scaling_rule() -> None:
     assert rules["0.29.0"] == rules["0.30.0"] == "dcp-full-attention"
     assert rules["0.31.0"] == rules["0.33.0"] == "dcp-sharded"
     masks = [p.release for p in PROFILES.values() if p.cp_swa_mask_unscaled]
-    assert masks == ["0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0"]
+    assert masks == ["0.23.0", "0.24.0", "0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0"]
 
 
 @pytest.mark.parametrize("profile", [V016, V025, V030, V033])

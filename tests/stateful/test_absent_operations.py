@@ -17,7 +17,7 @@ from kvref.lockstep import Lockstep, LockstepFailure, RunStats
 from kvref.ops import ABSENT
 from kvref.traces import Trace, replay
 from kvspec.config import FullAttention, KVCacheConfig, SlidingWindow
-from kvspec.profiles import NEWEST, PROFILES, VLLM_0_16_0, VLLM_0_25_1
+from kvspec.profiles import NEWEST, PROFILES, VLLM_0_16_0, VLLM_0_25_1, VLLM_0_33_0
 
 _RID = {"rid": "r1"}
 
@@ -25,6 +25,8 @@ _RID = {"rid": "r1"}
 def _probe(feature: str) -> dict[str, Any]:
     """The operation the machine's ``absent_operation`` sends for ``feature``."""
     name = feature.removeprefix("op:")
+    if feature == "max_cache_hit_length":  # a lookup argument (vLLM 0.33.0 on)
+        return {"op": "get_computed_blocks", **_RID, feature: 8}
     if not feature.startswith("op:"):
         value = {"full_sequence_must_fit": True, "reserved_blocks": 1, "has_scheduled_reqs": False}[feature]
         return {"op": "allocate_slots", **_RID, "num_new_tokens": 1, feature: value}
@@ -34,6 +36,9 @@ def _probe(feature: str) -> dict[str, Any]:
         "pop_blocks_for_free": _RID,
         "estimate_cached_tokens": _RID,
         "get_prefix_hint": _RID,
+        "get_num_cached_tokens": _RID,
+        "get_num_common_prefix_blocks": _RID,
+        "record_blocks_for_zeroing": {**_RID, "start_token": 0},
     }
     return {"op": name, **extras.get(name, {})}
 
@@ -48,11 +53,13 @@ def _lockstep(profile_name: str, tmp_path: Path, factories: list[Any] | None = N
 
 
 def test_every_release_lacks_what_its_switches_say() -> None:
-    assert absent_features(NEWEST) == frozenset()
+    assert absent_features(NEWEST) == {"op:get_num_common_prefix_blocks"}  # gone in vLLM 0.34.0
     assert absent_features(VLLM_0_16_0) >= {"op:new_step_starts", "op:get_prefix_hint", "reserved_blocks"}
     assert absent_features(VLLM_0_25_1) == {
-        "op:estimate_cached_tokens", "op:record_prefix_cache_stats", "op:take_kv_cache_block_copies"
+        "op:estimate_cached_tokens", "op:record_prefix_cache_stats", "op:take_kv_cache_block_copies",
+        "max_cache_hit_length", "op:get_num_cached_tokens", "op:record_blocks_for_zeroing",
     }  # fmt: skip
+    assert absent_features(VLLM_0_33_0) == {"op:get_num_cached_tokens"}
     assert {f for f, _ in RELEASE_OPERATIONS} == set().union(*(absent_features(p) for p in PROFILES.values()))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from kvref.branches import Unreachable, build_report, function_lines, load_unrea
 from kvref.config_coverage import NAMES
 from kvref.shapes import WIDE, build_kinds, shape_allowed, shape_named
 from kvspec.config import KVCacheConfig
-from kvspec.profiles import NEWEST, VLLM_0_25_1, profile_named
+from kvspec.profiles import NEWEST, VLLM_0_25_1, SemanticsProfile, profile_named
 from kvtools.coverage import (
     CHUNKED_SHAPES,
     CHUNKED_STEPS,
@@ -31,13 +32,14 @@ from kvtools.coverage import (
     SINK_STEPS,
     WIDE_STEPS,
     Run,
+    behaviours,
     ci_runs,
     main,
     parse_profiles,
     parse_seeds,
     source_lines,
 )
-from kvtools.coverage_gate import KnownGap, gaps_of, gate, load_gaps, merge_runs, write_gaps
+from kvtools.coverage_gate import KnownGap, gaps_of, gate, load_gaps, merge_runs, relocate, write_gaps
 
 SOURCE = """\
 import os
@@ -223,7 +225,8 @@ def test_merge_mode_checks_reports_against_the_list(tmp_path: Path, monkeypatch:
 
 def test_ci_runs_cover_every_profile() -> None:
     runs = ci_runs()
-    assert {r.profile for r in runs if r.target == "impl" and r.native} == IMPL_PROFILES
+    full = {r.profile for r in runs if r.target == "impl" and r.native and r.shapes is None}
+    assert full == set(behaviours(IMPL_PROFILES))
     assert Run(VLLM_0_25_1.name, "impl", native=False) in runs
     assert Run(NEWEST.name, "impl-mutable") in runs
     assert Run(NEWEST.name, "impl-batch") in runs
@@ -241,6 +244,21 @@ def test_ci_runs_cover_every_profile() -> None:
     assert set(parse_profiles("all")) == IMPL_PROFILES
     with pytest.raises(SystemExit):
         parse_profiles("vllm-9.9.9")
+
+
+def test_behaviours_keep_one_profile_per_set_of_switches() -> None:
+    """Every profile kvimpl follows has its switches run: by itself, or by the newest
+    release that shares them; no two kept profiles share their switches."""
+    kept = behaviours(IMPL_PROFILES)
+
+    def switches(name: str) -> SemanticsProfile:
+        return replace(profile_named(name), name="", release="")
+
+    assert {switches(n) for n in IMPL_PROFILES} == {switches(n) for n in kept}
+    assert len({switches(n) for n in kept}) == len(kept)
+    assert VLLM_0_25_1.name in kept and NEWEST.name in kept
+    assert "vllm-0.18.1" in kept and "vllm-0.17.1" not in kept and "vllm-0.18.0" not in kept
+    assert behaviours(["vllm-0.17.1"]) == ["vllm-0.17.1"]
 
 
 def test_the_focused_runs_name_shapes_their_profile_has() -> None:
@@ -298,3 +316,19 @@ def test_out_keeps_each_runs_report_for_merge(tmp_path: Path, monkeypatch: pytes
     assert len(kept) == 4 and all(name.startswith(("seed-0-", "seed-1-")) for name in kept)
     assert (out / "coverage.md").exists() and (out / "coverage.json").exists()
     assert main(["--merge", *map(str, (out / "runs").glob("seed-0-*.json")), "--out", str(tmp_path / "m")]) == 0
+
+
+def test_relocate_moves_entries_with_their_code(tmp_path: Path) -> None:
+    """An entry whose code moved follows it (its exit target too); a lost one is reported and kept."""
+    listed = tmp_path / "list.toml"
+    listed.write_text(
+        '# header\n\n[[gap]]\nfile = "kvimpl/m.py"\nline = 2\nto = -1\ncode = "if x:"\n\n'
+        '[[gap]]\nfile = "kvimpl/m.py"\nline = 3\nto = 4\ncode = "while y:"\n'
+    )
+    source = ["def f():", "", "", "    if x:", "        pass"]
+    notes = relocate(listed, lambda name: source)
+    text = listed.read_text()
+    assert text.startswith("# header\n")
+    assert "line = 4\nto = -3\n" in text
+    assert "line = 3\nto = 4\n" in text
+    assert notes == ["kvimpl/m.py:2->-1 moved to 4->-3", "kvimpl/m.py:3: 'while y:' is gone (review the entry)"]

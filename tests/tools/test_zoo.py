@@ -12,6 +12,7 @@ from kvref.adapters import DeclaredSemantics, load_factory
 from kvref.cli import main
 from kvref.lockstep import Lockstep, LockstepFailure, RunStats
 from kvref.ops import REQUEST_OPS
+from kvref.safety import safety_replay
 from kvref.traces import load, replay
 from kvspec.config import CrossAttention, FullAttention, KVCacheConfig, Mamba, SlidingWindow
 from kvspec.profiles import VLLM_0_25_1, profile_named
@@ -202,3 +203,31 @@ def test_the_touch_order_mutant_declared_as_vllm_0_16_0_meets_the_known_divergen
     assert stats.known["hits-touched-per-group"] == 1 and stats.unexplained == 0
     with pytest.raises(LockstepFailure, match="views differ after allocate_slots"):
         run(False)
+
+
+def test_adopted_hit_blocks_listed_for_zeroing_are_seen() -> None:
+    """The shrunk trace of the safety hunt (vLLM 0.33.0's profile, shapes with a
+    Mamba group): r3 adopts r1's cached blocks as its hit; the mutant lists them
+    for zeroing, the zeroing wipes KV r1's next step reads. kvimpl runs the same
+    calls with no violation. The monitor zeroes a block listed again after its
+    own listing was drained as of that drain (kvref.content.BlockContents.
+    listed_for_zeroing), and the scheduler model drains the list every step
+    where the model zeroes (as vLLM's scheduler does)."""
+    trace = load(Path(__file__).with_name("zoo_traces") / "hit_blocks_listed_for_zeroing.jsonl")
+    found = safety_replay(trace, load_factory("kvtools.zoo:hit_blocks_listed_for_zeroing")(trace.config))
+    assert found is not None and "zeroed" in str(found[1]), found
+    assert safety_replay(trace, load_factory("impl")(trace.config)) is None
+
+
+def test_failed_load_zeroing_one_block_early_is_seen() -> None:
+    """The shrunk trace of the safety hunt (vLLM 0.34.0's profile, full attention
+    next to a Mamba group): r1's delayed load of 3 tokens fails after 2; the
+    scheduler caches the 2 valid tokens and lists the blocks from token 2 on for
+    zeroing again. The mutant lists from token 0, so the zeroing wipes the block
+    that holds the valid prefix, and r1's next step reads it. kvspec and kvimpl
+    run the same calls with no violation (a start inside a block is refused)."""
+    trace = load(Path(__file__).with_name("zoo_traces") / "failed_load_zeroes_valid_block.jsonl")
+    found = safety_replay(trace, load_factory("kvtools.zoo:failed_load_zeroes_valid_block")(trace.config))
+    assert found is not None and "zeroed" in str(found[1]), found
+    for target in ("spec", "impl"):
+        assert safety_replay(trace, load_factory(target)(trace.config)) is None, target

@@ -37,7 +37,7 @@ class AppendAllOnFree(KVCacheManager):
         super().__init__(config)
         pool = self.block_pool
 
-        def free_blocks(ordered: object) -> None:
+        def free_blocks(ordered: object, skipped: bool = False) -> None:  # every block to the tail, whatever kind
             blocks = list(ordered)  # type: ignore[call-overload]  # any iterable of ids
             for b in blocks:
                 if b != 0:

@@ -35,14 +35,18 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kvref.branches import PACKAGES
+from kvref.branches import PACKAGES, UNREACHABLE_FILE
 from kvref.config_coverage import NAMES, missing
-from kvtools.coverage_gate import GAPS_FILE, gaps_of, gate, load_gaps, merge_runs, write_gaps
+from kvtools.coverage_gate import GAPS_FILE, gaps_of, gate, load_gaps, merge_runs, relocate, write_gaps
+
+if TYPE_CHECKING:
+    from kvspec.profiles import SemanticsProfile
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORT_DIR = ROOT / "docs" / "reports"
@@ -142,6 +146,12 @@ a partial-tail key put on a block whose key stands for fewer tokens, which is re
 runs missed both at seed 1. Alone the two shapes meet both at seeds 1-4 within the ci profile's
 20,000 steps and at seed 0 within 40,000."""
 
+ARRAY_PROFILE = "vllm-0.33.0"
+"""The run of kvimpl's array API (``impl-array``) under the newest release whose requests fit the C
+request: from vLLM 0.34.0 on a request holds a hit limit fixed at construction and token ids are
+checked against 32 bits, which the C request does not do, so kvimpl makes Python requests there and
+the array API (C requests only) refuses the release."""
+
 EAGLE_WINDOW_PROFILE = "vllm-0.16.0"
 EAGLE_WINDOW_SHAPES = "full@2x+swa,full@2x+mamba-align@2x+swa,full+swa,mla+swa"
 """Sliding-window hybrids under vLLM 0.16.0, the release whose sliding-window search under EAGLE
@@ -149,6 +159,25 @@ could find a hit the EAGLE drop then loses (met in ``full@2x+swa`` and
 ``full@2x+mamba-align@2x+swa`` with EAGLE and caching on), and which refuses EAGLE on chosen
 groups. The full runs missed both at seed 4; these shapes alone meet both at seeds 0-4
 (20,000 steps)."""
+
+
+def behaviours(names: Iterable[str]) -> list[str]:
+    """One profile of ``names`` per set of switches, oldest first: of the releases
+    that share their switches (a release with no observable change shares its
+    predecessor's), the newest; the others would repeat its run step for step."""
+    from kvspec.profiles import PROFILES  # noqa: PLC0415
+
+    wanted = set(names)
+    kept: dict[str, SemanticsProfile] = {}
+    for profile in PROFILES.values():
+        if profile.name not in wanted:
+            continue
+        switches = replace(profile, name="", release="")
+        for name, other in list(kept.items()):
+            if replace(other, name="", release="") == switches:
+                del kept[name]
+        kept[profile.name] = profile
+    return list(kept)
 
 
 def ci_runs() -> list[Run]:
@@ -159,7 +188,8 @@ def ci_runs() -> list[Run]:
     (``impl-batch``: the only run that reaches most of kvimpl/step_api.py and
     kvimpl/device_tables.py) and on the native core (``impl-batch-native``:
     the core's batch entry points and host rows, the native manager's
-    device-table calls and its constructor's refusals); short runs of one
+    device-table calls and its constructor's refusals) and the native core's
+    array API (``impl-array``); short runs of one
     shape each: :data:`kvref.shapes.WIDE` (65 groups, more than the native
     core takes), where kvimpl falls back to pure Python, and
     :data:`PCP_MAMBA_SHAPE` under the newest profile and under
@@ -167,17 +197,20 @@ def ci_runs() -> list[Run]:
     situations the full runs meet at some seeds only: :data:`CHUNKED_SHAPES`
     through the batch API, :data:`SINK_SHAPES` under :data:`SINK_PROFILE`,
     :data:`RING_SHAPES`, :data:`MAMBA_SHAPES`, :data:`EAGLE_WINDOW_SHAPES`
-    under :data:`EAGLE_WINDOW_PROFILE`, and :data:`REKEYED_SHAPES`."""
+    under :data:`EAGLE_WINDOW_PROFILE`, and :data:`REKEYED_SHAPES`. Profiles
+    with the same switches take the same steps, so ``impl`` runs once per
+    :func:`behaviours` group."""
     from kvref.adapters.impl import IMPL_PROFILES  # noqa: PLC0415 - imports kvimpl
     from kvspec.profiles import NEWEST, VLLM_0_25_1  # noqa: PLC0415
 
-    runs = [Run(p, "impl") for p in sorted(IMPL_PROFILES)]
+    runs = [Run(p, "impl") for p in behaviours(IMPL_PROFILES)]
     return [
         *runs,
         Run(VLLM_0_25_1.name, "impl", native=False),
         Run(NEWEST.name, "impl-mutable"),
         Run(NEWEST.name, "impl-batch"),
         Run(NEWEST.name, "impl-batch-native"),
+        Run(ARRAY_PROFILE, "impl-array"),
         Run(NEWEST.name, "impl", shapes="wide", min_steps=WIDE_STEPS),
         Run(NEWEST.name, "impl", shapes=PCP_MAMBA_SHAPE, min_steps=PCP_MAMBA_STEPS),
         Run(PCP_MAMBA_DCP_PROFILE, "impl", shapes=PCP_MAMBA_SHAPE, min_steps=PCP_MAMBA_STEPS),
@@ -211,7 +244,14 @@ def main(argv: list[str]) -> int:
                         "(default docs/reports; none with --merge)")  # fmt: skip
     parser.add_argument("--check", action="store_true", help="exit 1 when the first seed fails the gap ratchet")
     parser.add_argument("--write-gaps", action="store_true", help=f"rewrite {GAPS_FILE.name} from the first seed")
+    parser.add_argument("--relocate", action="store_true",
+                        help="run nothing: move listed entries to the line their code reads at now")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.relocate:
+        for path in (UNREACHABLE_FILE, GAPS_FILE):
+            for note in relocate(path, source_lines):
+                print(f"{path.name}: {note}")
+        return 0
     if args.ci_runs:
         for r in ci_runs():
             print(r.ci_line())

@@ -10,7 +10,8 @@ code whose branches the machine does not reach, or a generator change that
 lost some), and so does a listed gap that a run took or that
 ``unreachable_branches.toml`` now lists (delete the entry), or whose line no
 longer reads as recorded (the code moved: regenerate the list with
-``python -m kvtools coverage --merge DIR --write-gaps``). So the list only
+``python -m kvtools coverage --merge DIR --write-gaps``, or move the
+entries with ``python -m kvtools coverage --relocate``). So the list only
 shrinks, one reviewed commit at a time. The gate also fails when no run took
 one of the configuration classes of :mod:`kvref.config_coverage`.
 """
@@ -18,6 +19,7 @@ one of the configuration classes of :mod:`kvref.config_coverage`.
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -162,3 +164,52 @@ def write_gaps(gaps: Iterable[KnownGap], path: Path = GAPS_FILE) -> None:
 
 def _to(to: int) -> str:
     return str(to) if to > 0 else "exit"
+
+
+def relocate(path: Path, sources: Sources) -> list[str]:
+    """Move each ``[[...]]`` entry of a reviewed outcome list (``unreachable_branches.toml`` or
+    ``coverage_gaps.toml``) whose ``code`` no longer reads at ``line`` to a line that reads it,
+    shifting ``to`` by the same amount (a negative ``to``, a function exit, names the function's
+    first line and shifts with it). Where the code reads at several lines, the one whose shift is
+    closest to that of the nearest entry of the same file that moved without doubt. Entries whose
+    code is nowhere are left as they are, for a reviewer; the file's other text is kept. Returns
+    one line per entry moved or lost."""
+    text = path.read_text()
+    blocks = re.split(r"(?=^\[\[)", text, flags=re.M)
+    entries: list[tuple[str, int, int, str, list[int]] | None] = []
+    certain: dict[str, list[tuple[int, int]]] = {}
+    for block in blocks:
+        fields = {m.group(1): m.group(0) for m in re.finditer(r"^(file|line|to|code) = .*$", block, flags=re.M)}
+        if set(fields) != {"file", "line", "to", "code"}:
+            entries.append(None)
+            continue
+        entry = tomllib.loads("\n".join(fields.values()))
+        name, line, to, code = str(entry["file"]), int(entry["line"]), int(entry["to"]), str(entry["code"])
+        lines = [s.strip() for s in sources(name)]
+        hits = [i + 1 for i, s in enumerate(lines) if s == code]
+        if line in hits:
+            hits = [line]
+        if len(hits) == 1:
+            certain.setdefault(name, []).append((line, hits[0] - line))
+        entries.append((name, line, to, code, hits))
+    notes: list[str] = []
+    out: list[str] = []
+    for block, parsed in zip(blocks, entries, strict=True):
+        if parsed is None or parsed[4] == [parsed[1]]:
+            out.append(block)
+            continue
+        name, line, to, code, hits = parsed
+        if not hits:
+            notes.append(f"{name}:{line}: {code!r} is gone (review the entry)")
+            out.append(block)
+            continue
+        known = certain.get(name, [])
+        expected = min(known, key=lambda k: abs(k[0] - line))[1] if known else 0
+        new = min(hits, key=lambda h: (abs(h - line - expected), h))
+        shift = new - line
+        new_to = to + shift if to > 0 else to - shift
+        moved = re.sub(r"^line = .*$", f"line = {new}", block, count=1, flags=re.M)
+        out.append(re.sub(r"^to = .*$", f"to = {new_to}", moved, count=1, flags=re.M))
+        notes.append(f"{name}:{line}->{to} moved to {new}->{new_to}" + (" (of several)" if len(hits) > 1 else ""))
+    path.write_text("".join(out))
+    return notes

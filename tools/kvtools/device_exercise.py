@@ -1,10 +1,12 @@
 """kvimpl's device block tables under random scheduler traffic.
 
 :func:`exercise` drives a kvimpl manager (the Python build, or the native core
-with ``native=True``) with device tables through
-random admissions, decodes (single and batched), skipped-block removals, frees
-and pops, and compares every device row with the manager's tables after each
-step. ``tests/impl/test_block_table.py`` runs it on the CPU;
+with ``native=True``) with device tables through steps of one to three random
+operations (admissions, decodes single and batched, skipped-block removals,
+frees and pops), reading the host-side rows between them as a scheduler
+might, and compares every device row with the manager's tables after each
+step. ``tests/impl/test_block_table.py`` runs it on the CPU, with the device
+copy kept apart (``kvimpl.device_tables.CPU_COPY``) as well as shared;
 ``python -m kvtools check-cuda`` runs it on a CUDA device.
 """
 
@@ -64,42 +66,53 @@ def exercise(device: str, shape: str, seed: int, steps: int = 40, native: bool =
     hasher = RequestBlockHasher(config.hash_function, config.hash_seed, config.resolved_hash_block_size())
     running: dict[str, Request] = {}
     for step in range(steps):
-        op = rng.choice(["admit", "admit", "decode", "decode", "batch", "skip", "free", "free_batch", "pop"])
-        if op == "admit" or not running:
-            prompt = [1, 2, 3, 4, 5, 6][: rng.randint(0, 6)] + [rng.randint(7, 9) for _ in range(rng.randint(1, 12))]
-            req = hasher.new_request(f"r{step}", prompt)
-            hits, n = mgr.get_computed_blocks(req)
-            enc = rng.randint(1, 9) if "cross" in shape else 0
-            if mgr.allocate_slots(req, req.num_tokens - n, n, hits, num_encoder_tokens=enc) is not None:
-                done = replace(req, num_computed_tokens=req.num_tokens, status=RequestStatus.RUNNING)
-                running[req.request_id] = hasher.with_output_tokens(done, [step % 5])
-        elif op in ("decode", "batch"):
-            reqs = [r for r in rng.sample(sorted(running.values(), key=lambda r: r.request_id), len(running))]
-            reqs = [r for r in reqs if r.num_tokens <= MAX_LEN][: rng.randint(1, 4)]
-            if op == "batch":
-                got = mgr.allocate_slots_batch(reqs, [1] * len(reqs))
-            else:
-                got = [mgr.allocate_slots(r, 1) for r in reqs]
-            for r, g in zip(reqs, got, strict=True):
-                if g is not None:
-                    running[r.request_id] = hasher.with_output_tokens(replace(r, num_computed_tokens=r.num_tokens), [1])
-        elif op == "skip":
-            r = rng.choice(sorted(running.values(), key=lambda r: r.request_id))
-            mgr.remove_skipped_blocks(r.request_id, r.num_computed_tokens)
-        elif op == "pop":
-            rid = rng.choice(sorted(running))
-            mgr.free_blocks(list(reversed(mgr.pop_blocks_for_free(rid))))
-            running.pop(rid)
-        else:
-            rids = rng.sample(sorted(running), rng.randint(1, len(running)))
-            if op == "free":
-                mgr.free(rids[0])
-                rids = rids[:1]
-            else:
-                mgr.free_batch(rids)
-            for rid in rids:
-                running.pop(rid)
+        for i in range(rng.randint(1, 3)):
+            _operate(mgr, hasher, rng, running, shape, f"{step}.{i}")
+            # Host-side reads in the middle of a step change nothing (they once lost a change).
+            bt = mgr.device_tables
+            _ = (bt.rows, bt.row_ids, bt.num_live, bt.num_rows, bt.mirrors)
         check_tables(mgr, rng, torch)
+
+
+def _operate(
+    mgr: Any, hasher: RequestBlockHasher, rng: random.Random, running: dict[str, Request], shape: str, tag: str
+) -> None:
+    """One random scheduler operation on ``mgr``; ``running`` follows it."""
+    op = rng.choice(["admit", "admit", "decode", "decode", "batch", "skip", "free", "free_batch", "pop"])
+    if op == "admit" or not running:
+        prompt = [1, 2, 3, 4, 5, 6][: rng.randint(0, 6)] + [rng.randint(7, 9) for _ in range(rng.randint(1, 12))]
+        req = hasher.new_request(f"r{tag}", prompt)
+        hits, n = mgr.get_computed_blocks(req)
+        enc = rng.randint(1, 9) if "cross" in shape else 0
+        if mgr.allocate_slots(req, req.num_tokens - n, n, hits, num_encoder_tokens=enc) is not None:
+            done = replace(req, num_computed_tokens=req.num_tokens, status=RequestStatus.RUNNING)
+            running[req.request_id] = hasher.with_output_tokens(done, [len(running) % 5])
+    elif op in ("decode", "batch"):
+        reqs = [r for r in rng.sample(sorted(running.values(), key=lambda r: r.request_id), len(running))]
+        reqs = [r for r in reqs if r.num_tokens <= MAX_LEN][: rng.randint(1, 4)]
+        if op == "batch":
+            got = mgr.allocate_slots_batch(reqs, [1] * len(reqs))
+        else:
+            got = [mgr.allocate_slots(r, 1) for r in reqs]
+        for r, g in zip(reqs, got, strict=True):
+            if g is not None:
+                running[r.request_id] = hasher.with_output_tokens(replace(r, num_computed_tokens=r.num_tokens), [1])
+    elif op == "skip":
+        r = rng.choice(sorted(running.values(), key=lambda r: r.request_id))
+        mgr.remove_skipped_blocks(r.request_id, r.num_computed_tokens)
+    elif op == "pop":
+        rid = rng.choice(sorted(running))
+        mgr.free_blocks(list(reversed(mgr.pop_blocks_for_free(rid))))
+        running.pop(rid)
+    else:
+        rids = rng.sample(sorted(running), rng.randint(1, len(running)))
+        if op == "free":
+            mgr.free(rids[0])
+            rids = rids[:1]
+        else:
+            mgr.free_batch(rids)
+        for rid in rids:
+            running.pop(rid)
 
 
 def check_tables(mgr: Any, rng: random.Random, torch: object) -> None:

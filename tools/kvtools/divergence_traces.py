@@ -33,7 +33,7 @@ from kvref.divergences import Divergence, load_registry
 from kvref.traces import StepCrashed, Trace, load, replay, run_steps
 from kvspec.config import MLA, FullAttention, KVCacheConfig, Mamba, SinkFullAttention, SlidingWindow
 from kvspec.errors import ConfigError, UnsupportedByProfileError
-from kvspec.profiles import NEWEST, PROFILES, VLLM_0_16_0, VLLM_0_25_1, SemanticsProfile
+from kvspec.profiles import NEWEST, PROFILES, VLLM_0_16_0, VLLM_0_25_1, SemanticsProfile, profile_named
 from kvtools.directed.script import Scenario, playing
 
 Json = Any
@@ -42,11 +42,18 @@ CONSTRUCTION = -1
 """``divergence_step`` of a divergence that happens when the manager is built."""
 
 
-RELEASES = (VLLM_0_25_1, NEWEST, VLLM_0_16_0)
+RELEASES = (
+    VLLM_0_25_1,
+    NEWEST,
+    VLLM_0_16_0,
+    *(profile_named(f"vllm-{r}") for r in ("0.17.0", "0.17.1", "0.19.0", "0.19.1", "0.20.0", "0.21.0", "0.22.0",
+                                           "0.23.0", "0.24.0", "0.25.0")),
+)  # fmt: skip
 """The profiles that get a divergence corpus: the baseline, the newest and the
-oldest release (an entry that applies to none of them is recorded under the
-release that introduced it, see :func:`profiles_for`). An entry whose scenario
-the profile refuses is listed as not recorded, with the reason."""
+oldest release, and each release between 0.16.0 and 0.25.1 with an observable
+change (an entry that applies to none of them is recorded under the release
+that introduced it, see :func:`profiles_for`). An entry whose scenario the
+profile refuses is listed as not recorded, with the reason."""
 
 
 def profiles_for(entry: Divergence) -> list[SemanticsProfile]:
@@ -126,6 +133,10 @@ P17 = list(range(100, 117))
 """A 17-token prompt: four full blocks of 4 (16 tokens) plus one token."""
 B20 = [*P17[:16], 1, 2, 3, 4]
 """Shares the 16 block-aligned tokens of ``P17`` and continues differently."""
+P25 = list(range(100, 125))
+"""A 25-token prompt: three full blocks of 8 (24 tokens) plus one token."""
+B28 = [*P25[:24], 1, 2, 3, 4]
+"""Shares the 24 block-aligned tokens of ``P25`` and continues differently."""
 
 
 def _divergence(
@@ -203,6 +214,44 @@ def scenarios(profile: SemanticsProfile = VLLM_0_25_1) -> dict[str, Scenario | s
                     use_eagle=True,
                 ),
                 [_add("a", P17), _alloc("a", 17), _add("b", B20), {"op": "get_computed_blocks", "rid": "b"}],
+                3,
+            )
+            if p.hybrid_eagle_lookahead
+            else _divergence(
+                "swa-eagle-fallback",
+                "FA(8) + SWA(4, window 13), EAGLE, without the look-ahead search (0.19.1): FA finds 24 tokens and "
+                "drops to 16; SWA's block 3 (id 8) is evicted, so its fallback run is blocks 0-1 (block 2 ends "
+                "unaligned before the drop). vLLM pops the EAGLE block (4) and re-aligns (0); kvspec drops block 2 "
+                "from the run 0-2 and keeps 8",
+                lambda: KVCacheConfig(
+                    profile=p,
+                    num_blocks=16,
+                    groups=(FullAttention(8), SlidingWindow(4, 13)),
+                    max_model_len=64,
+                    use_eagle=True,
+                ),
+                [
+                    _add("a", P25),
+                    _alloc("a", 25),
+                    {"op": "evict_blocks", "block_ids": [8]},
+                    _add("b", B28),
+                    {"op": "get_computed_blocks", "rid": "b"},
+                ],
+                4,
+            ),
+            _divergence(
+                "swa-eagle-window-lost",
+                "FA(4) + SWA(2, window 2), EAGLE, without the look-ahead search (0.19.1): FA finds 12 tokens and drops "
+                "to 8; SWA's run 2-3 ends aligned before the drop, vLLM pops block 3 and re-aligns to 4 tokens with "
+                "block 1 null; kvspec takes the run 1-2 (aligned after the drop) and keeps block 1 (id 6)",
+                lambda: KVCacheConfig(
+                    profile=p,
+                    num_blocks=16,
+                    groups=(FullAttention(4), SlidingWindow(2, 2)),
+                    max_model_len=32,
+                    use_eagle=True,
+                ),
+                [_add("a", [0] * 13), _alloc("a", 13), _add("b", [0] * 13), {"op": "get_computed_blocks", "rid": "b"}],
                 3,
             ),
             _divergence(

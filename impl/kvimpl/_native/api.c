@@ -360,6 +360,16 @@ static int validate_allocation(Core *c, ReqView *rv, PyObject **v, AllocArgs *a,
                          rv->computed);
         return -1;
     }
+    if (rv->inflight < 0) {
+        if (rv->inflight_obj)
+            PyErr_Format(G_.InvalidTokenCountError,
+                         "allocate_slots: request.num_in_flight_tokens is %R, not a non-negative int", rv->inflight_obj);
+        else
+            PyErr_Format(G_.InvalidTokenCountError,
+                         "allocate_slots: request.num_in_flight_tokens is %zd, not a non-negative int",
+                         rv->nat ? rv->nat->num_in_flight_tokens : rv->inflight);
+        return -1;
+    }
     a->n_new = x[0];
     a->n_hit = x[1];
     a->n_look = x[2];
@@ -534,7 +544,8 @@ end:
 
 /* ------------------------------------------------------------ lookups */
 
-static PyObject *Core_get_computed_blocks(Core *c, PyObject *request) {
+/* The longest hit of at most max_len tokens (-1: num_tokens - 1, the usual lookup). */
+static PyObject *lookup(Core *c, PyObject *request, Py_ssize_t max_len) {
     if (check_request(request) < 0)
         return NULL;
     ReqView rv;
@@ -549,7 +560,7 @@ static PyObject *Core_get_computed_blocks(Core *c, PyObject *request) {
     } else {
         IVec per[64];
         memset(per, 0, sizeof per);
-        if (coord_find_hit(c, &rv, rv.ntok - 1, per, &hit) == 0)
+        if (coord_find_hit(c, &rv, max_len < 0 ? rv.ntok - 1 : max_len, per, &hit) == 0)
             blocks = groups_result(c, per);
         for (int g = 0; g < c->G; g++)
             PyMem_Free(per[g].v);
@@ -569,6 +580,21 @@ static PyObject *Core_get_computed_blocks(Core *c, PyObject *request) {
         res = Py_BuildValue("(Nn)", blocks, hit);
     rv_clear(&rv);
     return res;
+}
+
+static PyObject *Core_get_computed_blocks(Core *c, PyObject *request) { return lookup(c, request, -1); }
+
+/* A lookup of a length the caller computed (a hit-length bound, a prompt-logprob limit). */
+static PyObject *Core_lookup_bounded(Core *c, PyObject *args) {
+    PyObject *request;
+    Py_ssize_t max_len;
+    if (!PyArg_ParseTuple(args, "On:lookup_bounded", &request, &max_len))
+        return NULL;
+    if (max_len < 0) {
+        PyErr_Format(PyExc_ValueError, "lookup_bounded: a lookup of %zd tokens", max_len);
+        return NULL;
+    }
+    return lookup(c, request, max_len);
 }
 
 /* ------------------------------------------------------------ freeing */
@@ -744,7 +770,7 @@ static PyObject *Core_evict_blocks(Core *c, PyObject *arg) {
     Py_DECREF(seq);
     if (rc < 0)
         return NULL;
-    qsort(ids->v, (size_t)ids->n, sizeof(int32_t), cmp_i32);
+    ids_sort(ids->v, ids->n, cmp_i32);
     for (Py_ssize_t i = 0; i < ids->n; i++) {
         if (i > 0 && ids->v[i] == ids->v[i - 1])
             continue;
@@ -913,6 +939,38 @@ static PyObject *Core_take_new_block_ids(Core *c, PyObject *unused) {
     return out;
 }
 
+/* list_new_block_ids(group, ids): append ids (block ids of the core's own
+ * tables) to the group's fresh-block list, all or nothing: the native manager's
+ * record_blocks_for_zeroing, whose rules run in Python. */
+static PyObject *Core_list_new_block_ids(Core *c, PyObject *args) {
+    int g;
+    PyObject *ids;
+    if (!PyArg_ParseTuple(args, "iO!:list_new_block_ids", &g, &PyList_Type, &ids))
+        return NULL;
+    if (g < 0 || g >= c->G) {
+        PyErr_Format(PyExc_ValueError, "list_new_block_ids: no group %d", g);
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(ids);
+    IVec *v = &c->groups[g].new_ids;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long b = PyLong_AsLong(PyList_GET_ITEM(ids, i));
+        if (b == -1 && PyErr_Occurred())
+            return NULL;
+        if (b < 0 || b >= c->N) {
+            PyErr_Format(PyExc_ValueError, "list_new_block_ids: no block %ld", b);
+            return NULL;
+        }
+    }
+    if (n == 0)
+        Py_RETURN_NONE;
+    if (ivec_reserve(v, v->n + n) < 0)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++)
+        v->v[v->n++] = (int32_t)PyLong_AsLong(PyList_GET_ITEM(ids, i));
+    Py_RETURN_NONE;
+}
+
 static PyObject *Core_new_step_starts(Core *c, PyObject *unused) {
     keyset_clear(&c->step_keys, c->KL);
     Py_RETURN_NONE;
@@ -1008,10 +1066,11 @@ static PyObject *Core_allocate_slots_array(Core *c, PyObject *args) {
     for (Py_ssize_t i = 0; i < n; i++) {
         if (handle_slot(c, hs[i], i) < 0)
             goto end;
-        Py_ssize_t cpt;
+        Py_ssize_t cpt, inflight;
         PyObject *req = c->slot_req[hs[i]];
         if (Req_Check(req)) {
             cpt = ((ReqObject *)req)->num_computed_tokens;
+            inflight = ((ReqObject *)req)->num_in_flight_tokens;
         } else {
             ReqView rv;
             if (rv_read(&rv, req, 0) < 0) {
@@ -1019,7 +1078,13 @@ static PyObject *Core_allocate_slots_array(Core *c, PyObject *args) {
                 goto end;
             }
             cpt = rv.computed;
+            inflight = rv.inflight;
             rv_clear(&rv);
+        }
+        if (inflight < 0) {
+            PyErr_Format(G_.InvalidTokenCountError,
+                         "allocate_slots_array: position %zd: the request's num_in_flight_tokens is not an int >= 0", i);
+            goto end;
         }
         if (ns[i] <= 0 || cpt < 0 || cpt + ns[i] > c->max_len) {
             PyErr_Format(G_.InvalidTokenCountError,
@@ -1054,7 +1119,7 @@ static PyObject *Core_allocate_slots_array(Core *c, PyObject *args) {
             counts.v[counts.n++] = (int32_t)k;
             if (k && ivec_reserve(&ids, ids.n + k) < 0)
                 goto end;
-            memcpy(ids.v + ids.n, t->b + starts[g], (size_t)k * sizeof(int32_t));
+            ids_copy(ids.v + ids.n, t->b + starts[g], k);
             ids.n += k;
         }
     }
@@ -1305,10 +1370,10 @@ static PyObject *Core_first_lookup_tokens(Core *c, void *closure) {
 
 static int group_from(Core *c, int g, PyObject *t) {
     Group *gr = &c->groups[g];
-    int kind, bs, window, chunk, mode, spec, records_new, use_eagle, estimate_capped, sink;
+    int kind, bs, window, chunk, mode, spec, records_new, use_eagle, estimate_capped, sink, retired_mark;
     Py_ssize_t cap, skip_slack;
-    if (!PyArg_ParseTuple(t, "iiiiiiiinnii", &kind, &bs, &window, &chunk, &mode, &spec, &records_new, &use_eagle,
-                          &cap, &skip_slack, &estimate_capped, &sink))
+    if (!PyArg_ParseTuple(t, "iiiiiiiinniii", &kind, &bs, &window, &chunk, &mode, &spec, &records_new, &use_eagle,
+                          &cap, &skip_slack, &estimate_capped, &sink, &retired_mark))
         return -1;
     if (kind < K_FULL || kind > K_MAMBA || bs < 1) {
         PyErr_SetString(PyExc_ValueError, "bad group parameters");
@@ -1325,6 +1390,7 @@ static int group_from(Core *c, int g, PyObject *t) {
     gr->cap = cap;
     gr->skip_slack = skip_slack;
     gr->estimate_capped = estimate_capped;
+    gr->retired_mark = kind == K_MAMBA && mode == M_ALIGN && retired_mark;
     gr->full_type = kind == K_FULL || kind == K_MLA || kind == K_SINK;
     gr->skipping = kind == K_SWA || kind == K_CHUNKED || kind == K_MAMBA;
     if (gr->full_type) {
@@ -1386,6 +1452,7 @@ static int Core_init(Core *c, PyObject *args, PyObject *kwds) {
     c->mamba_counts = (int)dict_int(p, "mamba_eagle_counts_verified", &err);
     c->hashed_cap = (int)dict_int(p, "eagle_margin_hashed_cap", &err);
     c->stats_at_lookup = (int)dict_int(p, "stats_at_lookup", &err);
+    c->inflight_basis = (int)dict_int(p, "skip_on_processed_tokens", &err);
     int events = (int)dict_int(p, "enable_kv_cache_events", &err);
     if (err)
         return -1;
@@ -1496,7 +1563,9 @@ static void Core_dealloc(Core *c) {
     keyset_free(&c->step_keys);
     PyMem_Free(c->mark);
     Py_XDECREF(c->host_grow);
+    Py_XDECREF(c->host_fence);
     PyMem_Free(c->row_slot.v);
+    PyMem_Free(c->host_holes.v);
     PyMem_Free(c->scratch.v);
     PyMem_Free(c->scratch2.v);
     PyMem_Free(c->pool_tmp.v);
@@ -1512,9 +1581,13 @@ PyObject *host_methods_bind(Core *c, PyObject *args); /* hosttab.c */
 PyObject *host_methods_rows(Core *c, PyObject *unused);
 PyObject *host_methods_rows_of(Core *c, PyObject *arg);
 PyObject *host_methods_state(Core *c, PyObject *unused);
+PyObject *host_methods_commit(Core *c, PyObject *unused);
+PyObject *host_methods_in_flight(Core *c, PyObject *unused);
 
 static PyMethodDef Core_methods[] = {
     {"get_computed_blocks", (PyCFunction)Core_get_computed_blocks, METH_O, "The longest prefix-cache hit."},
+    {"lookup_bounded", (PyCFunction)Core_lookup_bounded, METH_VARARGS,
+     "The longest prefix-cache hit of at most the given number of tokens."},
     {"allocate_slots", (PyCFunction)(void (*)(void))Core_allocate_slots, METH_FASTCALL | METH_KEYWORDS,
      "Slots for the request's new tokens; the new blocks per group, or None."},
     {"allocate_slots_batch", (PyCFunction)(void (*)(void))Core_allocate_slots_batch, METH_FASTCALL | METH_KEYWORDS,
@@ -1534,6 +1607,8 @@ static PyMethodDef Core_methods[] = {
     {"cache_blocks", (PyCFunction)(void (*)(void))Core_cache_blocks, METH_FASTCALL | METH_KEYWORDS,
      "Hash full blocks up to num_computed_tokens."},
     {"take_new_block_ids", (PyCFunction)Core_take_new_block_ids, METH_NOARGS, "Drain the fresh block ids."},
+    {"list_new_block_ids", (PyCFunction)Core_list_new_block_ids, METH_VARARGS,
+     "Append block ids to a group's fresh-block list."},
     {"new_step_starts", (PyCFunction)Core_new_step_starts, METH_NOARGS, "A scheduler step begins."},
     {"get_num_free_blocks", (PyCFunction)Core_get_num_free_blocks, METH_NOARGS, "Free blocks."},
     {"handle", (PyCFunction)Core_handle, METH_O, "The array-API handle of a request holding blocks."},
@@ -1556,6 +1631,8 @@ static PyMethodDef Core_methods[] = {
     {"_bind_host_tables", (PyCFunction)host_methods_bind, METH_VARARGS, NULL},
     {"_host_rows", (PyCFunction)host_methods_rows, METH_NOARGS, NULL},
     {"_host_state", (PyCFunction)host_methods_state, METH_NOARGS, NULL},
+    {"_host_commit", (PyCFunction)host_methods_commit, METH_NOARGS, NULL},
+    {"_host_copy_started", (PyCFunction)host_methods_in_flight, METH_NOARGS, NULL},
     {"host_rows_of", (PyCFunction)host_methods_rows_of, METH_O,
      "Host-table rows of the given handles (int32 buffer) as array('i')."},
     {NULL},

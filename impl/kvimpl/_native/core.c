@@ -414,6 +414,30 @@ static int remove_range(Core *c, Py_ssize_t slot, int g, Py_ssize_t last) {
     return 0;
 }
 
+/* Mamba align from vLLM 0.30.0 (MambaManager._remove_blocks_in_range with retired_mark): null out
+ * [retired, last) walking backwards over null gaps, free what was removed; the mark moves to the end. */
+static int retire_range(Core *c, Py_ssize_t slot, int g, Py_ssize_t last) {
+    Table *t = slot_table(c, slot, g);
+    IVec *freed = &c->scratch2;
+    freed->n = 0;
+    Py_ssize_t end = last < t->len ? last : t->len;
+    if (t->retired >= end)
+        return 0;
+    for (Py_ssize_t i = end - 1; i >= t->retired; i--) {
+        int32_t b = t->b[i];
+        if (b == NULL_BLOCK)
+            continue;
+        if (ivec_push(freed, b) < 0)
+            return -1;
+        t->b[i] = NULL_BLOCK;
+        tbl_touch(t, i);
+    }
+    t->retired = (int32_t)end;
+    if (freed->n)
+        return pool_free_blocks(c, freed->v, freed->n);
+    return 0;
+}
+
 int coord_remove_skipped(Core *c, Py_ssize_t slot, Py_ssize_t total) {
     if (slot < 0)
         return 0;
@@ -431,7 +455,8 @@ int coord_remove_skipped(Core *c, Py_ssize_t slot, Py_ssize_t total) {
         Table *t = slot_table(c, slot, g);
         if (skipped > 0 && t->present) {
             Py_ssize_t last = floordiv(skipped, gr->bs);
-            if (remove_range(c, slot, g, last < t->len ? last : t->len) < 0)
+            last = last < t->len ? last : t->len;
+            if ((gr->retired_mark ? retire_range(c, slot, g, last) : remove_range(c, slot, g, last)) < 0)
                 return -1;
         }
         if (gr->kind == K_MAMBA && gr->mode == M_ALIGN && t->last_state >= 0 &&
@@ -459,6 +484,7 @@ int core_forget_group(Core *c, Py_ssize_t slot, int g, IVec *out) {
     t->ncached = -1;
     t->allocated = 0;
     t->last_state = -1;
+    t->retired = 0;
     t->hlen = 0;
     if (!t->present)
         return 0;
@@ -611,7 +637,7 @@ int coord_cache(Core *c, Py_ssize_t slot, ReqView *rv, Py_ssize_t num_tokens) {
  * value; the general path below would find the same (need 0, nothing to
  * take, cache or free). Sets starts[g] to the table lengths. */
 static int running_step_is_quiet(Core *c, Py_ssize_t slot, Py_ssize_t main_tokens, Py_ssize_t n_look,
-                                 Py_ssize_t ntok, int delay, Py_ssize_t total, Py_ssize_t *starts) {
+                                 Py_ssize_t ntok, int delay, Py_ssize_t basis, Py_ssize_t *starts) {
     Py_ssize_t slots = main_tokens + n_look < c->max_len ? main_tokens + n_look : c->max_len;
     int caching = c->caching && !delay;
     Py_ssize_t upto = main_tokens < ntok ? main_tokens : ntok;
@@ -623,7 +649,7 @@ static int running_step_is_quiet(Core *c, Py_ssize_t slot, Py_ssize_t main_token
         if (caching && (t->ncached < 0 || floordiv(upto, gr->bs) > t->ncached))
             return 0;
         if (gr->skipping) {
-            Py_ssize_t skipped = skipped_tokens(gr, total);
+            Py_ssize_t skipped = skipped_tokens(gr, basis);
             if (skipped > 0) {
                 Py_ssize_t last = floordiv(skipped, gr->bs);
                 if (last > t->len)
@@ -647,12 +673,14 @@ int core_allocate(Core *c, ReqView *rv, Py_ssize_t n_new, Py_ssize_t n_hit, cons
     Py_ssize_t total = local + n_ext < c->max_len ? local + n_ext : c->max_len;
     int watermarked = rv->status == G_.status_waiting || rv->status == G_.status_preempted;
     Py_ssize_t wm = has_sched && watermarked ? c->watermark : 0;
+    /* the skipped blocks are freed on this count: kvspec.kv_cache_manager.skip_basis */
+    Py_ssize_t basis = c->inflight_basis ? (total > rv->inflight ? total - rv->inflight : 0) : total;
     Py_ssize_t slot = *slot_out >= 0 ? *slot_out : slot_find(c, rv->rid);
     if (slot == -2)
         return -1;
     *slot_out = slot;
     if (slot >= 0 && !has_hits && n_hit == 0 && n_ext == 0 && !fsmf && reserved == 0 && !c->has_mamba &&
-        wm <= c->nfree && running_step_is_quiet(c, slot, total + n_new, n_look, rv->ntok, delay, total, starts)) {
+        wm <= c->nfree && running_step_is_quiet(c, slot, total + n_new, n_look, rv->ntok, delay, basis, starts)) {
         Py_INCREF(rv->obj);
         Py_XSETREF(c->slot_req[slot], rv->obj);
         return 1;
@@ -665,7 +693,7 @@ int core_allocate(Core *c, ReqView *rv, Py_ssize_t n_new, Py_ssize_t n_hit, cons
     }
     Py_ssize_t main_tokens = total + n_new;
     Py_ssize_t slots = main_tokens + n_look < c->max_len ? main_tokens + n_look : c->max_len;
-    if (c->has_skipping && coord_remove_skipped(c, slot, total) < 0)
+    if (c->has_skipping && coord_remove_skipped(c, slot, basis) < 0)
         return -1;
     Py_ssize_t need = coord_num_blocks(c, slot, slots, has_hits ? hits : NULL, local + n_ext, main_tokens, 0, n_ext);
     if (need + wm > (Py_ssize_t)c->nfree - reserved) {

@@ -178,7 +178,7 @@ static int hybrid_hit(Core *c, ReqView *rv, Py_ssize_t max_len, IVec *per_group,
                 IVec *dst = &per_group[sg->gids[j]];
                 if (ivec_reserve(dst, tmp[j].n) < 0)
                     goto done;
-                memcpy(dst->v, tmp[j].v, (size_t)tmp[j].n * sizeof(int32_t));
+                ids_copy(dst->v, tmp[j].v, tmp[j].n);
                 dst->n = tmp[j].n;
             }
         }

@@ -51,6 +51,7 @@ static PyObject *kv_setup(PyObject *self, PyObject *args) {
     INTERN(s_status, "status");
     INTERN(s_skip_reading_prefix_cache, "skip_reading_prefix_cache");
     INTERN(s_num_preemptions, "num_preemptions");
+    INTERN(s_num_in_flight_tokens, "num_in_flight_tokens");
     INTERN(s_num_tokens, "num_tokens");
     INTERN(s_record, "record");
 #undef INTERN
@@ -96,10 +97,13 @@ end:
     return res;
 }
 
+PyObject *kv_step_slots(PyObject *self, PyObject *args); /* slots.c */
+
 static PyMethodDef kv_methods[] = {
     {"setup", kv_setup, METH_VARARGS, "Bind the kvspec classes (called once by kvimpl.native)."},
     {"sha256_cbor_block", kv_sha256_cbor_block, METH_VARARGS,
      "sha256_cbor_block(parent, tokens) -> the sha256_cbor hash of a block without extra keys."},
+    {"step_slots", kv_step_slots, METH_VARARGS, "The slot mapping of a step on a CPU table (see slots.c)."},
     {NULL},
 };
 

@@ -16,6 +16,7 @@
 #include <Python.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ------------------------------------------------------------ sha256.c */
@@ -47,7 +48,7 @@ typedef struct {
     PyObject *status_waiting, *status_preempted, *status_running, *status_type;
     PyObject *spec_request_type, *py_request_type; /* kvspec.request.Request, kvimpl.request.Request */
     PyObject *s_request_id, *s_num_computed_tokens, *s_all_token_ids, *s_block_hashes, *s_status;
-    PyObject *s_skip_reading_prefix_cache, *s_num_preemptions, *s_num_tokens, *s_record;
+    PyObject *s_skip_reading_prefix_cache, *s_num_preemptions, *s_num_in_flight_tokens, *s_num_tokens, *s_record;
     int ready;
 } Globals;
 
@@ -72,6 +73,7 @@ typedef struct {
     PyObject *extra;
     int skip_reading_prefix_cache;
     Py_ssize_t num_preemptions;
+    Py_ssize_t num_in_flight_tokens;
     PyObject *tokens_cache, *hashes_cache; /* tuples built on demand, dropped on append */
 } ReqObject;
 
@@ -93,9 +95,24 @@ typedef struct {
 int ivec_push(IVec *v, int32_t x);
 int ivec_reserve(IVec *v, Py_ssize_t n);
 
+/* Copy or sort n ids where n may be 0: an IVec never reserved has v == NULL, and C11
+ * makes a null pointer undefined behaviour in memcpy and qsort even for a count of 0
+ * (UBSan's nonnull-attribute check reports it; gcc may drop a later null test on the
+ * strength of the call). Here, not in a .c file, so that the C mutants of those files
+ * keep their ids. */
+static inline void ids_copy(int32_t *dst, const int32_t *src, Py_ssize_t n) {
+    if (n > 0)
+        memcpy(dst, src, (size_t)n * sizeof(int32_t));
+}
+static inline void ids_sort(int32_t *v, Py_ssize_t n, int (*cmp)(const void *, const void *)) {
+    if (n > 1)
+        qsort(v, (size_t)n, sizeof(int32_t), cmp);
+}
+
 typedef struct {
     int kind, bs, window, chunk, mode, spec;
     int full_type, skipping, records_new, use_eagle, estimate_capped;
+    int retired_mark;      /* Mamba align, mamba_align_retired_mark: removal starts at the table's retired mark */
     Py_ssize_t cap;        /* admission cap, -1 for none */
     Py_ssize_t skip_slack; /* Mamba: tokens remove_skipped_blocks subtracts first */
     Py_ssize_t num_tables; /* requests present in this group's req_to_blocks */
@@ -111,6 +128,7 @@ typedef struct {
     uint8_t present;    /* the request is in req_to_blocks */
     uint8_t allocated;  /* Mamba align: in allocated_block_reqs */
     int32_t last_state; /* Mamba align: last_state_block_idx, -1 when absent */
+    int32_t retired;    /* Mamba align (retired_mark): _num_retired_blocks, 0 when absent */
     int32_t hlen;       /* leading entries already written to the host table row */
 } Table;
 
@@ -145,6 +163,7 @@ typedef struct {
     int hbs, sched, dlen, KL, caching, has_mamba, has_skipping;
     Py_ssize_t max_len, watermark;
     int unhashed_first, pop_trims, common_zero, adopt_hit, mamba_counts, hashed_cap, stats_at_lookup;
+    int inflight_basis; /* skip_on_processed_tokens: skipped blocks freed below computed - in flight */
     /* block pool */
     int32_t *nxt, *prv;
     int32_t nfree;
@@ -167,10 +186,13 @@ typedef struct {
     int32_t *host;
     Py_ssize_t host_rows, host_cols;
     int32_t *slot_row;  /* per slot: host row or -1 */
-    IVec row_slot;      /* per live row: its slot */
+    IVec row_slot;      /* per row in use: its slot, or -1 for a row freed in this step (a hole) */
+    IVec host_holes;    /* the holes, in descending order (the lowest is filled first) */
     PyObject *host_owner; /* keeps the buffer alive */
     PyObject *host_grow;  /* called with the rows needed; rebinds a larger buffer */
+    PyObject *host_fence; /* called before a write while a copy of the buffer may still read it */
     int host_dirty;
+    int host_in_flight; /* a copy of the buffer was started and not fenced yet */
     int32_t *mark;      /* N zeros, scratch counts */
     /* scratch */
     IVec pool_tmp;  /* pool.c only */
@@ -215,6 +237,8 @@ typedef struct {
     PyObject *rid;    /* new reference, or borrowed from nat */
     Py_ssize_t computed, ntok, npreempt;
     PyObject *computed_obj; /* generic: the attribute value (new reference) */
+    Py_ssize_t inflight;    /* num_in_flight_tokens; -1 when it is not an int >= 0 (inflight_obj holds it) */
+    PyObject *inflight_obj; /* generic, when inflight is -1: the attribute value (new reference) */
     PyObject *status; /* new reference, or borrowed from nat */
     int skip;
     PyObject *hseq;   /* generic: block_hashes as a fast sequence (new reference) */

@@ -314,6 +314,14 @@ static int Req_set_preempt(ReqObject *self, PyObject *v, void *closure) {
     return count_value(v, "num_preemptions", &self->num_preemptions);
 }
 
+static PyObject *Req_get_inflight(ReqObject *self, void *closure) {
+    return PyLong_FromSsize_t(self->num_in_flight_tokens);
+}
+
+static int Req_set_inflight(ReqObject *self, PyObject *v, void *closure) {
+    return count_value(v, "num_in_flight_tokens", &self->num_in_flight_tokens);
+}
+
 static PyObject *Req_get_status(ReqObject *self, void *closure) {
     Py_INCREF(self->status);
     return self->status;
@@ -358,6 +366,8 @@ static PyGetSetDef Req_getset[] = {
      NULL},
     {"num_computed_tokens", (getter)Req_get_computed, (setter)Req_set_computed, "Tokens computed so far.", NULL},
     {"num_preemptions", (getter)Req_get_preempt, (setter)Req_set_preempt, "Times the request was preempted.", NULL},
+    {"num_in_flight_tokens", (getter)Req_get_inflight, (setter)Req_set_inflight,
+     "Tokens scheduled in steps whose output is not processed yet.", NULL},
     {"status", (getter)Req_get_status, (setter)Req_set_status, "A kvspec.request.RequestStatus.", NULL},
     {"extra", (getter)Req_get_extra, NULL, "The extra-key sources (kvspec.hashing.ExtraKeySource).", NULL},
     {"skip_reading_prefix_cache", (getter)Req_get_skip, (setter)Req_set_skip, "Skip the prefix lookup.", NULL},

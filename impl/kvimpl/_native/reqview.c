@@ -25,6 +25,27 @@ static int get_ssize(PyObject *obj, PyObject *name, Py_ssize_t *out) {
     return 0;
 }
 
+/* rv->inflight from a generic value's num_in_flight_tokens: -1 (the value
+ * kept in inflight_obj for the caller's validation) unless an int >= 0 that fits. */
+static int read_inflight(ReqView *rv, PyObject *obj) {
+    PyObject *v = PyObject_GetAttr(obj, G_.s_num_in_flight_tokens);
+    if (!v)
+        return -1;
+    rv->inflight = -1;
+    if (PyLong_Check(v) && !PyBool_Check(v)) {
+        Py_ssize_t x = PyLong_AsSsize_t(v);
+        if (x == -1 && PyErr_Occurred())
+            PyErr_Clear();
+        else if (x >= 0)
+            rv->inflight = x;
+    }
+    if (rv->inflight < 0)
+        rv->inflight_obj = v;
+    else
+        Py_DECREF(v);
+    return 0;
+}
+
 /* Fill rv from obj. The caller has checked rv_check(obj). A computed-token
  * count that is not an int (or does not fit) is left in computed_obj with
  * computed = -1, for the caller's validation to report. */
@@ -45,6 +66,8 @@ int rv_read(ReqView *rv, PyObject *obj, int need_hashes) {
         rv->ntok = r->ntok;
         rv->npreempt = r->num_preemptions;
         rv->computed_obj = NULL;
+        rv->inflight = r->num_in_flight_tokens < 0 ? -1 : r->num_in_flight_tokens;
+        rv->inflight_obj = NULL;
         rv->status = r->status;
         rv->skip = r->skip_reading_prefix_cache;
         rv->hseq = NULL;
@@ -72,6 +95,8 @@ int rv_read(ReqView *rv, PyObject *obj, int need_hashes) {
             rv->computed = x;
     }
     if (get_ssize(obj, G_.s_num_tokens, &rv->ntok) < 0)
+        return -1;
+    if (read_inflight(rv, obj) < 0)
         return -1;
     rv->status = PyObject_GetAttr(obj, G_.s_status);
     if (!rv->status)
@@ -125,6 +150,7 @@ void rv_clear(ReqView *rv) {
     }
     Py_CLEAR(rv->rid);
     Py_CLEAR(rv->computed_obj);
+    Py_CLEAR(rv->inflight_obj);
     Py_CLEAR(rv->status);
     Py_CLEAR(rv->hseq);
 }

@@ -10,12 +10,21 @@ operation needs them (a missing one answers
 ``get_block_ids_for_computed_tokens(request_id, num_computed_tokens)``
 (vLLM 0.25.1 on: the tables cut to the computed tokens, for a KV connector),
 ``estimate_cached_tokens(request)`` (vLLM 0.26.0 on: the prefix length the
-request's cached blocks stand for) and
+request's cached blocks stand for),
+``record_blocks_for_zeroing(request_id, start_token)`` (vLLM 0.26.0 on: list
+the request's blocks from a block-aligned token on for zeroing again, after a
+failed connector load) and
 ``take_kv_cache_block_copies() -> (copies, retained)`` (vLLM 0.26.0 on:
 ``(source, copy)`` block-id pairs and the retained ids, released by the
 caller with ``free_blocks``). The conformance kit
 drives several adapters with the same operations and compares every output
-and view.
+and view. A refusal (``UnsupportedOperationError``) of an operation the
+release has is a skip, counted, unless the adapter sets
+``runs_every_operation = True``: then it fails the check (kvimpl's adapters
+set it). An adapter that declines some inputs call by call names them in
+``declines_per_call`` (feature names, :mod:`kvref.capabilities`): the
+scheduler machine then sends those inputs only in forms it runs (kvimpl's
+native core: lookups of ``num_tokens - 1`` tokens only).
 
 Protocol versions: version 1 passes request *ids* to ``free`` and
 ``pop_blocks_for_free``; version 2 passes the request value there, as vLLM's
@@ -29,16 +38,14 @@ migrate.
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import os
-import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
+from kvref.divergences import Divergence
 from kvref.exits import InputError
+from kvref.targets import load_callable
 from kvspec.config import KVCacheConfig
 from kvspec.events import KVCacheEvent
 from kvspec.profiles import NEWEST
@@ -46,8 +53,17 @@ from kvspec.request import Request
 from kvspec.stats import PrefixCacheStats
 from kvspec.view import BlockIds, KVView
 
-if TYPE_CHECKING:
-    from kvref.divergences import Divergence
+__all__ = [
+    "PROTOCOL_VERSION",
+    "SPEC_SEMANTICS",
+    "AdapterFactory",
+    "DeclaredSemantics",
+    "KVCacheAdapter",
+    "load_callable",
+    "load_factory",
+    "protocol_version",
+    "semantics_of",
+]
 
 PROTOCOL_VERSION = 2
 """The newest adapter protocol version (see the module docstring)."""
@@ -220,7 +236,8 @@ AdapterFactory = Callable[[KVCacheConfig], KVCacheAdapter]
 def load_factory(target: str) -> AdapterFactory:
     """Resolve ``spec``, ``impl`` (``impl-native``, ``impl-python``: one build; ``impl-batch``,
     ``impl-batch-native``: through the batch API and device tables, on the pure-Python manager or the
-    native core; ``impl-mutable``: with kvimpl's own mutable requests), ``vllm`` or ``module:factory``
+    native core; ``impl-mutable``: with kvimpl's own mutable requests; ``impl-array``: the native
+    core's array API), ``vllm`` or ``module:factory``
     to a factory.
 
     A module is looked up on ``sys.path`` and then in the working folder (as
@@ -240,41 +257,10 @@ def load_factory(target: str) -> AdapterFactory:
         "impl-batch": "kvref.adapters.impl_batch:make_impl_batch_adapter",
         "impl-batch-native": "kvref.adapters.impl_batch:make_impl_batch_native_adapter",
         "impl-mutable": "kvref.adapters.impl_mutable:make_impl_mutable_adapter",
+        "impl-array": "kvref.adapters.impl_array:make_impl_array_adapter",
     }
     path = builtin.get(target, target)
     if ":" not in path:
         raise InputError(f"target {target!r} is not spec, impl, vllm or module:factory")
     result: AdapterFactory = load_callable(path, f"target {target!r}")
     return result
-
-
-def load_callable(path: str, what: str) -> Any:
-    """The callable named ``module:attribute`` (the module found as in
-    :func:`load_factory`).
-
-    Raises:
-        InputError: Naming ``what`` when the path is malformed, the module
-            cannot be imported or the attribute is not callable.
-    """
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise InputError(f"{what}: {path!r} is not module:name")
-    try:
-        module = _import(module_name)
-    except ImportError as exc:
-        raise InputError(f"{what}: cannot import {module_name!r}: {exc}") from exc
-    found = getattr(module, attr, None)
-    if not callable(found):
-        raise InputError(f"{what}: module {module_name!r} has no callable {attr!r}")
-    return found
-
-
-def _import(module_name: str) -> ModuleType:
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        cwd = os.getcwd()
-        if exc.name != module_name.partition(".")[0] or cwd in sys.path:
-            raise
-        sys.path.append(cwd)
-        return importlib.import_module(module_name)

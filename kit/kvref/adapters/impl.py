@@ -38,8 +38,17 @@ from typing import Any
 from kvimpl import PROFILE_SWITCHES
 from kvimpl.block_pool import BlockPool, requeue_unhashed_first
 from kvimpl.config_rules import MODELLED_FEATURES
-from kvimpl.kv_cache_manager import KVCacheManager
-from kvimpl.native import NativeKVCacheManager, build_description, create_manager, manager_class, native_enabled
+from kvimpl.device_tables import CPU_COPY, BlockTable
+from kvimpl.kv_cache_manager import KVCacheManager, lookup_length
+from kvimpl.native import (
+    NativeKVCacheManager,
+    build_description,
+    create_manager,
+    manager_class,
+    native_enabled,
+    native_module,
+    native_unsupported,
+)
 from kvimpl.native_hint import NativeHint, cached_map, native_hint_for
 from kvimpl.request import RequestHasher
 from kvref.adapters.impl_probes import probe_caller_errors, probe_request
@@ -63,6 +72,10 @@ REFUSED_FEATURE_SWITCHES = frozenset(
 )
 """The switches read only by features kvimpl refuses (see the module docstring)."""
 
+TABLES_DEVICE = CPU_COPY
+"""The device of the kit's device-table checks: CPU tensors with the device
+copy kept apart from the host copy, as on a GPU (``kvimpl.device_tables``)."""
+
 
 def unread_switches(profile: SemanticsProfile) -> tuple[str, ...]:
     """The switches ``profile`` sets away from their defaults that kvimpl does
@@ -82,6 +95,12 @@ class ImplAdapter(KVCacheManager):
     makes the caller-error probes once (:mod:`kvref.adapters.impl_probes`)."""
 
     name = "impl"
+    fallback: str | None = None
+    """Why ``--target impl`` runs this configuration on the pure-Python manager
+    where the native core is wanted (counted per step by the lockstep)."""
+    runs_every_operation = True
+    """kvimpl claims every operation of every release it accepts a configuration of:
+    a refusal of one is a failure of the lockstep, not a skip."""
     _probed = 0
     """How far :func:`probe_once` got: 0 none, 1 with a request of its own, 2 with a held one."""
 
@@ -97,12 +116,14 @@ class NativeImplAdapter(NativeKVCacheManager):
     probes of :class:`ImplAdapter` and checks the prefix hint's longest lookup."""
 
     name = "impl-native"
+    runs_every_operation = True
+    """As :attr:`ImplAdapter.runs_every_operation`."""
     _probed = 0
     """As :attr:`ImplAdapter._probed`."""
     _hint: tuple[NativeHint | None] | None = None
     """``(native_hint_for(config),)`` once the first lookup asked for it."""
 
-    def get_computed_blocks(self, request: Any) -> tuple[BlockIds, int]:
+    def get_computed_blocks(self, request: Any, max_cache_hit_length: int | None = None) -> tuple[BlockIds, int]:
         """The core's lookup; in a cached hybrid, the longest first search the
         core recorded (``_first_lookup_tokens``, the prefix hint's base) must
         equal kvimpl's Python search over the core's cache map.
@@ -110,12 +131,13 @@ class NativeImplAdapter(NativeKVCacheManager):
         Raises:
             AssertionError: If they differ.
         """
-        out: tuple[BlockIds, int] = super().get_computed_blocks(request)
+        out: tuple[BlockIds, int] = super().get_computed_blocks(request, max_cache_hit_length)
         if self._hint is None:
             self._hint = (native_hint_for(self.config),)
         hint = self._hint[0]
-        if hint is not None and not request.skip_reading_prefix_cache:
-            want = hint.longest(request.block_hashes, request.num_tokens - 1, cached_map(self))
+        if hint is not None and self._reads(request):
+            length = lookup_length(self.config.profile, request, max_cache_hit_length)
+            want = hint.longest(request.block_hashes, length, cached_map(self))
             if self._first_lookup_tokens != want:
                 raise AssertionError(
                     f"impl-native: lookup of {request.request_id!r}: the core recorded a first search of "
@@ -197,7 +219,10 @@ def make_impl_adapter(config: KVCacheConfig) -> Any:
     check_config(config)
     manager = create_manager(config)
     check_build(config, manager)
-    return adopt(manager, ImplAdapter, NativeImplAdapter)
+    adapter = adopt(manager, ImplAdapter, NativeImplAdapter)
+    if isinstance(adapter, ImplAdapter) and native_enabled():
+        adapter.fallback = f"pure-Python manager ({native_unsupported(config)})"
+    return adapter
 
 
 def check_build(config: KVCacheConfig, manager: Any) -> None:
@@ -243,6 +268,17 @@ def make_impl_python_adapter(config: KVCacheConfig) -> ImplAdapter:
     return adapter
 
 
+def device_tables_for(config: KVCacheConfig, device: str, core: Any = None, **layout: Any) -> BlockTable:
+    """kvimpl's device tables for ``config`` (``BlockTable.for_config``; ``layout``:
+    kernel block sizes, context-parallel rank and interleave)."""
+    return BlockTable.for_config(config, device, core=core, **layout)
+
+
+def native_built() -> bool:
+    """Whether kvimpl's native core is built here (and selected: ``KVREF_NATIVE`` is not ``0``)."""
+    return native_module() is not None and native_enabled()
+
+
 def request_hashers(config: KVCacheConfig) -> tuple[RequestHasher, RequestHasher]:
     """kvimpl's request hashers for ``config`` (:mod:`kvref.adapters.impl_mutable`): one making
     pure-Python mutable requests, one making C requests (pure-Python ones without the build)."""
@@ -281,10 +317,12 @@ class ImplPoolAdapter:
 
     def __init__(self, config: KVCacheConfig) -> None:
         """A pool of ``config.num_blocks`` hashing at its one group's block size."""
+        p = config.profile
         self.pool = BlockPool(
             config.num_blocks, config.enable_caching, config.groups[0].block_size,
-            config.enable_kv_cache_events, config.int_block_hashes, requeue_unhashed_first(config),
-            config.profile.event_annotations,
+            config.enable_kv_cache_events, config.int_block_hashes, requeue_unhashed_first(config)[0],
+            p.event_group_idx, p.coarse_hash_last_fine, requeue_unhashed_first(config)[1], p.event_extra_keys,
+            (p.mm_key_with_offset, p.prompt_embeds_digest),
         )  # fmt: skip
 
     def get_new_blocks(self, num_blocks: int) -> list[int]:

@@ -4,8 +4,8 @@ kvimpl's managers add what vLLM's manager does not have: a batched step API
 (``allocate_slots_batch``, ``free_batch``) and device block tables
 (``block_table``, ``slot_mapping``; see :mod:`kvimpl.step_api` and
 :mod:`kvimpl.device_tables`). ``impl-batch`` runs the pure-Python manager
-(``create_manager(config, device="cpu", native=False)``), ``impl-batch-native``
-the native core (``NativeKVCacheManager(config, device="cpu")``, whose host
+(``create_manager(config, device=TABLES_DEVICE, native=False)``), ``impl-batch-native``
+the native core (``NativeKVCacheManager(config, device=TABLES_DEVICE)``, whose host
 rows the core writes itself; a configuration it refuses is counted as
 unsupported). The lockstep speaks vLLM's per-request protocol, so this
 adapter turns the machine's per-request calls into batches: every
@@ -38,15 +38,22 @@ raise through the batch validator when they are batchable, and through
 ``allocate_slots`` otherwise. The outcome the lockstep compares with the
 reference is the item's own.
 
-The device tables (built on the CPU, one row and one column per group to
-start with, so that they grow as the run goes) are checked after every change, by
+The device tables are built on the CPU with the device copy kept apart as on a
+GPU (``kvimpl.device_tables.CPU_COPY``: a missing, partial or racing copy
+fails), one row and one column per group to start with, so that they grow as
+the run goes. They are checked after every change, by
 :meth:`BatchCalls.check_invariants`: the manager's own invariants (host
-rows equal the tables), then ``block_table(g)`` row by row against
-``get_blocks``, ``slot_mapping`` of the first and last slot of each table
-against ``block_id * block_size + offset``, and the typed errors of a group
-out of range (either side), a request without a row, a request id that is not
-a str, a position past the table, a non-int position and unequal lengths;
-``row_of`` and ``slot_mapping_for_step`` (every input form) against the same slots.
+rows equal the tables, rows not in use zero, and the device rows equal the
+host's when nothing changed since the last commit), and every third check the
+step's commit (rows condensed as vLLM's input batch condenses them, so that
+in between new requests fill the holes freed ones left), then
+``block_table(g)`` row by row against ``get_blocks``, ``slot_mapping`` of the
+first and last slot of each table against the slot formula (context-parallel
+groups included: :func:`expected_slot`), and the typed errors of a group out
+of range (either side), a request without a row, a request id that is not a
+str, a position past the table, a non-int position and unequal lengths;
+``row_of``, ``slot_mapping_for_step`` (every input form),
+``slot_mappings_for_step`` and ``compute_slot_mapping`` against the same slots.
 
 NOTE: the adapter derives from the classes of :mod:`kvref.adapters.impl`, so
 the kit still imports kvimpl in one module only.
@@ -64,11 +71,12 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from kvref.adapters.impl import ImplAdapter, NativeImplAdapter, built_adapter, check_config, kvimpl_class
+from kvref.adapters.impl import TABLES_DEVICE, ImplAdapter, NativeImplAdapter, built_adapter, check_config, kvimpl_class
 from kvref.adapters.impl_probes import Unrouted, raised
 from kvref.capabilities import OPT_IN_FEATURES, declare
 from kvspec.config import KVCacheConfig
 from kvspec.errors import (
+    ConfigError,
     GroupCountError,
     InvalidRequestError,
     InvalidTokenCountError,
@@ -119,7 +127,10 @@ class BatchCalls(_Manager):  # type: ignore[misc]  # a mixin of the manager clas
         if bt is not None:
             core = bt._core
             cols = bt.cols if core is not None else [1] * len(bt.block_sizes)
-            self.device_tables = type(bt)(bt.block_sizes, cols, 1, "cpu", core)
+            probe_table_arguments(type(bt))
+            self.device_tables = type(bt)(
+                bt.block_sizes, cols, 1, TABLES_DEVICE, core, cp_world_sizes=bt.cp_world_sizes, cp_rank=bt.cp_rank
+            )
 
     def allocate_slots(
         self,
@@ -177,6 +188,12 @@ class BatchCalls(_Manager):  # type: ignore[misc]  # a mixin of the manager clas
         out: BlockIds | None = first
         return out
 
+    def allocate_slots_batch(self, requests: Any, num_new_tokens: Any, num_lookahead_tokens: Any = 0) -> Any:
+        """The machine's own batches (several running requests) go to the manager's
+        batch as they are; its per-request calls inside are not routed again."""
+        with self._batch():
+            return self._manager().allocate_slots_batch(requests, num_new_tokens, num_lookahead_tokens)
+
     def free(self, request_id: str) -> None:
         """The per-request call, through ``free_batch``."""
         if self._inside:
@@ -200,10 +217,15 @@ class BatchCalls(_Manager):  # type: ignore[misc]  # a mixin of the manager clas
             return
         free_batch([request_id])
 
+    _checks = 0
+
     def check_invariants(self) -> None:
-        """The manager's invariants (and the impl adapter's probes), then the device tables against the tables."""
+        """The manager's invariants (and the impl adapter's probes), then, every
+        third time, the step's commit and the device tables against the tables."""
         super().check_invariants()
-        check_device_tables(self)
+        self._checks += 1
+        if self._checks % 3 == 0:
+            check_device_tables(self)
 
     def _malformed(self, request: Request, n: int, k: int) -> None:
         """One malformed batch of :data:`MALFORMED` (in turn), in both orders around the machine's item.
@@ -303,7 +325,7 @@ class BatchNativeImplAdapter(BatchCalls, NativeImplAdapter):
                 configuration the core does not implement (or of every one
                 without the build).
         """
-        super().__init__(config, "cpu")
+        super().__init__(config, TABLES_DEVICE)
         self._init_batch()
 
 
@@ -318,22 +340,31 @@ def check_device_tables(mgr: Any) -> None:
     # scaled one (kvspec's manager_groups), as the tables are counted in it.
     sizes = [k.block_size for k in mgr.config.manager_groups()]
     holders = table_holders(mgr)
-    rows = mgr.device_tables.rows if mgr.device_tables is not None else {}
+    bt = mgr.device_tables
+    rows = bt.rows if bt is not None else {}
     _expect(sorted(rows) == holders, f"device rows {sorted(rows)} but requests holding tables {holders}")
+    if bt is not None:
+        bt.sync()  # the step's commit: the holes are filled, rows may move
+        rows = bt.rows
+        _expect(None not in bt.row_ids, f"holes left after the commit: {bt.row_ids}")
     for g in range(groups):
         bs = sizes[g]
         table = mgr.block_table(g).tolist()
         _expect(len(table) == len(holders), f"group {g}: {len(table)} device rows for {len(holders)} requests")
         rids, positions, want = [], [], []
+        k = bt.kernel_factors[g] if bt is not None else 1
         for rid in holders:
             ids: list[int] = list(mgr.get_blocks(rid)[g])
             row = table[rows[rid]]
-            _expect(row[: len(ids)] == ids and not any(row[len(ids) :]), f"group {g} row of {rid!r}: {row} != {ids}")
+            # Each block as its kernel blocks (block * k + j); past the table the row is unspecified for k > 1.
+            kernel = [b * k + j for b in ids for j in range(k)]
+            clean = k > 1 or not any(row[len(kernel) :])
+            _expect(row[: len(kernel)] == kernel and clean, f"group {g} row of {rid!r}: {row} != {kernel}")
             if ids:
                 for pos in (0, len(ids) * bs - 1):
                     rids.append(rid)
                     positions.append(pos)
-                    want.append(ids[pos // bs] * bs + pos % bs)
+                    want.append(expected_slot(bt, g, ids, pos))
         got = mgr.slot_mapping(rids, positions, g).tolist() if rids else []
         _expect(got == want, f"group {g}: slot_mapping {got} != {want}")
     _check_step_slots(mgr, holders, rows)
@@ -349,6 +380,56 @@ def check_device_tables(mgr: Any) -> None:
         rid = holders[0]
         held = len(mgr.get_blocks(rid)[0])
         _raises(InvalidTokenCountError, lambda: mgr.slot_mapping([rid], [held * sizes[0]]))
+
+
+def expected_slot(bt: Any, group: int, ids: list[int], pos: int) -> int:
+    """The slot of ``pos`` in a table ``ids`` of ``group`` (vLLM's
+    ``compute_slot_mapping``, written out in plain integers): the block's id
+    times the physical block size plus the offset on this context-parallel
+    rank, or -1 where another rank holds the position."""
+    vbs = bt.block_sizes[group]
+    world, inter = bt.cp_world_sizes[group], bt.cp_interleave
+    block, off = ids[pos // vbs], pos % vbs
+    if (off // inter) % world != bt.cp_rank % world:
+        return -1
+    return int(block * (vbs // world) + off // (world * inter) * inter + off % inter)
+
+
+def probe_table_arguments(table: type) -> None:
+    """Device tables refuse what they cannot be: a device that is not one
+    (not a name, not a torch device, a device type other than the CPU or CUDA,
+    CUDA where torch sees none) and a geometry that does not divide (per-group
+    lists of another length, a context-parallel world or kernel block size
+    that does not divide the block size, a rank outside its world, an
+    interleave below 1): each a ConfigError naming what to pass.
+
+    Raises:
+        AssertionError: A probe was accepted, or raised another class.
+    """
+    torch = __import__("torch")
+    bad: list[tuple[str, dict[str, Any]]] = [
+        ("a device that is not a name", {"device": 7}),
+        ("a name that is not a device", {"device": "nonsense"}),
+        ("a device type kvimpl's tables do not run on", {"device": "meta"}),
+        ("world sizes of another length", {"cp_world_sizes": [1, 1]}),
+        ("a world that does not divide the block size", {"cp_world_sizes": [3]}),
+        ("kernel block sizes of another length", {"kernel_block_sizes": [4, 4]}),
+        ("a kernel block size that does not divide the block size", {"kernel_block_sizes": [3]}),
+        ("an interleave below 1", {"cp_interleave": 0}),
+        ("a rank outside its world", {"cp_world_sizes": [2], "cp_rank": 2}),
+    ]
+    if not torch.cuda.is_available():
+        bad.append(("CUDA where torch sees none", {"device": "cuda"}))
+    for what, changes in bad:
+        args: dict[str, Any] = {"device": "cpu", **changes}
+        device = args.pop("device")
+
+        def build(device: Any = device, args: dict[str, Any] = args) -> object:
+            return table([8], [2], 1, device, None, **args)
+
+        exc = raised(build)
+        if not isinstance(exc, ConfigError):
+            raise AssertionError(f"device tables with {what}: expected ConfigError, got {exc!r}")
 
 
 def table_holders(mgr: Any) -> list[str]:
@@ -382,29 +463,45 @@ def _check_step_slots(mgr: Any, holders: list[str], rows: dict[str, int]) -> Non
         (torch.tensor(step_rows), torch.tensor(starts), torch.tensor(counts)),
         (array("i", step_rows), array("i", starts), array("i", counts)),
         (step_rows, starts, counts),
+        (torch.tensor(step_rows), array("i", starts), counts),  # mixed: each converted on its own
     )
     for form in forms:
         got = bt.slot_mapping_for_step(form[0], form[1], form[2], 0).tolist()
         _expect(got == want, f"slot_mapping_for_step {got} != slot_mapping {want}")
+    every = bt.slot_mappings_for_step(step_rows, starts, counts, (0,))
+    _expect(every[0].tolist() == want, f"slot_mappings_for_step group 0 {every[0].tolist()} != {want}")
+    # vLLM's form: batch request i is row i, so the step is every row in row order.
+    order = sorted(range(len(spans)), key=lambda i: step_rows[i])
+    if [step_rows[i] for i in order] == list(range(len(order))):
+        qsl = [0]
+        for i in order:
+            qsl.append(qsl[-1] + counts[i])
+        pos_v = [starts[i] + k for i in order for k in range(counts[i])]
+        by_row = [w for i in order for w in want[sum(counts[:i]) : sum(counts[: i + 1])]]
+        for form_v in ((qsl, pos_v), (torch.tensor(qsl), torch.tensor(pos_v))):
+            got_v = bt.compute_slot_mapping(form_v[0], form_v[1], 0).tolist()
+            _expect(got_v == by_row, f"compute_slot_mapping {got_v} != {by_row}")
 
 
 @declare(features=OPT_IN_FEATURES)
 def make_impl_batch_adapter(config: KVCacheConfig) -> BatchImplAdapter:
     """Factory for ``--target impl-batch``: the pure-Python manager kvimpl's
-    ``create_manager(config, device="cpu", native=False)`` builds.
+    ``create_manager(config, device=TABLES_DEVICE, native=False)`` builds.
 
     Raises:
         UnsupportedByProfileError: As ``--target impl-python``.
     """
     check_config(config)
-    adapter: BatchImplAdapter = built_adapter(config, BatchImplAdapter, BatchNativeImplAdapter, "cpu", native=False)
+    adapter: BatchImplAdapter = built_adapter(
+        config, BatchImplAdapter, BatchNativeImplAdapter, TABLES_DEVICE, native=False
+    )
     adapter._init_batch()
     return adapter
 
 
 @declare(features=OPT_IN_FEATURES)
 def make_impl_batch_native_adapter(config: KVCacheConfig) -> BatchNativeImplAdapter:
-    """Factory for ``--target impl-batch-native``: ``NativeKVCacheManager(config, device="cpu")``.
+    """Factory for ``--target impl-batch-native``: ``NativeKVCacheManager(config, device=TABLES_DEVICE)``.
 
     Raises:
         UnsupportedByProfileError: As ``--target impl-native`` (the native

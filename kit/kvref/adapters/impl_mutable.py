@@ -10,8 +10,10 @@ This adapter does that: it keeps one kvimpl request per request id, made by
 before each call that takes a request it advances it to match the value it
 is given (the new output tokens appended, one int when there is one and the
 list when there are several, as a speculative step appends them; then
-``num_computed_tokens``, ``status`` and ``num_preemptions`` set), then checks
-that kvimpl's incrementally extended block hashes equal kvspec's. A value
+``num_computed_tokens``, ``status``, ``num_preemptions`` and ``num_in_flight_tokens`` set), then checks
+that kvimpl's incrementally extended block hashes equal kvspec's, and that
+everything a scheduler reads of the request (all its tokens, its counts,
+status, preemptions, block hashes and extra keys) equals kvspec's value. A value
 whose prompt, extra keys or skip flag differ from the mirror's (a new request
 reusing a freed id) gets a new mirror. New mirrors alternate between the
 pure-Python :class:`kvimpl.request.Request` and the C request (when the
@@ -61,7 +63,8 @@ from kvspec.view import BlockIds
 
 PROBES = (
     "request id", "empty prompt", "negative token", "lora without path", "append str", "append negative",
-    "unknown hash function",
+    "unknown hash function", "token past the limit", "append past the limit", "prompt_logprobs not a bool",
+    "negative logprob start", "logprob start without logprobs",
 )  # fmt: skip
 """The caller errors new mirrors check in turn (see the module docstring)."""
 
@@ -74,7 +77,8 @@ class _Mirror:
     tokens: tuple[int, ...]
     num_prompt_tokens: int
     extra: ExtraKeySource
-    skip: bool
+    logprobs: tuple[bool, int | None]
+    """The request's ``prompt_logprobs`` and ``prompt_logprob_start``."""
 
 
 class MutableRequests:
@@ -103,9 +107,12 @@ class MutableRequests:
             self._made += 1
             hasher = self._hashers[n % 2]
             prompt = tokens[: request.num_prompt_tokens]
-            made = hasher.new_request(rid, prompt, request.extra, request.skip_reading_prefix_cache)
+            made = hasher.new_request(
+                rid, prompt, request.extra, _construction_skip(request, self._profile), request.prompt_logprobs,
+                request.prompt_logprob_start,
+            )  # fmt: skip
             mirror = self._mirrors[rid] = _Mirror(
-                made, prompt, request.num_prompt_tokens, request.extra, request.skip_reading_prefix_cache
+                made, prompt, request.num_prompt_tokens, request.extra, _logprobs(request)
             )
             for probe in PROBES if n < 2 else (PROBES[n // 2 % len(PROBES)],):  # every probe on both classes
                 _probe(probe, hasher, made, request, self._profile)
@@ -124,11 +131,40 @@ class MutableRequests:
         mreq.num_computed_tokens = request.num_computed_tokens
         mreq.status = request.status
         mreq.num_preemptions = request.num_preemptions
+        mreq.num_in_flight_tokens = request.num_in_flight_tokens
+        # set in place, as a scheduler would: from vLLM 0.34.0 on the manager reads the hit limit
+        # the request was made with instead (kvspec's value keeps it too)
+        mreq.skip_reading_prefix_cache = request.skip_reading_prefix_cache
+        _same_state(rid, mreq, request)
         return mreq
 
     def _forget(self, request_id: Any) -> None:
         if isinstance(request_id, str):
             self._mirrors.pop(request_id, None)
+
+
+def _same_state(rid: str, mreq: Any, request: Request) -> None:
+    """Everything a scheduler reads of a kvimpl request equals kvspec's value:
+    the tokens (all of them, not only the full blocks the managers hash), the
+    counts, the status, the preemptions, the block hashes and the extra keys.
+
+    Raises:
+        AssertionError: The first field that differs, with both values.
+    """
+    fields = (
+        ("all_token_ids", tuple(mreq.all_token_ids), tuple(request.all_token_ids)),
+        ("num_tokens", mreq.num_tokens, request.num_tokens),
+        ("num_prompt_tokens", mreq.num_prompt_tokens, request.num_prompt_tokens),
+        ("num_computed_tokens", mreq.num_computed_tokens, request.num_computed_tokens),
+        ("status", mreq.status, request.status),
+        ("num_preemptions", mreq.num_preemptions, request.num_preemptions),
+        ("num_in_flight_tokens", mreq.num_in_flight_tokens, request.num_in_flight_tokens),
+        ("block_hashes", tuple(mreq.block_hashes), tuple(request.block_hashes)),
+        ("extra", mreq.extra, request.extra),
+    )
+    for name, got, want in fields:
+        if got != want:
+            raise AssertionError(f"impl-mutable: request {rid!r}: kvimpl's {name} {got!r} != kvspec's {want!r}")
 
 
 def _probe(probe: str, hasher: Any, mreq: Any, request: Request, profile: SemanticsProfile) -> None:
@@ -140,6 +176,8 @@ def _probe(probe: str, hasher: Any, mreq: Any, request: Request, profile: Semant
         return
     if probe == "lora without path" and not hasher.tagged:
         return  # untagged extra keys do not hash the path: a LoRA without one is valid
+    if probe.endswith("past the limit") and hasher.token_limit is None:
+        return  # the release stores token ids of any size
     calls: dict[str, Callable[[], object]] = {
         "request id": lambda: hasher.new_request(len(rid), prompt),
         "empty prompt": lambda: hasher.new_request(rid, []),
@@ -147,6 +185,11 @@ def _probe(probe: str, hasher: Any, mreq: Any, request: Request, profile: Semant
         "lora without path": lambda: hasher.new_request(rid, prompt, replace(request.extra, lora=LoRA("probe", 1))),
         "append str": lambda: mreq.append_output_token_ids("7"),
         "append negative": lambda: mreq.append_output_token_ids([0, -1]),
+        "token past the limit": lambda: hasher.new_request(rid, [*prompt[:-1], hasher.token_limit]),
+        "append past the limit": lambda: mreq.append_output_token_ids([0, hasher.token_limit]),
+        "prompt_logprobs not a bool": lambda: hasher.new_request(rid, prompt, prompt_logprobs=1),
+        "negative logprob start": lambda: hasher.new_request(rid, prompt, request.extra, None, True, -1),
+        "logprob start without logprobs": lambda: hasher.new_request(rid, prompt, prompt_logprob_start=0),
     }
     try:
         calls[probe]()
@@ -171,6 +214,15 @@ def _probe_hash_function(hasher: Any, rid: str, prompt: list[int], profile: Sema
         )
 
 
+def _construction_skip(request: Request, profile: SemanticsProfile) -> bool:
+    """The skip flag ``request`` was made with, as far as the manager can tell: where the release
+    reads the hit limit fixed at construction (vLLM 0.34.0), a limit of 0 (a later change of the
+    flag is set in place by the sync, as a scheduler sets it); before, the flag as it is now."""
+    if profile.hit_limit_at_construction:
+        return request.prefix_cache_hit_limit == 0
+    return request.skip_reading_prefix_cache
+
+
 def _same_request(mirror: _Mirror, request: Request) -> bool:
     """Whether ``request`` is the mirrored request, advanced (not a new one under its id)."""
     tokens, have = request.all_token_ids, len(mirror.tokens)
@@ -179,8 +231,12 @@ def _same_request(mirror: _Mirror, request: Request) -> bool:
         and len(tokens) >= have
         and tokens[:have] == mirror.tokens
         and (mirror.extra is request.extra or mirror.extra == request.extra)
-        and mirror.skip == request.skip_reading_prefix_cache
+        and mirror.logprobs == _logprobs(request)
     )
+
+
+def _logprobs(request: Request) -> tuple[bool, int | None]:
+    return request.prompt_logprobs, request.prompt_logprob_start
 
 
 def _mirrored(base: type) -> type:
@@ -191,8 +247,12 @@ def _mirrored(base: type) -> type:
             super().__init__(config)
             self._init_mirrors(config)
 
-        def get_computed_blocks(self, request: Any) -> tuple[BlockIds, int]:
-            out: tuple[BlockIds, int] = super().get_computed_blocks(self._sync(request))
+        def get_computed_blocks(self, request: Any, max_cache_hit_length: int | None = None) -> tuple[BlockIds, int]:
+            out: tuple[BlockIds, int] = super().get_computed_blocks(self._sync(request), max_cache_hit_length)
+            return out
+
+        def get_num_cached_tokens(self, request: Any) -> int:
+            out: int = super().get_num_cached_tokens(self._sync(request))
             return out
 
         def allocate_slots(self, request: Any, *args: Any, **kwargs: Any) -> BlockIds | None:

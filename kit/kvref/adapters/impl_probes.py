@@ -51,18 +51,21 @@ OPERATION_SWITCHES: tuple[tuple[str, str, Call], ...] = (
      lambda m, r: m.get_block_ids_for_computed_tokens(r.request_id, 0)),
     ("estimate_cached_tokens_op", "estimate_cached_tokens", lambda m, r: m.estimate_cached_tokens(r)),
     ("prefix_hint_op", "get_prefix_hint", lambda m, r: m.get_prefix_hint(r)),
+    ("partial_hash_hits", "take_kv_cache_block_copies", lambda m, r: m.take_kv_cache_block_copies()),
+    ("num_cached_tokens_op", "get_num_cached_tokens", lambda m, r: m.get_num_cached_tokens(r)),
+    ("record_zeroing_op", "record_blocks_for_zeroing", lambda m, r: m.record_blocks_for_zeroing(r.request_id, 0)),
 )  # fmt: skip
 """Per facade operation that only some releases have: the profile switch that
 says whether it exists, its name, and the call (vLLM 0.16.0 lacks them all,
-0.25.1 ``estimate_cached_tokens``)."""
+0.25.1 ``estimate_cached_tokens`` and ``take_kv_cache_block_copies``)."""
 
-ADMISSION_ARGUMENTS: tuple[dict[str, Any], ...] = (
-    {"full_sequence_must_fit": True},
-    {"reserved_blocks": 1},
-    {"has_scheduled_reqs": False},
+ADMISSION_ARGUMENTS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("full_sequence_arg", {"full_sequence_must_fit": True}),
+    ("reserved_blocks_arg", {"reserved_blocks": 1}),
+    ("admission_controls", {"has_scheduled_reqs": False}),
 )
-"""The non-default admission arguments of ``allocate_slots`` a release without
-``admission_controls`` (vLLM 0.16.0) lacks."""
+"""The non-default admission arguments of ``allocate_slots``, each with the
+profile switch of the releases that have it (0.21.0, 0.23.0 and 0.24.0 on)."""
 
 
 class Unrouted:
@@ -100,8 +103,8 @@ def caller_error_calls(config: KVCacheConfig, request: Request) -> list[tuple[st
         calls.append(
             ("record_prefix_cache_stats", UnsupportedOperationError, lambda m, r: m.record_prefix_cache_stats(r, 0))
         )
-    if not p.admission_controls:
-        for kw in ADMISSION_ARGUMENTS:
+    for switch, kw in ADMISSION_ARGUMENTS:
+        if not getattr(p, switch):
             calls.append((f"allocate_slots {kw}", UnsupportedOperationError, _admission_call(kw)))
     # Exact int counts with no computed tokens, so that kvimpl's fast-path test passes up to the id.
     unnamed = replace(request, request_id=len(request.request_id), num_computed_tokens=0)  # type: ignore[arg-type]  # an int id on purpose

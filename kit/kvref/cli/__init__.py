@@ -1,7 +1,9 @@
 """The ``kvref`` command: one module per subcommand.
 
 ``check`` (lockstep state machines), ``fuzz`` (the same machines under
-HypoFuzz, coverage-guided, for as long as it is left running), ``drift``
+HypoFuzz, coverage-guided, for as long as it is left running), ``campaign``
+(``fuzz`` workers over several vLLM release venvs sharing a Redis example
+database), ``drift``
 (how the installed vLLM differs from a semantics profile), ``replay`` (stored traces), ``soak``
 (a long scripted run), ``bench`` (timing against real vLLM), ``traces
 record`` (new traces from lockstep runs), ``corpus`` (the shipped traces)
@@ -15,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from importlib import metadata
 
-from kvref.cli import bench, check, corpus, drift, fuzz, install_vllm, replay, soak, traces
+from kvref.cli import bench, campaign, check, corpus, drift, fuzz, install_vllm, replay, soak, traces
 from kvref.exits import HANG, INTERRUPTED, USAGE, AdapterHang, InputError, interruptible
 
 
@@ -29,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (check, drift, fuzz, replay, soak, bench, traces, corpus, install_vllm):
+    for module in (check, drift, fuzz, campaign, replay, soak, bench, traces, corpus, install_vllm):
         module.add_parser(sub)
     return parser
 

@@ -54,6 +54,14 @@ def add_parser(sub: Any) -> None:
         help="instead: steady decode of RUNNING requests, one token each per step (--mix full or full+swa)",
     )
     ben.add_argument(
+        "--device",
+        default=None,
+        metavar="DEVICE",
+        help="with --steady-decode: also time device tables on DEVICE (cpu, cpu-copy, cuda): the manager, kvimpl's "
+        "commit and slot mapping, and vLLM's worker tables for the same steps, side by side",
+    )
+    ben.add_argument("--steps", type=int, default=128, help="with --steady-decode: decode steps per run")
+    ben.add_argument(
         "--paths",
         action="store_true",
         help="instead: µs per operation of each block-moving path (admission with and without hits, chunk, "
@@ -72,10 +80,14 @@ def add_parser(sub: Any) -> None:
 def _dispatch(args: argparse.Namespace) -> int:
     if args.paths:
         return _paths(args)
+    if args.steady_decode is not None and args.device is not None:
+        from kvref.bench_tables import report as tables_report  # noqa: PLC0415 - imports kvimpl, torch and vLLM
+
+        return tables_report(args.mix, args.steady_decode, args.steps, args.repeats or 3, args.device)
     if args.steady_decode is not None:
         from kvref.bench_decode import report  # noqa: PLC0415 - imports kvimpl and vLLM
 
-        return report(args.mix, args.steady_decode, 128, args.repeats or 3, args.clock)
+        return report(args.mix, args.steady_decode, args.steps, args.repeats or 3, args.clock)
     return run(args)
 
 
@@ -182,6 +194,12 @@ def _bench_one(
         print(f"bench: run {next(runs)}: {name} ...", file=sys.stderr, flush=True)
 
     before = load_average()
+    for name, factory in extra.items():
+        # kvimpl's --target impl runs a configuration the native core declines on its pure-Python
+        # manager: every step of this workload then times that build, and the table must say so.
+        fallback = getattr(factory(w.config()), "fallback", None)
+        if fallback:
+            console.print(f"{name}: every step of this workload runs on the {fallback}")
     rows = bench(w, repeats=repeats, only=only, extra=extra, progress=progress, clock=clock)
     table = Table(title=f"kvref bench: {w.describe()}; µs per request-step, median of {repeats}, {clock} clock")
     for col in ("engine", "calls", "req-steps", *PHASES, "manager", "x vLLM", "total", "x vLLM", "µs/run-alloc",

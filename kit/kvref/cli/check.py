@@ -1,12 +1,18 @@
-"""``kvref check``: run the lockstep state machines against a reference."""
+"""``kvref check``: run the lockstep state machines against a reference.
+
+The arguments become one :class:`kvref.check.CheckRequest` here, at the
+edge (:func:`request_from`); everything after works on that value
+(:func:`kvref.check.start`, the lockstep loops, :mod:`kvref.verdict`).
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import json
-import time
+import os
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,20 +20,21 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kvref import config_coverage
-from kvref.adapters import AdapterFactory, load_factory, semantics_of
+from kvref.adapters import AdapterFactory
+from kvref.adapters.vllm.errors import CannotRead
 from kvref.branches import BranchReport, measure
-from kvref.capabilities import SKIP_ERRORS, declared_unsupported, parse_features, probe
-from kvref.check import MIN_STEPS, run_keep_going, run_lockstep
-from kvref.divergences import Divergence, load_known_file
-from kvref.exits import DEFAULT_OP_TIMEOUT, HANG, INTERRUPTED, AdapterHang, InputError
+from kvref.capabilities import parse_features
+from kvref.check import MIN_STEPS, CheckRequest, Session, run_keep_going, run_lockstep, start
+from kvref.divergences import load_known_file
+from kvref.exits import DEFAULT_OP_TIMEOUT, HANG, INTERRUPTED, NOTHING_CHECKED, USAGE, AdapterHang, InputError
 from kvref.lockstep import DivergenceClass, RunStats
 from kvref.settings import load_profile
 from kvref.shapes import SHAPES, Shape, shape_named
-from kvref.stateful import MachineSetup, default_failure_dir
+from kvref.stateful import MachineSetup
+from kvref.surface import SurfaceChange
 from kvref.traces import load as load_trace
-from kvspec.config import FullAttention, KVCacheConfig
-from kvspec.profiles import NEWEST, PROFILES, SemanticsProfile, profile_named
+from kvref.verdict import classes_table, judge, summary
+from kvspec.profiles import SemanticsProfile
 
 
 def add_parser(sub: Any) -> None:
@@ -40,7 +47,28 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="collect every distinct divergence class (each shrunk, its trace in --out) instead of stopping",
     )
+    check.add_argument(
+        "--level",
+        choices=LEVELS,
+        default="conformance",
+        help="conformance: the same outputs and state as the reference (default); safety: the target alone under "
+        "the safety oracles, whatever its policy (no KV for another prefix, no block reused under a step in "
+        "flight; docs/safety.md); all: both, one after the other",
+    )
+    check.add_argument(
+        "--safety", dest="level", action="store_const", const="safety", help="the same as --level safety"
+    )
+    check.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="the scheduler keeps steps in flight as vLLM's asynchronous scheduler does (output placeholders, "
+        "rejected draft tokens, fenced frees; docs/safety.md); runs without it draw as before",
+    )
     check.set_defaults(run=run)
+
+
+LEVELS = ("conformance", "safety", "all")
+"""``kvref check --level``: what is checked (docs/safety.md)."""
 
 
 def add_lockstep_arguments(check: argparse.ArgumentParser) -> None:
@@ -64,21 +92,24 @@ def add_lockstep_arguments(check: argparse.ArgumentParser) -> None:
         "--op-timeout",
         type=_positive(float),
         default=DEFAULT_OP_TIMEOUT,
-        help=f"watchdog seconds per adapter operation (default {DEFAULT_OP_TIMEOUT:g}; exit 4 past it)",
+        help=f"watchdog seconds per adapter call, start-up included (default {DEFAULT_OP_TIMEOUT:g}; exit 4 past it)",
     )
     check.add_argument(
         "--semantics",
         default=None,
         metavar="PROFILE",
-        help="semantics profile, e.g. vllm-0.33.0 (default: the one real vLLM declares, else the newest)",
+        help="semantics profile, e.g. vllm-0.33.0 (default: the release an adapter declares, real vLLM or a fork "
+        "first, else the newest; `kvref --version` lists them)",
     )
     check.add_argument("--out", type=Path, default=Path("kvref-classes"), help="traces of the divergence classes")
     check.epilog = (
         "A failing run writes its shrunk trace to KVREF_FAILURE_DIR (default ./kvref-failures). "
-        "Exit codes: 0 agree, 1 divergence, 2 usage or input error, 3 nothing checked, 4 adapter hang, "
-        "130 interrupted."
+        "Exit codes: 0 agree, 1 divergence, 2 usage or input error, 3 nothing checked or below the floor "
+        "(half the step goal compared, at most half the runs stopped by a skip), 4 adapter hang, 130 interrupted."
     )
-    check.add_argument("--max-classes", type=int, default=30, help="stop after this many divergence classes")
+    check.add_argument(
+        "--max-classes", type=_positive(int), default=30, help="stop after this many divergence classes (above 0)"
+    )
     check.add_argument(
         "--shapes",
         default=None,
@@ -90,7 +121,8 @@ def add_lockstep_arguments(check: argparse.ArgumentParser) -> None:
         default="",
         metavar="FEATURE,...",
         help="leave these features out: operations (pop_blocks_for_free), switches (events, stats, eagle), "
-        "arguments (external, lookahead), extra keys (lora, mm) (docs/writing-an-adapter.md)",
+        "arguments (external, lookahead), extra keys (lora, mm), histories (chunked-prefill, caller-errors) "
+        "(docs/writing-an-adapter.md)",
     )
     check.add_argument(
         "--known",
@@ -99,6 +131,12 @@ def add_lockstep_arguments(check: argparse.ArgumentParser) -> None:
         default=[],
         metavar="FILE",
         help="a TOML file of known differences of the target (the format of divergences.toml; repeatable)",
+    )
+    check.add_argument(
+        "--isolate",
+        action="store_true",
+        help="run the target in a child process: a crash (segfault, abort) or hang of a native engine becomes a "
+        "divergence with its shrunk trace instead of killing the check (calls cost a pipe round trip each)",
     )
     check.add_argument(
         "--layer",
@@ -119,52 +157,50 @@ def _add_coverage_arguments(check: argparse.ArgumentParser) -> None:
     )
 
 
-def _vllm_installed() -> bool:
-    from kvref.adapters.vllm import vllm_available  # noqa: PLC0415 - imports vLLM lazily
+def request_from(
+    args: argparse.Namespace, keep_going: bool | None = None, allow_mismatch: bool = False
+) -> CheckRequest:
+    """The typed request of ``kvref check`` (or ``kvref drift``) from its
+    parsed arguments: every option is parsed and checked here, at the edge.
 
-    return vllm_available()
-
-
-def _impl_present() -> bool:
+    Raises:
+        InputError: For an unknown feature or shape, an unreadable known-differences
+            file, or an ``--out`` folder a keep-going run cannot write.
+    """
     try:
-        load_factory("impl")
-    except ValueError:
-        return False
-    return True
-
-
-def choose_targets(target: str | None, against: str | None) -> tuple[str, str | None, str]:
-    """Resolve defaults: kvimpl if present, else kvspec against real vLLM if
-    installed, else a kvspec self-check. Returns (target, against, why)."""
-    if target is None:
-        if _impl_present():
-            target, why = "impl", "kvimpl is present"
-        else:
-            target, why = "spec", "kvimpl is not built yet"
-    else:
-        why = "chosen on the command line"
-    if against is None:
-        if _vllm_installed() and target != "vllm":
-            against, why = "vllm", why + "; real vLLM is installed"
-        elif target != "spec":
-            against, why = "spec", why + "; vLLM is not installed, comparing with kvspec"
-        else:
-            why += "; vLLM is not installed: kvspec self-check (invariants, error contract)"
-    return target, against, why
+        without = parse_features(args.without or "")
+    except ValueError as exc:
+        raise InputError(f"--without: {exc}") from None
+    going = args.keep_going if keep_going is None else keep_going
+    if going:
+        _writable(args.out)
+    return CheckRequest(
+        target=args.target, against=args.against, settings=args.profile, seed=args.seed, budget=args.budget,
+        min_steps=args.min_steps, op_timeout=args.op_timeout, semantics=args.semantics, shapes=_shapes(args.shapes),
+        without=without, known=tuple(e for path in args.known for e in load_known_file(path)), layer=args.layer,
+        keep_going=going, out=args.out, max_classes=args.max_classes, allow_mismatch=allow_mismatch,
+        isolate=getattr(args, "isolate", False), level=getattr(args, "level", "conformance"),
+        asynchronous=getattr(args, "async_scheduling", False),
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
     """Run lockstep batches until the step goal or the time budget is reached
-    (under coverage.py with ``--coverage``: then the branch report follows)."""
+    (under coverage.py with ``--coverage``: then the branch report follows);
+    ``--level all`` runs the conformance check and then the safety check."""
+    request = request_from(args)
+    if request.level == "all":
+        codes = [
+            execute(replace(request, level="conformance")),
+            execute(replace(request, level="safety", against=None)),
+        ]
+        return next((c for c in codes if c not in (0, 3)), max(codes) if all(c == 3 for c in codes) else 0)
     if not args.coverage and args.coverage_json is None:
-        return run_check(args, keep_going=args.keep_going, allow_mismatch=False)
+        return execute(request)
     if importlib.util.find_spec("coverage") is None:
-        Console(stderr=True).print("[red]--coverage needs coverage.py[/] (pip install coverage)")
-        return 2
+        raise InputError("--coverage needs coverage.py (pip install coverage)")
     taken: set[str] = set()
-    code, report = measure(
-        lambda: run_check(args, keep_going=args.keep_going, allow_mismatch=False, taken_classes=taken)
-    )
+    code, report = measure(lambda: execute(request, taken_classes=taken))
     _report_branches(report)
     if args.coverage_json is not None:
         args.coverage_json.parent.mkdir(parents=True, exist_ok=True)
@@ -194,118 +230,155 @@ def _report_branches(report: BranchReport, shown: int = 25) -> None:
         console.print(f"  stale unreachable entry: {line}", highlight=False, markup=False, soft_wrap=True)
 
 
-def run_check(
-    args: argparse.Namespace,
-    keep_going: bool,
-    allow_mismatch: bool,
+def execute(
+    request: CheckRequest,
     attribute: bool = False,
     taken_classes: set[str] | None = None,
+    surface: list[SurfaceChange] | None = None,
 ) -> int:
-    """``kvref check`` (and ``kvref drift``, which allows a profile other than
-    the one real vLLM declares, always keeps going and, with ``attribute``,
-    names the profile switches that explain each class, :mod:`kvref.drift`);
-    ``taken_classes`` receives the configuration classes the runs took
-    (:mod:`kvref.config_coverage`)."""
-    console = Console(stderr=True)
-    if args.against == "none":
-        target, against, why = args.target or "spec", None, "self-check chosen on the command line"
-    else:
-        target, against, why = choose_targets(args.target, args.against)
-    if getattr(args, "layer", "facade") == "pool":
-        from kvref.cli.pool import run_pool_check  # noqa: PLC0415 - only the pool layer needs it
+    """Run one check and print its summary and verdict; the exit code.
 
-        return run_pool_check(args, target, against, console)
-    names = [n for n in (against, target) if n is not None]
-    factories: list[AdapterFactory] = [load_factory(n) for n in names]
-    known = _known(args)
-    try:
-        profile = choose_profile(args.semantics, factories)
-    except (KeyError, ValueError) as exc:
-        console.print(f"[red]{exc}[/]")
-        return 2
-    reference: SemanticsProfile | None = None
-    for name, factory in zip(names, factories, strict=True):
-        try:
-            declared = semantics_of(factory(_probe_config(profile)))
-        except SKIP_ERRORS:
-            continue  # it refuses the probe configuration: the shape probe below says more
-        except Exception as exc:
-            console.print(f"[red]cannot construct adapter {name!r} under {profile.name}[/]: {exc}")
-            return 2
-        if declared.upstream and declared.profile != profile.name and declared.profile in PROFILES:
-            reference = PROFILES[declared.profile]
-        if declared.upstream and declared.profile != profile.name and not allow_mismatch:
-            console.print(
-                f"[red]adapter {name!r} behaves like {declared.profile}[/], not {profile.name}: "
-                f"check it with --semantics {declared.profile}"
-            )
-            return 2
+    ``kvref drift`` asks for ``attribute``: replay each class under the
+    switches of the release the upstream adapter declares and go on under
+    those that explain it (:mod:`kvref.drift`), and passes the ``surface``
+    changes it found (an operation the release removed is a class of its
+    own, a class no switch explains is named by the surface change of its
+    operation). ``taken_classes`` receives the configuration classes the runs
+    took (:mod:`kvref.config_coverage`).
+    """
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    session = start(request)
+    layer = " --layer pool" if request.layer == "pool" else ""
     console.print(
-        f"kvref check: target [bold]{target}[/] against [bold]{against or '(none)'}[/] ({why}); "
-        f"semantics [bold]{profile.name}[/]"
+        f"kvref check{layer}: target [bold]{session.target}[/] against [bold]{session.against or '(none)'}[/] "
+        f"({session.why}); semantics [bold]{session.profile.name}[/]; goal {request.goal:,} steps"
     )
-    load_profile(args.profile)
-    goal = args.min_steps or MIN_STEPS[args.profile]
-    excluded = _excluded(args, factories)
-    shapes, excluded, notes = probe(factories, _shapes(args), profile, excluded)
-    for note in notes:
-        console.print(f"left out: {note}")
-    if excluded:
-        console.print(f"features left out: {', '.join(sorted(excluded))}")
-    if not shapes:
+    if session.release_note:
+        console.print(session.release_note, markup=False)
+    for note in session.notes:
+        console.print(f"left out: {note}", markup=False)
+    setup = session.setup
+    if setup.excluded:
+        console.print(f"features left out: {', '.join(sorted(setup.excluded))}")
+    if request.layer == "facade" and not setup.shapes:
         console.print("[red]nothing to check[/]: the adapters refuse every configuration shape (see above)")
-        return 3
-    setup = MachineSetup(
-        factories, RunStats(), default_failure_dir(), shapes=shapes, profile=profile, op_timeout=args.op_timeout,
-        known=known, excluded=excluded,
-    )  # fmt: skip
+        return NOTHING_CHECKED
+    load_profile(request.settings)
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"))
     classes: list[DivergenceClass] = []
     failure = None
     try:
         with Progress(*columns, TimeElapsedColumn(), console=console) as progress:
-            task = progress.add_task("lockstep", total=goal)
+            task = progress.add_task("lockstep", total=request.goal)
 
             def advance(steps: int) -> None:
-                progress.update(task, completed=min(steps, goal), description="lockstep")
+                progress.update(task, completed=min(steps, request.goal), description="lockstep")
 
             def shrinking() -> None:
                 progress.update(task, description="shrinking a divergence")
 
             setup.stats.on_first_failure = shrinking
             accept = None
-            if attribute and reference is not None and target == "spec":
-                accept = _acceptor(setup, factories[names.index(target)], reference, console)
-            if keep_going:
+            if attribute and session.reference is not None and session.target == "spec":
+                accept = _acceptor(setup, setup.factories[-1], session.reference, console)
+            if request.keep_going:
                 classes = run_keep_going(
-                    setup, args.seed, goal, args.out, args.budget, args.max_classes, advance, accept=accept
-                )
+                    setup, request.seed, request.goal, request.out, request.budget, request.max_classes, advance,
+                    machine=session.machine, accept=accept,
+                )  # fmt: skip
             else:
-                failure = run_lockstep(setup, args.seed, goal, args.budget, advance)
+                failure = run_lockstep(setup, request.seed, request.goal, request.budget, advance,
+                                       machine=session.machine)  # fmt: skip
+    except CannotRead as exc:  # a vLLM internal this release reorganised (kvref.adapters.vllm.eras)
+        console.print(str(exc), markup=False)
+        return USAGE
     except (KeyboardInterrupt, AdapterHang) as exc:
         hung = isinstance(exc, AdapterHang)
-        console.print(f"[red]{'adapter hang' if hung else 'interrupted'}[/]: {exc or 'Ctrl-C'}; the summary so far:")
-        _report(setup.stats, target, against, console, setup.stats.unexplained > 0, profile)
-        if keep_going and (setup.stats.classes or setup.stats.accepted):
-            found = [*setup.stats.accepted, *setup.stats.classes.values()]
-            _report_classes(sorted(found, key=lambda c: c.steps_to_find), console)
+        console.print(f"[red]{'adapter hang' if hung else 'interrupted'}[/]: {exc or 'Ctrl-C'}", markup=True)
+        console.print("the summary so far:")
+        _print_summary(session, classes=[*setup.stats.accepted, *setup.stats.classes.values()])
         return HANG if hung else INTERRUPTED
     finally:
         if taken_classes is not None:
             taken_classes.update(setup.stats.config_properties)
-    if keep_going:
-        _report(setup.stats, target, against, console, bool(classes), profile)
-        _report_classes(classes, console)
-        return 1 if classes else (3 if setup.stats.steps == 0 else 0)
+    if request.keep_going:
+        if surface is not None:
+            classes += _removed_operations(setup.stats, session, surface)
+        _name_surface(classes, surface or [])
     if failure is not None:
         console.print(f"[red]unexplained divergence[/]: {failure}")
-    _report(setup.stats, target, against, console, failure is not None, profile)
-    if failure is not None:
-        return 1
-    if setup.stats.steps == 0:
-        console.print("[red]no lockstep step ran[/]: every drawn configuration was refused (see the table)")
-        return 3
-    return 0
+    _print_summary(session, classes)
+    verdict = judge(setup.stats, request.goal, failure, classes)
+    if failure is not None and setup.stats.last_failure is not None:
+        n_ops = len(setup.stats.last_failure.read_text().splitlines()) - 1
+        print(f"shrunk trace ({n_ops} operations): {setup.stats.last_failure}")
+        print(f"replay it: kvref replay {setup.stats.last_failure} --target {session.target}")
+    print(f"kvref check: {verdict.line}")
+    return verdict.code
+
+
+def _print_summary(session: Session, classes: list[DivergenceClass]) -> None:
+    """The summary (:func:`kvref.verdict.summary`) and the classes of a keep-going run, on stdout."""
+    title = f"kvref check: {session.target} vs {session.against or '(self)'}, {session.profile.name}"
+    for line in summary(session.setup.stats, title, session.setup.excluded):
+        print(line)
+    if session.request.keep_going or classes:
+        for line in classes_table(sorted(classes, key=lambda c: c.steps_to_find)):
+            print(line)
+
+
+def _writable(folder: Path) -> None:
+    """``--out`` must be a folder this run can create and write (checked before the run).
+
+    Raises:
+        InputError: Naming the folder and the reason.
+    """
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe_file = folder / f".kvref-write-test-{os.getpid()}"
+        probe_file.write_text("")
+        probe_file.unlink()
+    except OSError as exc:
+        raise InputError(
+            f"--out {folder}: cannot write the divergence classes' traces there ({exc.strerror or exc})"
+        ) from None
+
+
+def _removed_operations(stats: RunStats, session: Session, surface: list[SurfaceChange]) -> list[DivergenceClass]:
+    """``kvref drift``: an operation (or argument) the upstream side skipped
+    while the working profile has it is a class of its own, ``<op>/absent``
+    (the release removed it), explained by the surface change of that
+    operation and the switches that model it."""
+    from kvref.drift import explain_surface, surface_for_class  # noqa: PLC0415 - only drift needs it
+
+    working, reference = session.profile, session.reference
+    found: list[DivergenceClass] = []
+    for key, count in sorted(stats.skipped.items()):
+        side, _, feature = key.partition(": ")
+        if side not in session.upstream:
+            continue
+        op = feature.removeprefix("op:")
+        cls = DivergenceClass(f"{op}/absent", stats.skip_reasons.get(key, key), None, 0, 0, count)
+        change = surface_for_class(cls.key, surface)
+        if change is not None:
+            cls.explained_by = f"{explain_surface(change, working, reference)}; surface: {change.describe()}"
+        found.append(cls)
+    return found
+
+
+def _name_surface(classes: list[DivergenceClass], surface: list[SurfaceChange]) -> None:
+    """Give each class no switch explains the surface change of its operation,
+    else the state-adding features its trace's configuration uses, if any."""
+    from kvref.drift import features_of_trace, surface_for_class  # noqa: PLC0415 - only drift needs it
+
+    for c in classes:
+        if c.explained_by:
+            continue
+        found = surface_for_class(c.key, surface)
+        if found is not None:
+            c.explained_by = f"surface: {found.describe()}"
+        elif c.trace is not None and (features := features_of_trace(c.trace)):
+            c.explained_by = f"feature: {', '.join(features)} (a state-adding feature this configuration uses)"
 
 
 def _acceptor(
@@ -327,23 +400,8 @@ def _acceptor(
     return accept
 
 
-def _known(args: argparse.Namespace) -> tuple[Divergence, ...]:
-    """The entries of every ``--known`` file."""
-    return tuple(entry for path in getattr(args, "known", []) for entry in load_known_file(path))
-
-
-def _excluded(args: argparse.Namespace, factories: list[AdapterFactory]) -> frozenset[str]:
-    """``--without`` plus what the factories declare they lack."""
-    try:
-        chosen = parse_features(getattr(args, "without", "") or "")
-    except ValueError as exc:
-        raise InputError(f"--without: {exc}") from None
-    return chosen.union(*(declared_unsupported(f) for f in factories))
-
-
-def _shapes(args: argparse.Namespace) -> tuple[Shape, ...]:
+def _shapes(text: str | None) -> tuple[Shape, ...]:
     """The ``--shapes`` (default: the whole catalog)."""
-    text = getattr(args, "shapes", None)
     if not text:
         return SHAPES
     try:
@@ -365,102 +423,3 @@ def _positive(kind: type[int] | type[float]) -> Any:
         return value
 
     return parse
-
-
-def choose_profile(name: str | None, factories: list[AdapterFactory]) -> SemanticsProfile:
-    """``name``, else the profile an upstream adapter (real vLLM) declares,
-    else the newest.
-
-    Raises:
-        KeyError: For an unknown profile name.
-        ValueError: When an upstream adapter declares a profile kvspec does not have.
-    """
-    if name is not None:
-        return profile_named(name)
-    for factory in factories:
-        try:
-            adapter = factory(_probe_config(NEWEST))
-        except Exception:  # construction problems are reported by the caller's probe
-            continue
-        declared = semantics_of(adapter)
-        if declared.upstream:
-            if declared.profile not in PROFILES:
-                raise ValueError(
-                    f"the adapter declares {declared.profile}, which kvspec has no profile for; "
-                    f"known: {', '.join(PROFILES)}"
-                )
-            return PROFILES[declared.profile]
-    return NEWEST
-
-
-def _report_classes(classes: list[DivergenceClass], console: Console) -> None:
-    """The table of distinct divergence classes of a keep-going run."""
-    table = Table(title=f"{len(classes)} distinct divergence class(es)")
-    columns = ["class (operation/aspect)", "first seen", "shortest trace", "ops", "after steps", "seen"]
-    attributed = any(c.explained_by for c in classes)
-    for col in columns + (["explained by (switch, release)"] if attributed else []):
-        table.add_column(col)
-    for c in classes:
-        shapes = ", ".join(sorted(c.shapes))
-        first = c.message if len(c.message) <= 90 else c.message[:87] + "..."
-        row = [c.key, f"{first} [{shapes}]", str(c.trace or "-"), str(c.trace_ops), str(c.steps_to_find),
-               f"{c.occurrences}x"]  # fmt: skip
-        table.add_row(*row, *([c.explained_by or "not modelled"] if attributed else []))
-    Console(width=max(Console().width, 160)).print(table)
-
-
-def _probe_config(profile: SemanticsProfile) -> KVCacheConfig:
-    return KVCacheConfig(num_blocks=4, groups=(FullAttention(4),), max_model_len=16, profile=profile)
-
-
-def _report(
-    stats: RunStats, target: str, against: str | None, console: Console, failed: bool, profile: SemanticsProfile
-) -> None:
-    elapsed = max(time.monotonic() - stats.started, 1e-9)
-    table = Table(title=f"kvref check: {target} vs {against or '(self)'}, {profile.name}")
-    table.add_column("measure")
-    table.add_column("value", justify="right")
-    table.add_row("steps run", str(stats.steps))
-    table.add_row("machine runs", str(stats.runs))
-    covered = sorted(stats.configs)
-    total = "" if covered == ["pool"] else f"/{len(SHAPES)}"
-    table.add_row("configurations covered", f"{len(covered)}{total}: {', '.join(covered)}")
-    if covered != ["pool"]:
-        absent = config_coverage.missing(stats.config_properties)
-        classes = f"{len(config_coverage.NAMES) - len(absent)}/{len(config_coverage.NAMES)}"
-        table.add_row("configuration classes taken", classes + (f"; not: {', '.join(absent)}" if absent else ""))
-    table.add_row("invariant checks", str(stats.invariant_checks))
-    table.add_row("event-log checks", str(stats.event_log_checks))
-    table.add_row("prefix hints read (not 0)", f"{stats.prefix_hint_reads} ({stats.prefix_hints})")
-    if stats.block_copies:
-        table.add_row("copy-on-write copies compared", str(stats.block_copies))
-    kinds = ", ".join(sorted(stats.invalid_calls)) or "0"
-    table.add_row(
-        "invalid calls rejected", f"{sum(stats.invalid_calls.values())} ({len(stats.invalid_calls)} kinds: {kinds})"
-    )
-    table.add_row("invalid configs rejected", str(stats.invalid_configs))
-    refused = ", ".join(f"{k} x{v}" for k, v in sorted(stats.refused_configs.items())) or "0"
-    table.add_row("configurations refused (skipped)", refused)
-    skipped = ", ".join(f"{k} x{v}" for k, v in sorted(stats.skipped.items())) or "0"
-    table.add_row("operations an adapter cannot run (skipped)", skipped)
-    left_out = ", ".join(f"{k} x{v}" for k, v in sorted(stats.left_out.items())) or "0"
-    table.add_row("operations left out (excluded features)", left_out)
-    known = ", ".join(f"{k} x{v}" for k, v in sorted(stats.known.items())) or "0"
-    table.add_row("divergences known", known)
-    if stats.keep_going:  # a keep-going run counts classes, not stops
-        table.add_row("divergence classes not modelled", str(len(stats.classes)))
-        if stats.accepted:
-            switches = "; ".join(c.explained_by for c in stats.accepted)
-            table.add_row("divergence classes explained by switches", f"{len(stats.accepted)} ({switches})")
-    else:
-        table.add_row("divergences unexplained", "1" if failed else "0")
-    table.add_row("steps per second", f"{stats.steps / elapsed:.0f}")
-    Console().print(table)
-    for reason, count in sorted(stats.refused_reasons.items(), key=lambda kv: -kv[1])[:5]:
-        console.print(f"refused x{count}: {reason}")
-    for key, reason in sorted(stats.skip_reasons.items()):
-        console.print(f"skipped {key}: {reason}")
-    if failed and stats.last_failure is not None:
-        n_ops = len(stats.last_failure.read_text().splitlines()) - 1
-        console.print(f"shrunk trace ({n_ops} operations): {stats.last_failure}")
-        console.print(f"replay it: kvref replay {stats.last_failure} --target {target}")

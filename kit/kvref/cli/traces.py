@@ -9,16 +9,16 @@ from typing import Any
 from hypothesis import settings
 from hypothesis.errors import Unsatisfiable
 
-from kvref.adapters import load_factory
+from kvref.adapters import AdapterFactory, KVCacheAdapter, load_factory
 from kvref.capabilities import parse_features
-from kvref.check import SEED_STRIDE
-from kvref.cli.check import choose_profile
+from kvref.check import SEED_STRIDE, choose_profile
 from kvref.exits import InputError
 from kvref.hypothesis_compat import seed_machine
 from kvref.lockstep import RunStats
 from kvref.settings import load_profile
 from kvref.shapes import SHAPES
 from kvref.stateful import MachineSetup, default_failure_dir, make_lockstep_machine, run_machine
+from kvspec.config import KVCacheConfig
 
 RECORD_BATCH_EXAMPLES = 20
 MAX_BATCHES = 200
@@ -54,6 +54,13 @@ def add_parser(sub: Any) -> None:
         help="leave these features out (as kvref check --without), e.g. for a corpus a minimal engine can run",
     )
     rec.add_argument(
+        "--caching",
+        choices=("drawn", "on"),
+        default="drawn",
+        help="prefix caching as the shapes draw it (default), or on in every recorded run (a corpus for an "
+        "engine that always caches)",
+    )
+    rec.add_argument(
         "--min-allocations",
         type=int,
         default=0,
@@ -68,7 +75,10 @@ def run(args: argparse.Namespace) -> int:
     from the ``--shape`` names only when any are given and keeping only runs
     with ``--min-allocations`` successful ``allocate_slots`` calls."""
     load_profile("dev")
-    factories = [load_factory("spec")] + ([load_factory(args.also)] if args.also else [])
+    spec = load_factory("spec")
+    factories = [_caching_only(spec) if args.caching == "on" else spec] + (
+        [load_factory(args.also)] if args.also else []
+    )
     profile = choose_profile(args.semantics, factories)
     shapes = SHAPES if not args.shape else tuple(s for s in SHAPES if s.name in args.shape)
     try:
@@ -104,3 +114,13 @@ def run(args: argparse.Namespace) -> int:
         batch += 1
     print(f"recorded {setup.recorded} traces in {args.out}")
     return 0
+
+
+def _caching_only(factory: AdapterFactory) -> AdapterFactory:
+    """``factory``, refusing a configuration with prefix caching off (``--caching on``)."""
+
+    def build(config: KVCacheConfig) -> KVCacheAdapter:
+        return factory(config)
+
+    build.supports = lambda c: None if c.enable_caching else "prefix caching off (--caching on)"  # type: ignore[attr-defined]  # a declared attribute of the factory
+    return build

@@ -38,6 +38,7 @@ from kvref.capabilities import SKIP_ERRORS
 from kvref.exits import InputError
 from kvref.lockstep import Layer
 from kvref.ops import RequestBook, event_to_json
+from kvref.targets import load_callable
 from kvspec.block_pool import BlockId, BlockPool
 from kvspec.config import KVCacheConfig
 from kvspec.errors import KVCacheError
@@ -226,8 +227,6 @@ def load_pool_factory(target: str) -> PoolFactory:
     Raises:
         InputError: As :func:`kvref.adapters.load_factory`.
     """
-    from kvref.adapters import load_callable  # noqa: PLC0415 - kvref.adapters is imported lazily by the CLI
-
     builtin = {
         "spec": "kvref.layers.pool:make_spec_pool",
         "impl": "kvref.adapters.impl:make_impl_pool",

@@ -6,9 +6,13 @@ own manager) with your engine, and run::
     kvref check --target my_adapter:make --against spec
 
 Rules (docs/writing-an-adapter.md): block ids per group with 0 the null block;
-caller errors raise :mod:`kvspec.errors` classes before any change; what the
-engine cannot do is declared (``supports``, ``unsupported``) or raised as
-:class:`kvref.Unsupported`, and kvref skips it.
+caller errors raise :mod:`kvspec.errors` classes before any change (section 4
+of the guide lists them, in kvspec's order), unless the engine trusts its
+caller (``declare(trusts_caller=True)``: invalid calls are then never sent);
+what the engine cannot do is declared (``supports``, ``unsupported``, the
+capabilities ``whole_prompts`` and ``one_token_decode``) or raised as
+``kvref.Unsupported(message, feature)``, and kvref skips it. Known policy
+differences go in a ``--known`` file (section 5).
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ def supports(config: KVCacheConfig) -> str | None:
 
 
 # Context parallelism is opt-in: add features={"context-parallelism"} once the engine scales its
-# block sizes by dcp_world_size / pcp_world_size (docs/writing-an-adapter.md, section 3).
+# block sizes by dcp_world_size / pcp_world_size. An engine whose scheduler admits whole prompts, decodes
+# one token a step and never makes an invalid call adds whole_prompts=True, one_token_decode=True,
+# trusts_caller=True (docs/writing-an-adapter.md, section 3).
 @declare(
     supports=supports,
     unsupported={
@@ -40,6 +46,7 @@ def supports(config: KVCacheConfig) -> str | None:
         "op:get_prefix_hint",
         "op:get_block_ids_for_computed_tokens",
         "op:estimate_cached_tokens",
+        "op:record_blocks_for_zeroing",
     },
 )
 def make(config: KVCacheConfig) -> MyAdapter:

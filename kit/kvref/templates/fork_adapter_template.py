@@ -9,7 +9,11 @@ Edit the lineage and run::
 For a plugin, keep ``package="vllm"`` and set
 ``manager_class="myplugin.kv:MyKVCacheManager"``. Differences the fork is
 known to have go into ``known`` (registry ids or :class:`kvref.Divergence`
-values) or a file passed with ``--known``.
+values) or a file passed with ``--known``. ``features={"context-parallelism"}``
+opts in to configurations with ``dcp_world_size`` or ``pcp_world_size``
+above 1; ``unsupported`` and ``supports`` declare what the fork lacks, as
+``kvref.declare`` does; an ``era_class`` for an internal the fork changed
+subclasses ``FORK.base_era()`` (``kvref.ERA_NAMES`` lists the eras).
 """
 
 from __future__ import annotations

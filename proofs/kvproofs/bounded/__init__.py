@@ -21,12 +21,26 @@ from collections.abc import Callable
 CHECKS: dict[str, Callable[[], int]] = {}
 """``module.function`` → check, filled by :func:`check` on import."""
 
-MODULES = ("alloc", "pool", "admission", "hybrid")
+MODULES = (
+    "alloc",
+    "pool",
+    "admission",
+    "hybrid",
+    "search",
+    "releases",
+    "contracts_config",
+    "contracts_lookup",
+    "contracts_state",
+    "contracts_values",
+)
 """Check modules of ``proofs/bounded``."""
 
 
 FAILED: dict[str, str] = {}
 """Refuted conditions of the running check → the first failing case (repr)."""
+
+SEEN: dict[str, int] = {}
+"""Conditions of the running check → the cases that evaluated them."""
 
 
 def check(fn: Callable[[], int]) -> Callable[[], int]:
@@ -38,12 +52,15 @@ def check(fn: Callable[[], int]) -> Callable[[], int]:
 def expect(ok: bool, condition: str, case: object) -> None:
     """Record ``condition`` as refuted (with its first failing case) unless
     ``ok``; the check goes on, so every refuted condition is reported."""
+    SEEN[condition] = SEEN.get(condition, 0) + 1
     if not ok and condition not in FAILED:
         FAILED[condition] = repr(case)
 
 
-def run_check(fn: Callable[[], int]) -> tuple[int, dict[str, str]]:
-    """Run one check: its number of cases and its refuted conditions."""
+def run_check(fn: Callable[[], int]) -> tuple[int, dict[str, int], dict[str, str]]:
+    """Run one check: its number of cases, the cases of each condition and
+    its refuted conditions."""
     FAILED.clear()
+    SEEN.clear()
     n = fn()
-    return n, dict(FAILED)
+    return n, dict(SEEN), dict(FAILED)

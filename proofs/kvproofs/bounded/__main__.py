@@ -4,7 +4,9 @@ Runs the named checks (default: all), each over its whole domain, and prints
 one line per check in CrossHair's message format, which ``proofs/run.py``
 parses: ``path:line: info: Confirmed over all N cases.`` or
 ``path:line: error: <condition>`` for each refuted one (its first failing
-case on the next line).
+case on the next line). A contract check (``contract:module.function``,
+:mod:`kvproofs.bounded.pep316`) prints one such line per ``post:`` line of
+the spec function, at that line of the spec file.
 With ``--mutant NAME``, ``proofs/mutants/NAME.py``'s function first replaces
 the spec function or method it copies (its ``TARGET``).
 """
@@ -18,6 +20,7 @@ import sys
 import time
 
 from kvproofs.bounded import CHECKS, MODULES, run_check
+from kvproofs.bounded.pep316 import DOMAINS, PREFIX, messages, run_contract
 
 
 def install_mutant(name: str) -> None:
@@ -40,18 +43,33 @@ def main(argv: list[str] | None = None) -> int:
     if args.mutant:
         install_mutant(args.mutant)
     failed = False
-    for name in args.checks or list(CHECKS):
+    contracts = [PREFIX + q.removeprefix("kvspec.") for q in DOMAINS]
+    for name in args.checks or [*CHECKS, *contracts]:
+        if name.startswith(PREFIX):
+            start = time.process_time()
+            report = run_contract("kvspec." + name.removeprefix(PREFIX))
+            lines = messages(report)
+            failed = failed or any(": error: " in line for line in lines)
+            print(
+                "\n".join(lines),
+                f"    ({name}: {report.cases} cases, {time.process_time() - start:.1f}s CPU)",
+                sep="\n",
+            )
+            continue
         fn = CHECKS[name]
         path = inspect.getsourcefile(fn)
-        line = inspect.getsourcelines(fn)[1] + 1  # the def line, after @check
+        source, first = inspect.getsourcelines(fn)
+        line = first + next(i for i, text in enumerate(source) if text.lstrip().startswith("def "))
         start = time.process_time()
-        n, refuted = run_check(fn)
+        n, seen, refuted = run_check(fn)
         for condition, case in refuted.items():
             failed = True
             print(f"{path}:{line}: error: {condition}")
             print(f"    first case: {case}")
-        if not refuted:
-            print(f"{path}:{line}: info: Confirmed over all {n} cases ({time.process_time() - start:.1f}s CPU).")
+        for condition, cases in seen.items():
+            if condition not in refuted:
+                print(f"{path}:{line}: info: Confirmed over all {cases} cases [{condition}].")
+        print(f"    ({name}: {n} cases, {time.process_time() - start:.1f}s CPU)")
     return 1 if failed else 0
 
 

@@ -21,8 +21,10 @@ from dataclasses import replace
 from itertools import product
 
 from kvproofs.bounded import check, expect
+from kvproofs.contracts import about
 from kvspec.config import AttentionKind, ChunkedLocal, FullAttention, KVCacheConfig, SlidingWindow, admission_cap
 from kvspec.kv_cache_manager import KVCacheManager
+from kvspec.profiles import NEWEST
 from kvspec.request import Request, RequestBlockHasher, RequestStatus
 
 BS, NUM_BLOCKS, MAX_LEN, BATCH = 2, 8, 16, 4
@@ -50,6 +52,7 @@ def _taken(kind: AttentionKind, busy: int, request: Request, n_new: int) -> int:
 
 
 @check
+@about(KVCacheManager.allocate_slots, releases=(NEWEST.release,))
 def admission() -> int:
     """Every kind, prompt length, chunk, pool load and admission setting."""
     cases = 0

@@ -12,9 +12,19 @@ from __future__ import annotations
 from itertools import product
 
 from kvproofs.bounded import check, expect
+from kvproofs.contracts import about
 from kvspec import single_type_kv_cache_manager as stm
 from kvspec.block_pool import BlockId, BlockPool
-from kvspec.config import MLA, AttentionKind, ChunkedLocal, FullAttention, SinkFullAttention, SlidingWindow
+from kvspec.config import (
+    MLA,
+    AttentionKind,
+    ChunkedLocal,
+    FullAttention,
+    SinkFullAttention,
+    SlidingWindow,
+    admission_cap,
+)
+from kvspec.profiles import NEWEST
 
 
 def _kinds() -> list[AttentionKind]:
@@ -26,6 +36,7 @@ def _kinds() -> list[AttentionKind]:
 
 
 @check
+@about(stm.blocks_to_allocate, releases=(NEWEST.release,))
 def estimate_is_exact() -> int:
     """A new request with ``h`` hits (each free or held elsewhere) and ``new``
     more tokens, then ``more`` tokens on the next step (the fast path): each
@@ -59,6 +70,7 @@ def estimate_is_exact() -> int:
 
 
 @check
+@about(admission_cap, releases=(NEWEST.release,))
 def admission_cap_bounds() -> int:
     """With the admission cap applied, the estimate never exceeds the cap
     (plus the free hits it touches) nor the uncapped estimate."""

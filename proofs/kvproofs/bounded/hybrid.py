@@ -15,6 +15,7 @@ from __future__ import annotations
 from itertools import product
 
 from kvproofs.bounded import check, expect
+from kvproofs.contracts import about
 from kvspec import kv_cache_coordinator as coord_mod
 from kvspec.block_pool import BlockId
 from kvspec.config import FULL_TYPE_KINDS, AttentionKind, FullAttention, KVCacheConfig, Mamba, SlidingWindow
@@ -47,6 +48,7 @@ def _coordinator(groups: tuple[AttentionKind, ...], eagle: bool) -> HybridCoordi
 
 
 @check
+@about(coord_mod.hybrid_hit_search, releases=(VLLM_0_25_1.release,))
 def hybrid_fixed_point() -> int:
     """The hit is at most ``max_len``, a multiple of the scheduler block size,
     no longer than any spec group's own hit, and (without EAGLE) a length

@@ -11,14 +11,17 @@ from __future__ import annotations
 from itertools import permutations, product
 
 from kvproofs.bounded import check, expect
-from kvspec.block_pool import BlockId, BlockPool
+from kvproofs.contracts import about
+from kvspec.block_pool import BlockId, BlockPool, requeue
 from kvspec.config import FullAttention
 from kvspec.hashing import BlockHash, make_key
+from kvspec.profiles import NEWEST
 from kvspec.request import RequestBlockHasher
 from kvspec.single_type_kv_cache_manager import make_manager
 
 
 @check
+@about(requeue, releases=(NEWEST.release,))
 def free_order() -> int:
     """``k`` blocks in use, some hashed, some with a second reference, freed
     in every order: ref counts drop by one each; the blocks reaching 0 go to
@@ -55,6 +58,7 @@ def free_order() -> int:
 
 
 @check
+@about(requeue, releases=(NEWEST.release,))
 def free_reverse() -> int:
     """A request's table of ``k`` blocks with its first ``c`` cached, freed by
     the manager: the uncached tail comes back first in the queue, last entry

@@ -9,6 +9,7 @@ really takes) is checked on the real classes by ``proofs/bounded/alloc.py``.
 
 from __future__ import annotations
 
+from kvproofs.contracts import about
 from kvproofs.holds import unenforced
 from kvspec.single_type_kv_cache_manager import blocks_to_allocate
 
@@ -17,6 +18,7 @@ def _count(required: int, cap: int | None, have: int, skipped: int, hit_free: li
     return unenforced(blocks_to_allocate)(required, cap, have, skipped, hit_free, tracked)
 
 
+@about(blocks_to_allocate)
 def alloc_fast_path(required: int, cap: int | None, have: int, more: int) -> int:
     """A request the manager already tracks only grows its table: the fewest
     blocks that bring it to ``required`` entries (to ``cap`` when capped),
@@ -30,10 +32,11 @@ def alloc_fast_path(required: int, cap: int | None, have: int, more: int) -> int
     post: __return__ <= _count(required + more, cap, have, 0, [], True)
     post: __return__ <= _count(required, None, have, 0, [], True)
     """
-    # crosshair: max_iterations=100
+    # crosshair: max_iterations=1000
     return _count(required, cap, have, 0, [], True)
 
 
+@about(blocks_to_allocate)
 def alloc_new_request(required: int, have: int, skipped: int, hit_free: list[bool], i: int) -> int:
     """A new request: each hit still in the free queue costs exactly one block
     if it will be touched (position ``>= skipped - have``) and none if it
@@ -48,7 +51,7 @@ def alloc_new_request(required: int, have: int, skipped: int, hit_free: list[boo
     post: _in_use(required, have, skipped, len(hit_free)) <= _count(required, None, have, skipped, [], False)
     post: skipped < required or __return__ == sum(hit_free[max(0, skipped - have) :])
     """
-    # crosshair: max_iterations=200
+    # crosshair: max_iterations=1000
     return _count(required, None, have, skipped, hit_free, False)
 
 
@@ -69,6 +72,7 @@ def _flip(required: int, have: int, skipped: int, hit_free: list[bool], i: int) 
     return _count(required, None, have, skipped, flipped, False)
 
 
+@about(blocks_to_allocate)
 def alloc_cap(required: int, cap: int, have: int, skipped: int, hit_free: list[bool], tracked: bool) -> int:
     """The admission cap (``full_sequence_must_fit``) only ever lowers the
     count, and a cap at least ``required`` changes nothing.
@@ -78,5 +82,5 @@ def alloc_cap(required: int, cap: int, have: int, skipped: int, hit_free: list[b
     post: cap < required or __return__ == _count(required, None, have, skipped, hit_free, tracked)
     post: __return__ <= _count(required + 1, cap, have, skipped, hit_free, tracked)
     """
-    # crosshair: max_iterations=100
+    # crosshair: max_iterations=1000
     return _count(required, cap, have, skipped, hit_free, tracked)

@@ -9,6 +9,7 @@ harnesses build the kind from plain ints with :func:`kind_of`.
 
 from __future__ import annotations
 
+from kvproofs.contracts import about
 from kvproofs.holds import unenforced
 from kvspec.config import (
     MLA,
@@ -48,6 +49,7 @@ def kind_of(tag: int, block_size: int, param: int) -> AttentionKind:
     return CrossAttention(block_size)
 
 
+@about(cdiv)
 def cdiv_props(a: int, b: int, d: int) -> int:
     """Ceiling division: exact on multiples, monotone, and the usual
     ``(a + b - 1) // b`` for non-negative ``a``.
@@ -57,10 +59,11 @@ def cdiv_props(a: int, b: int, d: int) -> int:
     post: __return__ <= unenforced(cdiv)(a + d, b)
     post: a < 0 or __return__ == (a + b - 1) // b
     """
-    # crosshair: max_iterations=100
+    # crosshair: max_iterations=1000
     return unenforced(cdiv)(a, b)
 
 
+@about(align_down)
 def align_down_props(num_blocks: int, block_size: int, per: int) -> int:
     """With ``alignment`` a multiple of ``block_size`` (the scheduler block
     size is the LCM of group sizes), align_down rounds down to a multiple of
@@ -69,10 +72,11 @@ def align_down_props(num_blocks: int, block_size: int, per: int) -> int:
     pre: 0 <= num_blocks <= 16 and 1 <= block_size <= 4 and 1 <= per <= 4
     post: __return__ == num_blocks - num_blocks % per
     """
-    # crosshair: max_iterations=100
+    # crosshair: max_iterations=1000
     return unenforced(align_down)(num_blocks, block_size, block_size * per)
 
 
+@about(align_down)
 def align_down_largest(num_blocks: int, block_size: int, alignment: int) -> int:
     """For any alignment: the LARGEST block count ``<= num_blocks`` whose tokens
     are aligned (or ``num_blocks`` when ``block_size == alignment``).
@@ -82,10 +86,11 @@ def align_down_largest(num_blocks: int, block_size: int, alignment: int) -> int:
     post: block_size == alignment or __return__ * block_size % alignment == 0
     post: not any(m * block_size % alignment == 0 for m in range(__return__ + 1, num_blocks + 1))
     """
-    # crosshair: max_iterations=100
+    # crosshair: max_iterations=1000
     return unenforced(align_down)(num_blocks, block_size, alignment)
 
 
+@about(contiguous_blocks_for_hit)
 def contiguous_props(window: int, block_size: int, use_eagle: bool) -> int:
     """The fewest blocks that hold the ``window - 1`` earlier tokens a
     sliding-window hit needs, plus the EAGLE block.
@@ -94,10 +99,11 @@ def contiguous_props(window: int, block_size: int, use_eagle: bool) -> int:
     post: (__return__ - use_eagle) * block_size >= window - 1
     post: __return__ - use_eagle == 0 or (__return__ - use_eagle - 1) * block_size < window - 1
     """
-    # crosshair: max_iterations=100
+    # crosshair: max_iterations=1000
     return unenforced(contiguous_blocks_for_hit)(window, block_size, use_eagle)
 
 
+@about(num_skipped_tokens)
 def skipped_props(tag: int, block_size: int, param: int, n: int) -> int:
     """Skipped tokens per kind: the window keeps ``min(n, w - 1)`` tokens, the
     chunk keeps ``n mod c``, Mamba only the last state, others everything;
@@ -110,7 +116,7 @@ def skipped_props(tag: int, block_size: int, param: int, n: int) -> int:
     post: tag not in (MAMBA, MAMBA + 1) or __return__ == n - 1
     post: tag in (SWA, CHUNKED, MAMBA, MAMBA + 1) or __return__ == 0
     """
-    # crosshair: max_iterations=100
+    # crosshair: max_iterations=1000
     return _skipped(tag, block_size, param, n)
 
 
@@ -118,16 +124,18 @@ def _skipped(tag: int, block_size: int, param: int, n: int) -> int:
     return unenforced(num_skipped_tokens)(kind_of(tag, block_size, param), n)
 
 
+@about(num_skipped_tokens)
 def skipped_monotone(tag: int, block_size: int, param: int, n: int, d: int) -> int:
     """More computed tokens never un-skip a token.
 
     pre: 0 <= tag <= 7 and 1 <= block_size <= 4 and 1 <= param <= 16 and 0 <= n <= 64 and 0 <= d <= 64
     post: __return__ <= _skipped(tag, block_size, param, n + d)
     """
-    # crosshair: max_iterations=100
+    # crosshair: max_iterations=1000
     return _skipped(tag, block_size, param, n)
 
 
+@about(admission_cap)
 def admission_cap_props(tag: int, block_size: int, param: int, batched: int, model_len: int, more: int) -> int | None:
     """The cap exists only for sliding window and chunked local, is at least
     one block, covers the tokens a step can touch, and grows with the budget.
@@ -140,7 +148,7 @@ def admission_cap_props(tag: int, block_size: int, param: int, batched: int, mod
     post: tag != CHUNKED or __return__ * block_size >= min(param + batched, model_len)
     post: __return__ is None or __return__ <= (_cap(tag, block_size, param, batched + more, model_len) or 0)
     """
-    # crosshair: max_iterations=100
+    # crosshair: max_iterations=1000
     return _cap(tag, block_size, param, batched, model_len)
 
 

@@ -4,7 +4,13 @@ check, so an admitted request can eat the blocks the caller set aside."""
 from __future__ import annotations
 
 from kvspec.invariants import require
-from kvspec.kv_cache_manager import _WATERMARKED, KVCacheManager, tables_cover_slots
+from kvspec.kv_cache_manager import (
+    _WATERMARKED,
+    KVCacheManager,
+    check_admission_args,
+    skip_basis,
+    tables_cover_slots,
+)
 from kvspec.request import Request
 from kvspec.view import BlockIds
 
@@ -28,6 +34,7 @@ def allocate_slots(
     has_scheduled_reqs: bool = True,
 ) -> BlockIds | None:
     """Mutant of the spec method (no contract)."""
+    check_admission_args(self.config.profile, full_sequence_must_fit, reserved_blocks, has_scheduled_reqs)
     hits = self._validate_allocation(
         request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, num_lookahead_tokens,
         num_external_computed_tokens, num_encoder_tokens, reserved_blocks,
@@ -38,17 +45,17 @@ def allocate_slots(
     coord, rid = self.coordinator, request.request_id
     if full_sequence_must_fit:
         full = min(request.num_tokens, self.config.max_model_len)
-        need = coord.get_num_blocks_to_allocate(rid, full, hits, num_encoder_tokens, total, full, True)
+        need = coord.get_num_blocks_to_allocate(rid, full, hits, num_encoder_tokens, total, full, True, num_local=local)
         if need + wm > self.block_pool.get_num_free_blocks():
             return None
     main = total + num_new_tokens
     slots = min(main + num_lookahead_tokens, self.config.max_model_len)
-    coord.remove_skipped_blocks(rid, total)
+    coord.remove_skipped_blocks(rid, skip_basis(self.config.profile, total, request.num_in_flight_tokens))
     need = coord.get_num_blocks_to_allocate(
         rid, slots, hits, num_encoder_tokens, local + num_external_computed_tokens, main,
-        num_external=num_external_computed_tokens,
+        num_external=num_external_computed_tokens, num_local=local,
     )  # fmt: skip
-    if need + wm > self.block_pool.get_num_free_blocks():
+    if need + wm > self.block_pool.get_num_free_blocks():  # the fault: reserved_blocks left out
         return None
     if any(hits) or num_external_computed_tokens > 0:
         coord.allocate_new_computed_blocks(rid, hits, local, num_external_computed_tokens)

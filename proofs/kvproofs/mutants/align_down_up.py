@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 OWN_CONTRACT = True
-HARNESSES = ("arith.align_down_props", "arith.align_down_largest")
+HARNESSES = ("arith.align_down_props", "arith.align_down_largest", "contract:single_type_kv_cache_manager.align_down")
 
 
 def align_down(num_blocks: int, block_size: int, alignment: int) -> int:

@@ -6,7 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 OWN_CONTRACT = True
-HARNESSES = ("alloc.alloc_new_request", "bounded:alloc.estimate_is_exact")
+HARNESSES = (
+    "alloc.alloc_new_request",
+    "bounded:alloc.estimate_is_exact",
+    "contract:single_type_kv_cache_manager.blocks_to_allocate",
+)
 
 
 def blocks_to_allocate(
@@ -16,6 +20,9 @@ def blocks_to_allocate(
 
     pre: required >= 0 and have >= 0 and (cap is None or cap >= 1)
     post: __return__ >= 0
+    post: not tracked or __return__ == max(min(required, cap or required) - have, 0)
+    post: cap is None or __return__ <= blocks_to_allocate(required, None, have, skipped, hit_free, tracked)
+    post: tracked or __return__ >= sum(hit_free[max(0, skipped - have) :])
     """
     # crosshair: max_iterations=40
     if cap is not None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 OWN_CONTRACT = True
-HARNESSES = ("arith.cdiv_props",)
+HARNESSES = ("arith.cdiv_props", "contract:single_type_kv_cache_manager.cdiv")
 
 
 def cdiv(a: int, b: int) -> int:

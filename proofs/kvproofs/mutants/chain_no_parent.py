@@ -8,7 +8,11 @@ from collections.abc import Sequence
 from kvspec.hashing import BlockHash, ExtraKeySource, HashFunction, block_extra_keys, hash_block_tokens
 
 OWN_CONTRACT = True
-HARNESSES = ("chain.chain_prefix_sensitive", "chain.chain_parent_link")
+HARNESSES = (
+    "bounded:search.chain_prefix_sensitive",
+    "bounded:search.incremental_hashing",
+    "bounded:contract:hashing.extend_block_hashes",
+)
 
 
 def extend_block_hashes(
@@ -18,6 +22,10 @@ def extend_block_hashes(
     existing: tuple[BlockHash, ...],
     token_ids: Sequence[int],
     src: ExtraKeySource,
+    tagged: bool = False,
+    resume_from_first: bool = False,
+    v025_forms: bool = True,
+    embeds_digest: bool | None = None,
 ) -> tuple[BlockHash, ...]:
     """Mutant of the spec function (same contract).
 
@@ -27,10 +35,10 @@ def extend_block_hashes(
     # crosshair: max_iterations=40
     hashes = list(existing)
     start = len(hashes) * hash_block_size
-    cursor = 0 if start == 0 else -1
+    cursor = 0 if start == 0 or resume_from_first else -1
     while start + hash_block_size <= len(token_ids):
         end = start + hash_block_size
-        extra, cursor = block_extra_keys(src, start, end, cursor)
+        extra, cursor = block_extra_keys(src, start, end, cursor, tagged, v025_forms, embeds_digest)
         hashes.append(hash_block_tokens(fn, seed_hash, token_ids[start:end], extra))
         start = end
     return tuple(hashes)

@@ -3,6 +3,7 @@ head of a request's prefix is evicted before its tail."""
 
 from __future__ import annotations
 
+from kvspec.config import SlidingWindow
 from kvspec.single_type_kv_cache_manager import SingleTypeKVCacheManager
 
 OWN_CONTRACT = False
@@ -12,4 +13,4 @@ HARNESSES = ("bounded:pool.free_reverse",)
 
 def free(self: SingleTypeKVCacheManager, request_id: str) -> None:
     """Mutant of the spec method (no contract)."""
-    self.pool.free_blocks(self.pop_blocks_for_free(request_id))
+    self.pool.free_blocks(self._forget(request_id), skipped=isinstance(self.kind, SlidingWindow))

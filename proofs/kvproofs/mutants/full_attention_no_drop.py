@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from kvspec.single_type_kv_cache_manager import align_down
 
 OWN_CONTRACT = True
-HARNESSES = ("search.full_attention_maximal",)  # full_attention_downward_closed holds for it
+HARNESSES = ("bounded:search.full_attention_search", "contract:single_type_kv_cache_manager.full_attention_hit")
 
 
 def full_attention_hit(present: Sequence[bool], drop_eagle: bool, block_size: int, alignment: int) -> int:
@@ -16,6 +16,8 @@ def full_attention_hit(present: Sequence[bool], drop_eagle: bool, block_size: in
     pre: block_size >= 1 and alignment >= 1
     post: 0 <= __return__ <= len(present)
     post: all(present[:__return__])
+    post: block_size == alignment or __return__ * block_size % alignment == 0
+    post: not drop_eagle or __return__ == 0 or present[__return__]
     """
     # crosshair: max_iterations=40
     n = 0

@@ -13,13 +13,20 @@ from kvspec.kv_cache_coordinator import HybridCoordinator
 from kvspec.single_type_kv_cache_manager import find_longest_cache_hit
 
 OWN_CONTRACT = False
-HARNESSES = ("bounded:hybrid.hybrid_fixed_point",)
+HARNESSES = ("bounded:hybrid.hybrid_fixed_point", "bounded:contract:kv_cache_coordinator.hybrid_hit_search")
 
 
 def hybrid_hit_search(
     coord: HybridCoordinator, block_hashes: Sequence[BlockHash], max_len: int
 ) -> tuple[int, list[list[BlockId]]]:
-    """Mutant of the spec function (no contract)."""
+    """Mutant of the spec function (same contract).
+
+    pre: max_len >= 0
+    post: 0 <= __return__[0] <= max_len and __return__[0] % coord.hit_alignment == 0
+    post: all(len(h) >= -(-__return__[0] // m.block_size) if isinstance(m.kind, FULL_TYPE_KINDS) else len(h) == (-(-__return__[0] // m.block_size) if prefix_cacheable(m.kind) else 0) for h, m in zip(__return__[1], coord.managers, strict=True))
+    post: all(_accepts(coord, sg, block_hashes, __return__[0], max_len, eagle=False) for sg in coord.spec_groups)
+    post: not any(all(_accepts(coord, sg, block_hashes, n, max_len) for sg in coord.spec_groups) for n in range(__return__[0] + coord.hit_alignment, max_len + 1, coord.hit_alignment))
+    """  # noqa: E501 - a PEP 316 condition is one line
     hits: list[list[BlockId]] = [[] for _ in coord.managers]
     cur = max_len
     for sg in coord.spec_groups:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 OWN_CONTRACT = True
-HARNESSES = ("search.mamba_rightmost",)
+HARNESSES = ("bounded:search.mamba_search", "contract:single_type_kv_cache_manager.mamba_hit")
 
 
 def mamba_hit(present: Sequence[bool], block_size: int, alignment: int) -> tuple[int, int]:
@@ -13,6 +13,8 @@ def mamba_hit(present: Sequence[bool], block_size: int, alignment: int) -> tuple
 
     pre: block_size >= 1 and alignment >= 1
     post: __return__ == (0, 0) or present[__return__[0]]
+    post: __return__ == (0, 0) or __return__[1] == __return__[0] + 1
+    post: block_size == alignment or __return__[1] * block_size % alignment == 0
     """
     # crosshair: max_iterations=40
     for i in range(len(present)):

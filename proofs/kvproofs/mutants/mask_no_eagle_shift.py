@@ -6,7 +6,7 @@ from kvspec.config import AttentionKind, SlidingWindow
 from kvspec.single_type_kv_cache_manager import contiguous_blocks_for_hit
 
 OWN_CONTRACT = False  # AttentionKind includes Mamba's Literal mode: CrossHair cannot build it
-HARNESSES = ("mask.mask_exact", "mask.mask_none_means_all")
+HARNESSES = ("bounded:search.reachable_mask", "contract:single_type_kv_cache_manager.reachable_block_mask")
 
 
 def reachable_block_mask(
@@ -17,6 +17,8 @@ def reachable_block_mask(
     pre: 0 <= start <= end and alignment >= 1
     pre: not isinstance(kind, SlidingWindow) or (kind.window >= 1 and kind.block_size >= 1)
     post: __return__ is None or len(__return__) == end - start
+    post: isinstance(kind, SlidingWindow) or __return__ is None
+    post: __return__ is None or not use_eagle or start > 0 or not __return__[:1] or not __return__[0]
     """
     # crosshair: max_iterations=40
     if not isinstance(kind, SlidingWindow):

@@ -9,7 +9,7 @@ from typing import TypeVar
 T = TypeVar("T")
 
 OWN_CONTRACT = True
-HARNESSES = ("freeq.requeue_order", "freeq.requeue_eviction", "bounded:pool.free_order")
+HARNESSES = ("contract:block_pool.requeue", "bounded:pool.free_order")
 
 
 def requeue(
@@ -19,7 +19,11 @@ def requeue(
 
     pre: len(released) == len(hashed)
     post: len(__return__) == len(free_queue) + len(released)
-    """
+    post: __return__[(len(released) - sum(hashed)) * unhashed_first :][: len(free_queue)] == list(free_queue)
+    post: unhashed_first or __return__[len(free_queue) :] == list(released)
+    post: not unhashed_first or __return__[: len(released) - sum(hashed)] == [b for b, h in zip(released, hashed) if not h]
+    post: not unhashed_first or __return__[len(__return__) - sum(hashed) :] == [b for b, h in zip(released, hashed) if h]
+    """  # noqa: E501 - a PEP 316 condition is one line
     # crosshair: max_iterations=40
     del unhashed_first
     return list(free_queue) + list(released)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from kvspec.single_type_kv_cache_manager import align_down
 
 OWN_CONTRACT = True
-HARNESSES = ("search.sliding_window_rightmost",)  # sliding_window_props holds for it
+HARNESSES = ("bounded:search.sliding_window_search", "contract:single_type_kv_cache_manager.sliding_window_hit")
 
 
 def sliding_window_hit(
@@ -19,6 +19,8 @@ def sliding_window_hit(
     pre: contiguous >= 0 and block_size >= 1 and alignment >= 1
     post: 0 <= __return__[1] <= len(present)
     post: all(present[__return__[0]:__return__[1]])
+    post: block_size == alignment or __return__[1] * block_size % alignment == 0
+    post: __return__[0] == 0 or __return__[1] + drop_eagle - __return__[0] >= contiguous
     """
     # crosshair: max_iterations=40
     run = 0

@@ -20,6 +20,7 @@ from kvspec.errors import (
     StaleHitError,
     UnexpectedPrefixHitError,
     UnknownRequestError,
+    UnsupportedOperationError,
 )
 from kvspec.events import KVCacheEvent
 from kvspec.request import Request
@@ -29,16 +30,16 @@ from kvspec.view import BlockIds, KVView
 GROUP = (0).to_bytes(4, "big")  # cache keys in the view are hash || group id
 
 
-PROFILES = ("vllm-0.25.1", "vllm-0.33.0")
+PROFILES = ("vllm-0.25.1", "vllm-0.33.0", "vllm-0.34.0")
 """The releases whose semantics nanokv follows."""
 
 
 def supports(config: KVCacheConfig) -> str | None:
-    """nanokv runs one full-attention group, vLLM 0.25.1 or 0.33.0 semantics, no extras."""
+    """nanokv runs one full-attention group, vLLM 0.25.1, 0.33.0 or 0.34.0 semantics, no extras."""
     if len(config.groups) != 1 or type(config.groups[0]) is not FullAttention:
         return "nanokv has exactly one full-attention group"
     if config.profile.name not in PROFILES:
-        return f"nanokv follows {' and '.join(PROFILES)} only"
+        return f"nanokv follows {', '.join(PROFILES)} only"
     if config.use_eagle or config.enable_kv_cache_events or config.log_stats or config.watermark:
         return "nanokv has no EAGLE, events, statistics or watermark"
     return None
@@ -47,7 +48,9 @@ def supports(config: KVCacheConfig) -> str | None:
 @declare(supports=supports, unsupported={"external", "delay_cache_blocks", "op:pop_blocks_for_free",
                                          "op:free_blocks", "op:cache_blocks", "op:record_prefix_cache_stats",
                                          "op:get_prefix_hint", "op:get_block_ids_for_computed_tokens",
-                                         "op:estimate_cached_tokens"})
+                                         "op:estimate_cached_tokens", "op:get_num_cached_tokens",
+                                         "op:take_kv_cache_block_copies", "max_cache_hit_length",
+                                         "op:record_blocks_for_zeroing"})
 def make(config: KVCacheConfig) -> NanoAdapter:
     """Factory: ``kvref check --target nanokv_adapter:make --against spec``."""
     return NanoAdapter(config)
@@ -63,15 +66,20 @@ class NanoAdapter:
         self.config = config
         self.bs = config.groups[0].block_size
         self.m = BlockManager(config.num_blocks - 1, self.bs, config.enable_caching)
-        self.newer = config.profile.name == "vllm-0.33.0"
+        self.newer = config.profile.name != "vllm-0.25.1"
+        self.common_prefix_gone = config.profile.name == "vllm-0.34.0"
         self.new_ids: list[int] = []  # fresh blocks, reported by take_new_block_ids until 0.26.0
 
     # -- the operations nanokv has -----------------------------------------------
 
     def get_computed_blocks(self, request: Request) -> tuple[BlockIds, int]:
-        if not self.config.enable_caching or request.skip_reading_prefix_cache:
+        # vLLM 0.34.0 reads the hit limit fixed when the request was made, earlier releases the flag as it is now
+        limit = request.prefix_cache_hit_limit if self.common_prefix_gone else None
+        skip = limit == 0 if self.common_prefix_gone else request.skip_reading_prefix_cache
+        if not self.config.enable_caching or skip:
             return ((),), 0
-        hit = self.m.lookup(list(request.block_hashes[: (request.num_tokens - 1) // self.bs]))
+        length = request.num_tokens - 1 if limit is None else min(request.num_tokens - 1, limit)
+        hit = self.m.lookup(list(request.block_hashes[: length // self.bs]))
         return (tuple(b + 1 for b in hit),), len(hit) * self.bs
 
     def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
@@ -110,6 +118,8 @@ class NanoAdapter:
         return bool(self.m.reset())
 
     def get_num_common_prefix_blocks(self, request_id: str) -> tuple[int, ...]:
+        if self.common_prefix_gone:
+            raise UnsupportedOperationError("nanokv: vLLM 0.34.0 has no get_num_common_prefix_blocks")
         table = self.m.tables.get(request_id)
         if not table:
             raise UnknownRequestError(f"request {request_id!r} holds no blocks")

@@ -13,7 +13,11 @@ facade's arguments, results and statistics), :mod:`~kvtools.zoo.pool`,
 :mod:`~kvtools.zoo.managers` (single-type managers and Mamba),
 :mod:`~kvtools.zoo.coordinator` (the hybrid hit search) and
 :mod:`~kvtools.zoo.hashing` (request hashing, planted on the caller side) and
-:mod:`~kvtools.zoo.context_parallel` (hashing under context parallelism).
+:mod:`~kvtools.zoo.context_parallel` (hashing under context parallelism) and
+:mod:`~kvtools.zoo.production` (kvimpl's own entry points beyond vLLM's facade:
+the array API, multi-request batches, mutable requests, a native crash);
+:mod:`~kvtools.zoo.safety` holds the faults hunted at the safety level (alone,
+under the safety oracles, no reference).
 :mod:`kvtools.zoo.vllm` plants faults into the installed vLLM instead.
 
 ``python -m kvtools zoo`` (or ``ci/mutation.sh``) hunts every entry with the
@@ -56,6 +60,23 @@ from kvtools.zoo.managers import (
     wrong_num_cached_blocks,
 )
 from kvtools.zoo.pool import free_count_before_assert, removed_event_per_copy, unhashed_freed_to_tail
+from kvtools.zoo.production import (
+    array_first_unfitted_late,
+    batch_first_lookahead,
+    native_crash_on_free,
+    stale_token_tuple,
+)
+from kvtools.zoo.safety import (
+    cache_before_load,
+    cache_beyond_computed,
+    chunked_frees_current_chunk,
+    failed_load_zeroes_valid_block,
+    hit_blocks_listed_for_zeroing,
+    load_caches_whole_blocks,
+    swa_frees_in_window,
+    swa_hit_nulls_window_block,
+    unchained_block_hash,
+)
 
 ORDER: tuple[Factory, ...] = (
     touch_before_capacity_check,
@@ -80,6 +101,19 @@ ORDER: tuple[Factory, ...] = (
     second_full_group_untrimmed,
     eagle_window_drops_last,
     dcp_unscaled_request_hashes,
+    array_first_unfitted_late,
+    batch_first_lookahead,
+    stale_token_tuple,
+    native_crash_on_free,
+    swa_frees_in_window,
+    chunked_frees_current_chunk,
+    cache_beyond_computed,
+    cache_before_load,
+    hit_blocks_listed_for_zeroing,
+    unchained_block_hash,
+    load_caches_whole_blocks,
+    swa_hit_nulls_window_block,
+    failed_load_zeroes_valid_block,
 )
 """The order of the report's rows: the order in which the entries joined the zoo."""
 

@@ -31,17 +31,32 @@ class ZooEntry:
     """Which comparison is expected to see it (or why it survives)."""
     unreachable: bool = False
     """True when the fault cannot be reached through the public API (argued in ``catch``)."""
+    level: str = "conformance"
+    """How it is hunted: ``conformance`` (in lockstep with kvspec) or ``safety`` (alone, under the safety
+    oracles of :mod:`kvref.safety`, with no reference to compare with)."""
+    semantics: str | None = None
+    """The semantics profile it is hunted under when ``--semantics`` names none (None: the zoo's
+    default, vLLM 0.25.1): a fault in an operation that release lacks needs a later one."""
 
 
 ENTRIES: dict[str, ZooEntry] = {}
 """Every registered entry by name, in import order (:data:`kvtools.zoo.ZOO` orders them)."""
 
 
-def entry(upstream: str, description: str, catch: str, unreachable: bool = False) -> Callable[[Factory], Factory]:
+def entry(
+    upstream: str,
+    description: str,
+    catch: str,
+    unreachable: bool = False,
+    level: str = "conformance",
+    semantics: str | None = None,
+) -> Callable[[Factory], Factory]:
     """Register the decorated factory as the zoo entry of its own name."""
 
     def register(factory: Factory) -> Factory:
-        ENTRIES[factory.__name__] = ZooEntry(factory.__name__, upstream, description, factory, catch, unreachable)
+        ENTRIES[factory.__name__] = ZooEntry(
+            factory.__name__, upstream, description, factory, catch, unreachable, level, semantics
+        )
         return factory
 
     return register

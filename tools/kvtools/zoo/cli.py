@@ -120,8 +120,9 @@ def _hunt(args: argparse.Namespace) -> list[dict[str, Any]]:
             rows.append(row)
         return rows
     for name in args.names or ([] if args.vllm else list(ZOO)):
+        own = profile_named(args.semantics or ZOO[name].semantics or DEFAULT_SEMANTICS)
         row = run_entry(
-            ZOO[name], args.budget, args.seed, args.profile, shrink_cap=not args.no_shrink_cap, semantics=semantics
+            ZOO[name], args.budget, args.seed, args.profile, shrink_cap=not args.no_shrink_cap, semantics=own
         )
         print(progress(row), file=sys.stderr)
         rows.append(row)

@@ -191,9 +191,9 @@ class _RehashingAdapter(ImplAdapter):
         self._hashes[rid] = have
         return replace(request, block_hashes=have[: len(request.block_hashes)])
 
-    def get_computed_blocks(self, request: Request) -> Any:
+    def get_computed_blocks(self, request: Request, max_cache_hit_length: int | None = None) -> Any:
         """Delegate with the faulty hashes."""
-        return super().get_computed_blocks(self._faulty(request))
+        return super().get_computed_blocks(self._faulty(request), max_cache_hit_length)
 
     def allocate_slots(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         """Delegate with the faulty hashes."""

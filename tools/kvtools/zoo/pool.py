@@ -54,10 +54,10 @@ def unhashed_freed_to_tail(config: KVCacheConfig) -> ImplAdapter:
     pool = m.block_pool
     orig = pool.free_blocks
 
-    def free_blocks(ordered_blocks: Any) -> None:
+    def free_blocks(ordered_blocks: Any, skipped: bool = False) -> None:
         blocks = [BlockId(b) for b in ordered_blocks]
         was_hashed = {b: pool.block_hash[b] for b in blocks}
-        orig(blocks)  # validation, ref counts and the correct queue
+        orig(blocks, skipped)  # validation, ref counts and the correct queue
         freed = [b for b in blocks if b != NULL_BLOCK and pool.ref_cnt[b] == 0 and was_hashed[b] is None]
         for b in dict.fromkeys(freed):
             pool.free_queue.remove(b)

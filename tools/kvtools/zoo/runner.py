@@ -20,11 +20,13 @@ from typing import Any
 from kvref.adapters import load_factory
 from kvref.check import run_lockstep
 from kvref.hypothesis_compat import set_shrink_time_limit, shrink_time_limit
+from kvref.isolation import isolated
 from kvref.lockstep import RunStats
 from kvref.settings import load_profile
 from kvref.stateful import MachineSetup
 from kvspec.profiles import VLLM_0_25_1, SemanticsProfile
 from kvtools.zoo.base import ZooEntry
+from kvtools.zoo.production import CRASHES
 
 HUNT_STEPS = 1_000_000_000
 """The zoo hunts until its time budget runs out (``--min-steps`` far beyond reach), not
@@ -60,9 +62,13 @@ def run_entry(
     that release's profile to be reachable at all).
     """
     with tempfile.TemporaryDirectory() as tmp:
-        factories = [load_factory("spec"), load_factory(f"{module}:{entry.name}")]
+        target = load_factory(f"{module}:{entry.name}")
+        if entry.name in CRASHES:  # it kills the process it runs in: hunt it in a child process
+            target = isolated(target)
+        alone = entry.level == "safety"  # hunted alone, under the safety oracles: no reference
+        factories = [target] if alone else [load_factory("spec"), target]
         load_profile(profile)
-        setup = MachineSetup(factories, RunStats(), Path(tmp), profile=semantics)
+        setup = MachineSetup(factories, RunStats(), Path(tmp), profile=semantics, safety=alone)
         start = time.monotonic()
         setup.stats.started = start
         saved, cap = shrink_time_limit(), [shrink_time_limit()]
@@ -103,6 +109,7 @@ def run_entry(
         "failure": failure,
         "catch": entry.catch,
         "semantics": semantics.name,
+        "level": entry.level,
     }
 
 

@@ -132,9 +132,9 @@ def hashed_freed_to_head(config: KVCacheConfig) -> ImplAdapter:
     pool = m.block_pool
     orig = pool.free_blocks
 
-    def free_blocks(ordered_blocks: Any) -> None:
+    def free_blocks(ordered_blocks: Any, skipped: bool = False) -> None:
         blocks = [BlockId(b) for b in ordered_blocks]
-        orig(blocks)  # validation, references and the correct queue
+        orig(blocks, skipped)  # validation, references and the correct queue
         freed = [b for b in dict.fromkeys(blocks) if b != NULL_BLOCK and pool.ref_cnt[b] == 0]
         hashed = [b for b in freed if pool.block_hash[b] is not None]
         if not hashed:

@@ -43,6 +43,7 @@ from kvspec.errors import (
     ExceedsMaxModelLenError,
     GroupCountError,
     InvalidBlockIdError,
+    InvalidRequestError,
     InvalidTokenCountError,
     StaleHitError,
     UnexpectedPrefixHitError,
@@ -152,6 +153,7 @@ class VllmAdapter:
         self.manager: Any
         self.construction_workaround: str | None
         self.manager, self.construction_workaround = build_manager(api, config, self._hbs)
+        api.check_readable(self.manager)
         self._pool: Any = api.block_pool(self.manager)
         pin_secondary_key_order(self._pool)
         self._managers: tuple[Any, ...] = api.single_type_managers(self.manager)
@@ -208,9 +210,14 @@ class VllmAdapter:
             lora=lora,
             mm_features=[(f.identifier, f.offset, f.length) for f in extra.mm_features],
             cache_salt=extra.cache_salt,
-            skip_reading_prefix_cache=request.skip_reading_prefix_cache,
+            # the sampling parameter as the request was made (its limit says it: 0 exactly when it
+            # skipped reads, or, from 0.34.0 on, asked for prompt logprobs from row 0); a later
+            # change of the flag is the scheduler's, applied by _sync where the release reads it
+            skip_reading_prefix_cache=request.prefix_cache_hit_limit == 0,
             max_tokens=_MAX_TOKENS,
             block_hasher=self._hasher,
+            prompt_logprobs=request.prompt_logprobs,
+            prompt_logprob_start=request.prompt_logprob_start,
         )
 
     def vllm_status(self, name: str) -> Any:
@@ -264,6 +271,7 @@ class VllmAdapter:
             status=self.api.status(_STATUS_NAMES[request.status]),
             num_preemptions=request.num_preemptions,
             skip_reading_prefix_cache=request.skip_reading_prefix_cache,
+            num_in_flight_tokens=request.num_in_flight_tokens,
         )
         return vreq
 
@@ -298,20 +306,28 @@ class VllmAdapter:
 
     # ------------------------------------------------------------ facade
 
-    def get_computed_blocks(self, request: Request) -> tuple[BlockIds, int]:
-        """Longest prefix-cache hit (no state change).
+    def get_computed_blocks(self, request: Request, max_cache_hit_length: int | None = None) -> tuple[BlockIds, int]:
+        """Longest prefix-cache hit (no state change), at most
+        ``max_cache_hit_length`` tokens where the release takes that bound.
 
         Raises:
+            Unsupported: ``max_cache_hit_length`` on a release without it.
+            InvalidTokenCountError: ``max_cache_hit_length`` is not None or an
+                int >= 0 (checked before vLLM is called, which would take it).
             ContextParallelLookupError: Where vLLM's lookup asserts that the
                 kind does not support DCP or PCP (it asserts before any change).
             EagleAlignmentLookupError: Where vLLM 0.16.0's sliding-window
                 lookup asserts that an EAGLE hit's group has the scheduler
                 block size (before any change).
         """
+        bound = max_cache_hit_length
+        bad_bound = not isinstance(bound, int) or isinstance(bound, bool) or bound < 0
+        if bound is not None and self.api.hit_length_bound and bad_bound:
+            raise InvalidTokenCountError(f"get_computed_blocks: max_cache_hit_length {bound!r} is not an int >= 0")
         self.apply_globals()
         vreq = self._sync(request)
         try:
-            blocks, num_tokens = self.api.get_computed_blocks(self.manager, vreq)
+            blocks, num_tokens = self.api.get_computed_blocks(self.manager, vreq, bound)
         except AssertionError as exc:
             if str(exc).startswith("aligned_length is not compatible with eagle"):
                 raise EagleAlignmentLookupError(f"get_computed_blocks: {exc}") from exc
@@ -330,6 +346,22 @@ class VllmAdapter:
         """
         vreq = self._sync(request)
         return self.api.prefix_hint(self.manager, vreq)
+
+    def get_num_cached_tokens(self, request: Request) -> int:
+        """How many leading tokens a lookup would hit now (vLLM 0.34.0 on).
+
+        Raises:
+            Unsupported: On releases without the method.
+            ContextParallelLookupError: As :meth:`get_computed_blocks`.
+        """
+        self.apply_globals()
+        vreq = self._sync(request)
+        try:
+            return self.api.get_num_cached_tokens(self.manager, vreq)
+        except AssertionError as exc:
+            if not str(exc).startswith(("DCP not support", "PCP not support")):
+                raise
+            raise ContextParallelLookupError(f"get_num_cached_tokens: {exc}") from exc
 
     def estimate_cached_tokens(self, request: Request) -> int:
         """The prefix length ``request``'s cached blocks stand for.
@@ -435,6 +467,7 @@ class VllmAdapter:
             "num_encoder_tokens": enc,
             "reserved_blocks": reserved,
             "request.num_computed_tokens": c,
+            "request.num_in_flight_tokens": request.num_in_flight_tokens,
         }
         for what, value in counts.items():
             if value < 0:
@@ -562,7 +595,13 @@ class VllmAdapter:
         return self.api.reset_prefix_cache(self.manager)
 
     def get_num_common_prefix_blocks(self, request_id: str) -> tuple[int, ...]:
-        """Common-prefix block count per group."""
+        """Common-prefix block count per group.
+
+        Raises:
+            Unsupported: On releases without the method (0.34.0 on).
+        """
+        if "get_num_common_prefix_blocks" in self.api.missing_methods:
+            raise self.api.unsupported("KVCacheManager.get_num_common_prefix_blocks")
         if not self._has_table(request_id):
             # vLLM would create a phantom (empty) table that skews later answers.
             raise UnknownRequestError(f"request {request_id!r} holds no blocks")
@@ -619,6 +658,32 @@ class VllmAdapter:
     def get_block_ids(self, request_id: str) -> BlockIds:
         """The request's tables (empty per group if unknown)."""
         return self.api.get_block_ids(self.manager, request_id)
+
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        """List the request's blocks from ``start_token`` on for zeroing again.
+
+        Raises:
+            Unsupported: Before the 0.26 era.
+            InvalidRequestError: ``request_id`` is not a str.
+            InvalidTokenCountError: ``start_token`` is not an int >= 0, or not a
+                multiple of the block size of a group that lists fresh blocks
+                (checked before vLLM is called: vLLM asserts the alignment group
+                by group, after listing the blocks of the groups before).
+        """
+        if "record_blocks_for_zeroing" in self.api.missing_methods:
+            raise self.api.unsupported("KVCacheManager.record_blocks_for_zeroing")
+        if not isinstance(request_id, str):
+            raise InvalidRequestError(f"record_blocks_for_zeroing: request_id must be a str, got {request_id!r}")
+        n = start_token
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise InvalidTokenCountError(f"record_blocks_for_zeroing: start_token {n!r} is not an int >= 0")
+        for g, mgr in enumerate(self._managers):
+            if getattr(mgr, "records_new_block_ids", False) and n % self._block_sizes[g]:
+                raise InvalidTokenCountError(
+                    f"record_blocks_for_zeroing: start_token {n} is not a multiple of group {g}'s block size "
+                    f"{self._block_sizes[g]}"
+                )
+        self.api.record_blocks_for_zeroing(self.manager, request_id, n)
 
     def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int) -> BlockIds:
         """The request's tables cut to its computed tokens.

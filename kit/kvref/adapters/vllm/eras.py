@@ -35,14 +35,14 @@ from typing import Any, ClassVar, Final
 from kvspec.config import AttentionKind, KVCacheConfig, Mamba
 from kvspec.errors import ConfigError
 
-from .errors import Unsupported, VllmUnavailable
+from .errors import CannotRead, Unsupported, VllmUnavailable
 
 Version = tuple[int, int, int]
 
 OLDEST: Final[Version] = (0, 16, 0)
-"""The oldest release the adapter drives."""
-BEYOND: Final[Version] = (0, 34, 0)
-"""The first release the adapter no longer claims to drive."""
+"""The oldest release the adapter drives. A release newer than every era's
+verified ones is driven by the newest era (:func:`era_for`); where an
+internal it reads has changed, the adapter says which one (:class:`CannotRead`)."""
 
 
 def parse_version(text: str) -> Version | None:
@@ -57,17 +57,15 @@ def parse_version(text: str) -> Version | None:
 def era_for(version: str) -> type[VllmApi]:
     """The era class that drives vLLM ``version``.
 
-    The newest era whose first release is not after ``version``.
+    The newest era whose first release is not after ``version`` (for a
+    release newer than every verified one, the newest era).
 
     Raises:
-        VllmUnavailable: If ``version`` is outside the releases the adapter drives.
+        VllmUnavailable: If ``version`` is unparsable or older than :data:`OLDEST`.
     """
     parsed = parse_version(version)
-    if parsed is None or not OLDEST <= parsed < BEYOND:
-        raise VllmUnavailable(
-            f"vLLM {version} is not a release the adapter drives "
-            f"({_dotted(OLDEST)} up to, not including, {_dotted(BEYOND)})"
-        )
+    if parsed is None or parsed < OLDEST:
+        raise VllmUnavailable(f"vLLM {version} is not a release the adapter drives ({_dotted(OLDEST)} or newer)")
     candidates = [e for e in ERAS if e.since <= parsed]
     if not candidates:
         raise VllmUnavailable(f"vLLM {version} predates every API era ({', '.join(e.era for e in ERAS)})")
@@ -159,7 +157,7 @@ class VllmApi:
 
     era: ClassVar[str] = "0.25"
     since: ClassVar[Version] = (0, 25, 0)
-    verified: ClassVar[tuple[str, ...]] = ("0.25.1",)
+    verified: ClassVar[tuple[str, ...]] = ("0.25.0", "0.25.1")
     """Releases this era was run against."""
 
     modules: ClassVar[Mapping[str, str]] = _frozen(
@@ -225,7 +223,7 @@ class VllmApi:
     """The keywords ``allocate_slots(request, num_new_tokens, ...)`` accepts, with
     the value that means "not used" (a release lacking one accepts only that)."""
 
-    missing_methods: ClassVar[frozenset[str]] = frozenset({"estimate_cached_tokens"})
+    missing_methods: ClassVar[frozenset[str]] = frozenset({"estimate_cached_tokens", "record_blocks_for_zeroing"})
     """``KVCacheManager`` facade methods the release does not have."""
 
     spec_classes: ClassVar[Mapping[str, str]] = _frozen(
@@ -318,6 +316,22 @@ class VllmApi:
     caller_records_stats: ClassVar[bool] = False
     """The lookup no longer records prefix-cache statistics; the scheduler calls
     ``record_prefix_cache_stats(request, num_hits)`` at admission."""
+
+    request_in_flight: ClassVar[bool] = False
+    """``Request.num_in_flight_tokens`` exists (tokens of steps dispatched whose
+    output is not processed yet; ``allocate_slots`` frees skipped blocks below
+    the computed tokens less these, vLLM#47728)."""
+    hit_length_bound: ClassVar[bool] = False
+    """``get_computed_blocks(request, max_cache_hit_length)`` exists."""
+    has_num_cached_tokens: ClassVar[bool] = False
+    """``get_num_cached_tokens(request)`` exists."""
+    request_skip_attribute: ClassVar[str | None] = "skip_reading_prefix_cache"
+    """The ``Request`` attribute the manager reads at each lookup to skip
+    prefix-cache reads, which the scheduler may set (None: the release reads a
+    limit fixed at construction from the sampling parameters)."""
+    sampling_logprob_start: ClassVar[bool] = False
+    """``SamplingParams.prompt_logprob_start`` is sent (only where the manager
+    reads it: before, the start changes nothing in the KV-cache core)."""
 
     def __init__(self, version: str, modules: Mapping[str, Any]) -> None:
         """Bind the era to the imported modules (keys of :attr:`modules`)."""
@@ -483,17 +497,59 @@ class VllmApi:
         return result
 
     def cached_entries(self, pool: Any) -> Iterator[tuple[Any, tuple[int, ...]]]:
-        """``BlockPool.cached_block_hash_to_block._cache``: key -> block ids.
+        """The prefix-cache map ``BlockPool.cached_block_hash_to_block``: key ->
+        block ids, duplicates in insertion order.
 
-        A key maps to one ``KVCacheBlock`` or to a dict of them (duplicates,
-        in insertion order).
+        The map has no public way to list its keys, so its private layout is
+        read, in one of the two known forms: up to vLLM 0.33 ``_cache`` maps
+        a key to one ``KVCacheBlock`` or to a dict of them; from 0.34 ``_cache``
+        maps a key to one block id and ``_dup_ids`` the keys held by several
+        blocks to every id.
+
+        Raises:
+            CannotRead: The map has neither form.
         """
+        what = "the prefix-cache map (BlockPool.cached_block_hash_to_block)"
+        table = getattr(pool.cached_block_hash_to_block, "_cache", None)
+        dups = getattr(pool.cached_block_hash_to_block, "_dup_ids", None)
+        if not isinstance(table, dict) or not (dups is None or isinstance(dups, dict)):
+            raise CannotRead(self.version, what, "it has no dict `_cache`")
         block_cls = self.ku.KVCacheBlock
-        for key, entry in pool.cached_block_hash_to_block._cache.items():
-            if isinstance(entry, block_cls):
+        for key, entry in table.items():
+            if isinstance(entry, int) and not isinstance(entry, bool) and dups is not None:
+                yield key, tuple(int(i) for i in dups[key]) if key in dups else (entry,)
+            elif isinstance(entry, block_cls):
                 yield key, (int(entry.block_id),)
-            else:
+            elif isinstance(entry, dict) and all(isinstance(b, block_cls) for b in entry.values()):
                 yield key, tuple(int(b.block_id) for b in entry.values())
+            else:
+                raise CannotRead(self.version, what, f"an entry is a {type(entry).__name__}")
+
+    def check_readable(self, manager: Any) -> None:
+        """Read once every internal :mod:`.view` reads, on a fresh manager.
+
+        Raises:
+            CannotRead: Naming the first one this release does not have.
+        """
+        reads: list[tuple[str, Callable[[], object]]] = [
+            ("KVCacheManager.block_pool", lambda: self.block_pool(manager)),
+            ("KVCacheManager.coordinator.single_type_managers", lambda: self.single_type_managers(manager)),
+            ("BlockPool.blocks", lambda: self.pool_blocks(self.block_pool(manager))[0].block_id),
+            ("BlockPool.free_block_queue.get_all_free_blocks()", lambda: self.free_queue(self.block_pool(manager))),
+            ("SingleTypeKVCacheManager.req_to_blocks",
+             lambda: [self.req_to_blocks(m).get("") for m in self.single_type_managers(manager)]),
+            ("SingleTypeKVCacheManager.num_cached_block",
+             lambda: [self.num_cached_block(m).get("") for m in self.single_type_managers(manager)]),
+            ("KVCacheBlock.block_hash", lambda: self.pool_blocks(self.block_pool(manager))[0].block_hash),
+            ("the prefix-cache map", lambda: list(self.cached_entries(self.block_pool(manager)))),
+        ]  # fmt: skip
+        for what, read in reads:
+            try:
+                read()
+            except CannotRead:
+                raise
+            except (AttributeError, TypeError, KeyError, IndexError) as exc:
+                raise CannotRead(self.version, what, f"{type(exc).__name__}: {exc}") from exc
 
     def pool_usage(self, pool: Any) -> float:
         """``BlockPool.get_usage()``."""
@@ -532,6 +588,8 @@ class VllmApi:
         skip_reading_prefix_cache: bool,
         max_tokens: int,
         block_hasher: Any,
+        prompt_logprobs: bool = False,
+        prompt_logprob_start: int | None = None,
     ) -> Any:
         """``vllm.v1.request.Request`` hashed by ``block_hasher``.
 
@@ -546,6 +604,9 @@ class VllmApi:
             skip_reading_prefix_cache: The sampling parameter of that name.
             max_tokens: The sampling parameter of that name.
             block_hasher: From :meth:`request_block_hasher`.
+            prompt_logprobs: Ask for one prompt logprob per row (``prompt_logprobs=1``).
+            prompt_logprob_start: The sampling parameter of that name (sent
+                where :attr:`sampling_logprob_start`).
         """
         lora_request = None
         if lora is not None:
@@ -559,8 +620,11 @@ class VllmApi:
             )
             for identifier, offset, length in mm_features
         ]
+        logprobs: dict[str, Any] = {"prompt_logprobs": 1} if prompt_logprobs else {}
+        if prompt_logprob_start is not None and self.sampling_logprob_start:
+            logprobs["prompt_logprob_start"] = prompt_logprob_start
         sampling = self.sampling.SamplingParams(
-            max_tokens=max_tokens, skip_reading_prefix_cache=skip_reading_prefix_cache
+            max_tokens=max_tokens, skip_reading_prefix_cache=skip_reading_prefix_cache, **logprobs
         )
         return self.request.Request(
             request_id=request_id,
@@ -591,13 +655,24 @@ class VllmApi:
         vreq.append_output_token_ids(token)
 
     def set_request_state(
-        self, vreq: Any, num_computed_tokens: int, status: Any, num_preemptions: int, skip_reading_prefix_cache: bool
+        self,
+        vreq: Any,
+        num_computed_tokens: int,
+        status: Any,
+        num_preemptions: int,
+        skip_reading_prefix_cache: bool,
+        num_in_flight_tokens: int = 0,
     ) -> None:
-        """Set the scheduler-owned fields of a ``Request``."""
+        """Set the scheduler-owned fields of a ``Request`` (``num_in_flight_tokens``
+        where the release's request has it: :attr:`request_in_flight`; before,
+        nothing reads it)."""
         vreq.num_computed_tokens = num_computed_tokens
         vreq.status = status
         vreq.num_preemptions = num_preemptions
-        vreq.skip_reading_prefix_cache = skip_reading_prefix_cache
+        if self.request_skip_attribute is not None:
+            setattr(vreq, self.request_skip_attribute, skip_reading_prefix_cache)
+        if self.request_in_flight:
+            vreq.num_in_flight_tokens = num_in_flight_tokens
 
     def num_tokens(self, vreq: Any) -> int:
         """``Request.num_tokens``."""
@@ -627,13 +702,29 @@ class VllmApi:
         if name in self.missing_methods:
             raise self.unsupported(f"KVCacheManager.{name}")
 
-    def get_computed_blocks(self, manager: Any, vreq: Any) -> tuple[Any, int]:
-        """``get_computed_blocks(request)`` -> ``(KVCacheBlocks, num_computed_tokens)``.
+    def method(self, manager: Any, name: str) -> Any:
+        """``manager``'s facade method ``name``; a release newer than this era
+        that dropped it gives :class:`.Unsupported` (a skip the lockstep
+        reports as the class ``<name>/absent``), never an ``AttributeError``."""
+        found = getattr(manager, name, None)
+        if not callable(found):
+            raise self.unsupported(f"KVCacheManager.{name}", "the release has no such method")
+        return found
+
+    def get_computed_blocks(self, manager: Any, vreq: Any, bound: int | None = None) -> tuple[Any, int]:
+        """``get_computed_blocks(request[, max_cache_hit_length])`` ->
+        ``(KVCacheBlocks, num_computed_tokens)``.
 
         Where the release also returns the shared-prefix boundary, it is stored
         on the request, as vLLM's scheduler does.
+
+        Raises:
+            Unsupported: A ``bound`` on a release without the argument.
         """
-        out = manager.get_computed_blocks(vreq)
+        if bound is not None and not self.hit_length_bound:
+            raise self.unsupported("KVCacheManager.get_computed_blocks(max_cache_hit_length=...)", f"asked for {bound}")
+        lookup = self.method(manager, "get_computed_blocks")
+        out = lookup(vreq) if bound is None else lookup(vreq, bound)
         if self.lookup_returns_boundary:
             blocks, num_tokens, boundary = out
             vreq.shared_prefix_boundary = boundary
@@ -667,7 +758,7 @@ class VllmApi:
             raise self.unsupported(
                 "KVCacheManager.record_prefix_cache_stats", "get_computed_blocks records the statistics itself"
             )
-        manager.record_prefix_cache_stats(vreq, num_hits)
+        self.method(manager, "record_prefix_cache_stats")(vreq, num_hits)
 
     def allocate_slots(self, manager: Any, vreq: Any, num_new_tokens: int, kwargs: Mapping[str, Any]) -> Any:
         """``allocate_slots(request, num_new_tokens, **kwargs)``.
@@ -682,16 +773,16 @@ class VllmApi:
                 passed[name] = value
             elif value != VllmApi.allocate_args[name]:
                 raise self.unsupported(f"KVCacheManager.allocate_slots({name}=...)", f"asked for {name}={value!r}")
-        return manager.allocate_slots(vreq, num_new_tokens, **passed)
+        return self.method(manager, "allocate_slots")(vreq, num_new_tokens, **passed)
 
     def free(self, manager: Any, vreq: Any) -> None:
         """``free(request)``."""
-        manager.free(vreq)
+        self.method(manager, "free")(vreq)
 
     def pop_blocks_for_free(self, manager: Any, vreq: Any) -> list[Any]:
         """``pop_blocks_for_free(request)``: the blocks, groups concatenated."""
         self._check_method("pop_blocks_for_free")
-        result: list[Any] = list(manager.pop_blocks_for_free(vreq))
+        result: list[Any] = list(self.method(manager, "pop_blocks_for_free")(vreq))
         return result
 
     def free_pool_blocks(self, pool: Any, blocks: list[Any]) -> None:
@@ -702,23 +793,24 @@ class VllmApi:
         self, manager: Any, request_id: str, total_computed_tokens: int, num_prompt_tokens: int | None
     ) -> None:
         """``remove_skipped_blocks(request_id, total_computed_tokens, num_prompt_tokens)``."""
-        manager.remove_skipped_blocks(request_id, total_computed_tokens, num_prompt_tokens)
+        self.method(manager, "remove_skipped_blocks")(request_id, total_computed_tokens, num_prompt_tokens)
 
     def evict_blocks(self, manager: Any, block_ids: set[int]) -> None:
         """``evict_blocks(block_ids)``."""
-        manager.evict_blocks(block_ids)
+        self.method(manager, "evict_blocks")(block_ids)
 
     def reset_prefix_cache(self, manager: Any) -> bool:
         """``reset_prefix_cache()``."""
-        return bool(manager.reset_prefix_cache())
+        return bool(self.method(manager, "reset_prefix_cache")())
 
     def get_num_common_prefix_blocks(self, manager: Any, request_id: str) -> tuple[int, ...]:
         """``get_num_common_prefix_blocks(running_request_id)``, one count per group."""
-        return tuple(int(x) for x in manager.get_num_common_prefix_blocks(request_id))
+        self._check_method("get_num_common_prefix_blocks")
+        return tuple(int(x) for x in self.method(manager, "get_num_common_prefix_blocks")(request_id))
 
     def take_events(self, manager: Any) -> list[Any]:
         """``take_events()``."""
-        result: list[Any] = list(manager.take_events())
+        result: list[Any] = list(self.method(manager, "take_events")())
         return result
 
     def event_type(self, event: Any) -> str:
@@ -734,7 +826,7 @@ class VllmApi:
 
     def cache_blocks(self, manager: Any, vreq: Any, num_computed_tokens: int) -> None:
         """``cache_blocks(request, num_computed_tokens)``."""
-        manager.cache_blocks(vreq, num_computed_tokens)
+        self.method(manager, "cache_blocks")(vreq, num_computed_tokens)
 
     def take_kv_cache_block_copies(self, manager: Any) -> tuple[list[tuple[int, int]], list[int]]:
         """``take_kv_cache_block_copies()``: (source, copy) ids and the retained ids.
@@ -744,7 +836,7 @@ class VllmApi:
         """
         if not self.has_block_copies:
             raise self.unsupported("KVCacheManager.take_kv_cache_block_copies")
-        copies, retained = manager.take_kv_cache_block_copies()
+        copies, retained = self.method(manager, "take_kv_cache_block_copies")()
         pairs = [(int(c.src_block_id), int(c.dst_block_id)) for c in copies]
         return pairs, [int(b.block_id) for b in retained]
 
@@ -759,29 +851,44 @@ class VllmApi:
     def take_new_block_ids(self, manager: Any) -> list[int]:
         """``take_new_block_ids()``."""
         self._check_method("take_new_block_ids")
-        return [int(i) for i in manager.take_new_block_ids()]
+        return [int(i) for i in self.method(manager, "take_new_block_ids")()]
+
+    def record_blocks_for_zeroing(self, manager: Any, request_id: str, start_token: int) -> None:
+        """``record_blocks_for_zeroing(request_id, start_token)`` (the 0.26 era on)."""
+        self._check_method("record_blocks_for_zeroing")
+        self.method(manager, "record_blocks_for_zeroing")(request_id, start_token)
 
     def new_step_starts(self, manager: Any) -> None:
         """``new_step_starts()``."""
         self._check_method("new_step_starts")
-        manager.new_step_starts()
+        self.method(manager, "new_step_starts")()
 
     def get_block_ids(self, manager: Any, request_id: str) -> tuple[tuple[int, ...], ...]:
         """``get_block_ids(request_id)``, one tuple per group."""
-        return tuple(tuple(int(i) for i in g) for g in manager.get_block_ids(request_id))
+        return tuple(tuple(int(i) for i in g) for g in self.method(manager, "get_block_ids")(request_id))
 
     def get_block_ids_for_computed_tokens(
         self, manager: Any, request_id: str, num_computed_tokens: int
     ) -> tuple[tuple[int, ...], ...]:
         """``get_block_ids_for_computed_tokens(request_id, num_computed_tokens)``, one tuple per group."""
         self._check_method("get_block_ids_for_computed_tokens")
-        out = manager.get_block_ids_for_computed_tokens(request_id, num_computed_tokens)
+        out = self.method(manager, "get_block_ids_for_computed_tokens")(request_id, num_computed_tokens)
         return tuple(tuple(int(i) for i in g) for g in out)
+
+    def get_num_cached_tokens(self, manager: Any, vreq: Any) -> int:
+        """``get_num_cached_tokens(request)`` (the 0.34 era on).
+
+        Raises:
+            Unsupported: Before the 0.34 era.
+        """
+        if not self.has_num_cached_tokens:
+            raise self.unsupported("KVCacheManager.get_num_cached_tokens")
+        return int(self.method(manager, "get_num_cached_tokens")(vreq))
 
     def estimate_cached_tokens(self, manager: Any, vreq: Any) -> int:
         """``estimate_cached_tokens(request)`` (the 0.26 era on)."""
         self._check_method("estimate_cached_tokens")
-        return int(manager.estimate_cached_tokens(vreq))
+        return int(self.method(manager, "estimate_cached_tokens")(vreq))
 
     def usage(self, manager: Any) -> float:
         """``KVCacheManager.usage``."""
@@ -789,7 +896,7 @@ class VllmApi:
 
     def make_prefix_cache_stats(self, manager: Any) -> dict[str, Any] | None:
         """``make_prefix_cache_stats()`` as a dict of :attr:`stats_fields`, or None."""
-        stats = manager.make_prefix_cache_stats()
+        stats = self.method(manager, "make_prefix_cache_stats")()
         if stats is None:
             return None
         return {name: getattr(stats, name) for name in self.stats_fields}
@@ -801,7 +908,7 @@ class VllmApi:
 
 
 class VllmApi016(VllmApi):
-    """vLLM 0.16 era (0.16.0; releases up to 0.24 are assumed to match, unverified).
+    """vLLM 0.16 era (0.16.0 and 0.16.x).
 
     Against the 0.25 era: ``KVCacheManager`` has no ``scheduler_block_size``,
     ``max_num_batched_tokens`` or ``watermark``; ``allocate_slots`` has no
@@ -841,13 +948,14 @@ class VllmApi016(VllmApi):
             "new_step_starts",
             "get_block_ids_for_computed_tokens",
             "estimate_cached_tokens",
+            "record_blocks_for_zeroing",
         }
     )
     group_spec_fields = _frozen({**VllmApi.group_spec_fields, "is_eagle_group": None})
     request_args = _frozen({"eos_token_id": None})
     block_stored_fields: ClassVar[tuple[str, ...]] = VllmApi.block_stored_fields[:7]
     block_removed_fields: ClassVar[tuple[str, ...]] = ("block_hashes", "medium")
-    sinkfull_ctor_defect = None
+    sinkfull_ctor_defect: ClassVar[str | None] = None
     has_prefix_hint = False
 
     def remove_skipped_blocks(
@@ -863,12 +971,96 @@ class VllmApi016(VllmApi):
                 "KVCacheManager.remove_skipped_blocks(num_prompt_tokens=...)",
                 f"asked for num_prompt_tokens={num_prompt_tokens}",
             )
-        manager.remove_skipped_blocks(request_id, total_computed_tokens)
+        self.method(manager, "remove_skipped_blocks")(request_id, total_computed_tokens)
+
+
+class VllmApi017(VllmApi016):
+    """vLLM 0.17 era (0.17.0): ``Request`` no longer takes ``eos_token_id``;
+    ``BlockStored`` gains ``extra_keys``; ``new_step_starts`` exists."""
+
+    era = "0.17"
+    since = (0, 17, 0)
+    verified: ClassVar[tuple[str, ...]] = ("0.17.0",)
+    request_args = _frozen({})
+    block_stored_fields: ClassVar[tuple[str, ...]] = VllmApi.block_stored_fields[:8]
+    missing_methods = VllmApi016.missing_methods - {"new_step_starts"}
+
+
+class VllmApi0171(VllmApi017):
+    """vLLM 0.17.1 era (0.17.1 to 0.19.x): ``take_new_block_ids`` exists."""
+
+    era = "0.17.1"
+    since = (0, 17, 1)
+    verified: ClassVar[tuple[str, ...]] = ("0.17.1", "0.18.0", "0.18.1", "0.19.0", "0.19.1")
+    missing_methods = VllmApi017.missing_methods - {"take_new_block_ids"}
+
+
+class VllmApi020(VllmApi0171):
+    """vLLM 0.20 era (0.20.x): ``KVCacheManager`` takes ``max_num_batched_tokens``;
+    ``KVCacheGroupSpec`` has ``is_eagle_group``; both events carry ``group_idx``."""
+
+    era = "0.20"
+    since = (0, 20, 0)
+    verified: ClassVar[tuple[str, ...]] = ("0.20.0", "0.20.1", "0.20.2")
+    manager_args = _frozen({**VllmApi016.manager_args, "max_num_batched_tokens": "max_num_batched_tokens"})
+    group_spec_fields = VllmApi.group_spec_fields
+    block_stored_fields: ClassVar[tuple[str, ...]] = VllmApi.block_stored_fields[:9]
+    block_removed_fields: ClassVar[tuple[str, ...]] = VllmApi.block_removed_fields
+
+
+class VllmApi021(VllmApi020):
+    """vLLM 0.21 era (0.21.0): ``allocate_slots(full_sequence_must_fit=...)``."""
+
+    era = "0.21"
+    since = (0, 21, 0)
+    verified: ClassVar[tuple[str, ...]] = ("0.21.0",)
+    allocate_args = _frozen({**VllmApi016.allocate_args, "full_sequence_must_fit": False})
+
+
+class VllmApi022(VllmApi021):
+    """vLLM 0.22 era (0.22.x): ``BlockStored`` carries the group's spec kind and window."""
+
+    era = "0.22"
+    since = (0, 22, 0)
+    verified: ClassVar[tuple[str, ...]] = ("0.22.0", "0.22.1")
+    block_stored_fields: ClassVar[tuple[str, ...]] = VllmApi.block_stored_fields
+
+
+class VllmApi023(VllmApi022):
+    """vLLM 0.23 era (0.23.0): ``KVCacheManager`` takes ``scheduler_block_size``;
+    ``allocate_slots(reserved_blocks=...)``; the prefix-cache retention
+    interval variable; ``SinkFullAttentionManager.__init__`` refuses the
+    factory's ``scheduler_block_size`` (the ``sinkfull-ctor`` defect)."""
+
+    era = "0.23"
+    since = (0, 23, 0)
+    verified: ClassVar[tuple[str, ...]] = ("0.23.0",)
+    manager_args = _frozen({**VllmApi020.manager_args, "scheduler_block_size": "scheduler_block_size"})
+    allocate_args = _frozen({**VllmApi021.allocate_args, "reserved_blocks": 0})
+    env = VllmApi.env
+    sinkfull_ctor_defect = VllmApi.sinkfull_ctor_defect
+
+
+class VllmApi024(VllmApi023):
+    """vLLM 0.24 era (0.24.0): ``pop_blocks_for_free``; the watermark and
+    ``allocate_slots(has_scheduled_reqs=...)``; the hybrid coordinator keeps
+    ``num_uncached_common_prefix_tokens`` (the scheduler's prefix hint)."""
+
+    era = "0.24"
+    since = (0, 24, 0)
+    verified: ClassVar[tuple[str, ...]] = ("0.24.0",)
+    manager_args = VllmApi.manager_args
+    allocate_args = VllmApi.allocate_args
+    missing_methods = frozenset(
+        {"get_block_ids_for_computed_tokens", "estimate_cached_tokens", "record_blocks_for_zeroing"}
+    )
+    has_prefix_hint = True
 
 
 class VllmApi026(VllmApi):
     """vLLM 0.26 era: ``max_num_batched_tokens`` is renamed ``max_in_flight_tokens``;
-    ``get_computed_blocks`` also returns the shared-prefix boundary; the SinkFull
+    ``get_computed_blocks`` also returns the shared-prefix boundary; requests
+    carry ``num_in_flight_tokens``; the SinkFull
     constructor defect now names ``needs_kv_cache_zeroing``; fine-grained hits
     queue copies (``take_kv_cache_block_copies``) and a block may hold several
     keys (``cached_block_hashes_by_block``)."""
@@ -881,6 +1073,7 @@ class VllmApi026(VllmApi):
     lookup_returns_boundary = True
     has_block_copies = True
     sinkfull_ctor_defect = "needs_kv_cache_zeroing"
+    request_in_flight = True
 
 
 class VllmApi027(VllmApi026):
@@ -925,12 +1118,14 @@ class VllmApi030(VllmApi029):
 class VllmApi033(VllmApi030):
     """vLLM 0.33 era: constructing a cached Mamba group in a mode other than
     ``align`` fails an assertion, reported here as :class:`kvspec.errors.ConfigError`;
-    ``KpoolTailSpec`` is gone (since 0.32.0, where kvspec's profile refuses it)."""
+    ``KpoolTailSpec`` is gone (since 0.32.0, where kvspec's profile refuses it);
+    ``get_computed_blocks`` takes ``max_cache_hit_length``."""
 
     era = "0.33"
     since = (0, 33, 0)
     verified: ClassVar[tuple[str, ...]] = ("0.33.0",)
     spec_classes = _frozen({k: v for k, v in VllmApi030.spec_classes.items() if k != "KpoolTail"})
+    hit_length_bound = True
 
     def check_config(self, config: KVCacheConfig) -> None:
         """Reject a cached Mamba group whose mode is not ``align`` (vLLM asserts)."""
@@ -945,5 +1140,40 @@ class VllmApi033(VllmApi030):
                 )
 
 
-ERAS: tuple[type[VllmApi], ...] = (VllmApi016, VllmApi, VllmApi026, VllmApi027, VllmApi029, VllmApi030, VllmApi033)
+class VllmApi034(VllmApi033):
+    """vLLM 0.34 era: ``get_num_common_prefix_blocks`` is gone and
+    ``get_num_cached_tokens`` is new; a request reads the prefix cache by its
+    ``prefix_cache_hit_limit``, set once from its sampling parameters
+    (``skip_reading_prefix_cache``, ``prompt_logprobs``,
+    ``prompt_logprob_start``): the ``Request`` attribute
+    ``skip_reading_prefix_cache`` is gone; the prefix-cache map keeps block ids
+    (read by :meth:`VllmApi.cached_entries`); token ids are 32-bit (a larger
+    one raises ``OverflowError`` where the request is made)."""
+
+    era = "0.34"
+    since = (0, 34, 0)
+    verified: ClassVar[tuple[str, ...]] = ("0.34.0",)
+    missing_methods: ClassVar[frozenset[str]] = frozenset({"get_num_common_prefix_blocks"})
+    has_num_cached_tokens = True
+    request_skip_attribute = None
+    sampling_logprob_start = True
+
+
+ERAS: tuple[type[VllmApi], ...] = (
+    VllmApi016,
+    VllmApi017,
+    VllmApi0171,
+    VllmApi020,
+    VllmApi021,
+    VllmApi022,
+    VllmApi023,
+    VllmApi024,
+    VllmApi,
+    VllmApi026,
+    VllmApi027,
+    VllmApi029,
+    VllmApi030,
+    VllmApi033,
+    VllmApi034,
+)
 """Every era, oldest first."""

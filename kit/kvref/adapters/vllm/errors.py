@@ -1,4 +1,4 @@
-"""The two errors of the vLLM adapter that are not caller errors of the protocol."""
+"""The errors of the vLLM adapter that are not caller errors of the protocol."""
 
 from __future__ import annotations
 
@@ -10,6 +10,24 @@ from kvref.capabilities import Unsupported as _Unsupported
 
 class VllmUnavailable(RuntimeError):
     """No supported vLLM release (and torch) can be imported in this environment."""
+
+
+class CannotRead(VllmUnavailable):
+    """A vLLM internal the adapter reads is not what its API era expects.
+
+    A release may reorganise an internal (the prefix-cache map of vLLM 0.34.0)
+    without any change of behaviour; the adapter then stops with this one-line
+    error naming what it cannot read, instead of a traceback, until an era
+    (``kit/kvref/adapters/vllm/eras.py``) reads the new layout.
+    """
+
+    def __init__(self, release: str, what: str, detail: str) -> None:
+        self.release = release
+        self.what = what
+        super().__init__(
+            f"cannot read {what} on vLLM {release} ({detail}); the adapter's API era needs updating "
+            "(kvref.adapters.vllm.eras)"
+        )
 
 
 class Unsupported(_Unsupported):
@@ -36,6 +54,8 @@ def _feature(method: str) -> str:
     """The kvref feature a missing vLLM method or parameter stands for."""
     if method == "KVCacheGroupSpec.is_eagle_group":
         return "eagle"
+    if method == "KVCacheManager.get_computed_blocks(max_cache_hit_length=...)":
+        return "max_cache_hit_length"
     argument = re.fullmatch(r"KVCacheManager\.allocate_slots\((\w+)=\.\.\.\)", method)
     if argument is not None:
         return ALLOCATE_FEATURES.get(argument.group(1), "op:allocate_slots")

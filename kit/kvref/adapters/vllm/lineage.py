@@ -11,6 +11,11 @@ release: describe the engine as a :class:`VllmLineage` and use its
     make = APHRODITE.make            # kvref check --target mymod:make --against spec
     make_pool = APHRODITE.make_pool  # kvref check --layer pool --target mymod:make_pool
 
+``make`` and ``make_pool`` are factories that carry the lineage's
+declarations (``features``: the opt-in ``context-parallelism``;
+``unsupported``; ``supports``), as :func:`kvref.declare` attaches them to a
+function; ``declare`` also takes them (it wraps what cannot carry attributes).
+
 The adapter is kvref's real-vLLM adapter (:mod:`kvref.adapters.vllm`) driving
 the engine through the API era of its upstream release, with every module
 path under ``package`` and every ``VLLM_`` environment variable under
@@ -25,10 +30,12 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from kvref.adapters import DeclaredSemantics, load_callable
+from kvref.capabilities import declare
 from kvref.divergences import Divergence
 from kvspec.config import KVCacheConfig
 
@@ -38,6 +45,10 @@ from .errors import VllmUnavailable
 from .pool import VllmPoolAdapter
 
 _APIS: dict[VllmLineage, VllmApi] = {}
+T = TypeVar("T")
+
+ERA_NAMES = tuple(era.era for era in ERAS)
+"""The API eras :attr:`VllmLineage.era` accepts (``"0.16"``, ``"0.25"``, ... ``"0.33"``)."""
 
 
 @dataclass(frozen=True)
@@ -49,16 +60,21 @@ class VllmLineage:
         upstream: The vLLM release it derives from, e.g. ``"0.29.0"``: picks the
             API era and the declared profile ``vllm-<upstream>``.
         env_prefix: Prefix replacing ``VLLM_`` in the environment variables it reads.
-        era: An API era name (``"0.29"``, ``"0.30"``, ...) when the engine's
-            internals match another era than its upstream's.
+        era: An API era name (:data:`ERA_NAMES`: ``"0.29"``, ``"0.30"``, ...)
+            when the engine's internals match another era than its upstream's.
         name: The adapter's name (default: ``package``).
         manager_class: ``module:Class`` of the engine's ``KVCacheManager``
             when it is not ``<package>.v1.core.kv_cache_manager.KVCacheManager``
             (a plugin's subclass); it is constructed like vLLM's.
         known: Known differences it declares (registry ids or
             :class:`kvref.divergences.Divergence` values).
-        era_class: An era subclass of the engine's own
-            (:class:`kvref.adapters.vllm.VllmApi`), for an internal it changed.
+        era_class: An era subclass of the engine's own, for an internal it
+            changed: subclass :meth:`base_era` (a :class:`kvref.VllmApi`).
+        features: Opt-in features it runs (``kvref.capabilities.OPT_IN_FEATURES``:
+            ``"context-parallelism"`` for ``dcp_world_size`` or
+            ``pcp_world_size`` above 1, which kvref's vLLM adapter drives).
+        unsupported: Features it lacks (as :func:`kvref.declare` takes them).
+        supports: ``supports(config) -> reason or None``, as :func:`kvref.declare` takes it.
     """
 
     package: str = "vllm"
@@ -69,9 +85,38 @@ class VllmLineage:
     manager_class: str | None = None
     known: tuple[str | Divergence, ...] = ()
     era_class: type[VllmApi] | None = None
+    features: AbstractSet[str] = frozenset()
+    unsupported: AbstractSet[str] = frozenset()
+    supports: Callable[[KVCacheConfig], str | None] | None = None
 
-    def make(self, config: KVCacheConfig) -> VllmAdapter:
-        """The factory: an adapter around a fresh manager of the engine.
+    def __post_init__(self) -> None:
+        """Check the declarations now, where the lineage is written.
+
+        Raises:
+            ValueError: For a feature that is not opt-in or not a feature (as :func:`kvref.declare`).
+        """
+        object.__setattr__(self, "features", frozenset(self.features))
+        object.__setattr__(self, "unsupported", frozenset(self.unsupported))
+        self._declared(self.build)
+
+    @property
+    def make(self) -> Callable[[KVCacheConfig], VllmAdapter]:
+        """The factory (an adapter around a fresh manager of the engine), with
+        the lineage's declarations.
+
+        The adapter it builds raises VllmUnavailable if the engine cannot be
+        imported, and :class:`kvref.Unsupported` if a configuration needs a
+        parameter its era lacks.
+        """
+        return self._declared(self.build)
+
+    @property
+    def make_pool(self) -> Callable[[KVCacheConfig], VllmPoolAdapter]:
+        """The pool factory (``kvref check --layer pool``), with the lineage's declarations."""
+        return self._declared(self.build_pool)
+
+    def build(self, config: KVCacheConfig) -> VllmAdapter:
+        """An adapter around a fresh manager of the engine (what :attr:`make` calls).
 
         Raises:
             VllmUnavailable: If the engine cannot be imported.
@@ -82,11 +127,26 @@ class VllmLineage:
         adapter.semantics = self.semantics
         return adapter
 
-    def make_pool(self, config: KVCacheConfig) -> VllmPoolAdapter:
-        """The pool factory (``kvref check --layer pool``)."""
+    def build_pool(self, config: KVCacheConfig) -> VllmPoolAdapter:
+        """A pool adapter around a fresh block pool of the engine (what :attr:`make_pool` calls)."""
         adapter = VllmPoolAdapter(config, self.api(), self.adapter_name)
         adapter.semantics = self.semantics
         return adapter
+
+    def base_era(self) -> type[VllmApi]:
+        """The era class the lineage drives the engine through (its ``era``, else
+        its upstream's): the class an ``era_class`` subclasses.
+
+        Raises:
+            VllmUnavailable: For an unknown era or a lineage without ``upstream``.
+        """
+        return self._era()
+
+    def _declared(self, method: Callable[[KVCacheConfig], T]) -> Callable[[KVCacheConfig], T]:
+        attach = declare(supports=self.supports, unsupported=self.unsupported, features=self.features)
+        factory = attach(method)
+        factory.__name__ = f"{self.adapter_name}.{method.__name__.replace('build', 'make')}"
+        return factory
 
     @property
     def adapter_name(self) -> str:

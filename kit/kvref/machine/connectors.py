@@ -1,0 +1,198 @@
+"""KV connectors: tokens loaded from outside, with or without delayed caching.
+
+An admission may take connector tokens past its prefix hit
+(``num_external_computed_tokens``); with ``delay_cache_blocks`` the request
+then waits for its load, and ``finish_remote_load`` ends it (``cache_blocks``
+of what was loaded; the request waits again with those tokens computed).
+What a connector reads or reports elsewhere: :mod:`kvref.machine.reads`
+(``get_block_ids_for_computed_tokens``), :mod:`kvref.machine.running`
+(lost blocks at a step), :mod:`kvref.machine.past_slots` (more loaded tokens
+than slots).
+
+Loads that fail part-way (``fail_remote_load``, the ``failed_load``
+family): the request keeps the valid prefix, and the blocks past it are
+listed for zeroing again (``record_blocks_for_zeroing``).
+
+NOTE: the place for richer connector paths (loads that finish out of order,
+partial loads).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from hypothesis import strategies as st
+
+from kvref.hypothesis_compat import boolean, choose, integer
+from kvref.machine.base import Action, Family, MachineBase
+from kvref.machine.configuration import draw_tokens
+from kvref.machine.scripted import ScriptedMoves
+from kvspec.config import FULL_TYPE_KINDS, Mamba
+
+Json = Any
+ACTIONS: tuple[Action, ...] = (("finish_remote_load", lambda m: bool(m.remote)),)
+"""The family's actions and when each is ready (their place in the step table: :data:`kvref.stateful.ORDER`)."""
+
+
+class ConnectorRules(ScriptedMoves):
+    """Connector tokens at admission and the end of delayed loads."""
+
+    new_step: Callable[[st.DataObject], None]
+    """A scheduler step boundary (:meth:`kvref.machine.running.RunningRules.new_step`, composed in by the machine)."""
+
+    def _connector_tokens(self, data: st.DataObject, computed: int, hit: int, total: int) -> tuple[int, bool]:
+        """An admission's connector tokens past a hit of ``hit`` of ``total``
+        tokens (only for a request with nothing ``computed`` yet), and whether
+        their caching is delayed until the load ends."""
+        external = 0
+        # Connector tokens on one admission in five, one in two after a prefix hit
+        # (a hit and external tokens together exercise the touch-then-allocate order).
+        if computed == 0 and integer(data, 0, 1 if hit else 4) == 0 and total - hit > 1:
+            external = integer(data, 1, total - hit - 1)
+            if not (self._allowed("external") and self._on("connector")):
+                external = 0
+        delay = external > 0 and boolean(data) and self._allowed("delay_cache_blocks") and self._on("delay")
+        return external, delay
+
+    def finish_remote_load(self, data: st.DataObject) -> None:
+        """The connector finished loading: cache the loaded blocks, then the
+        request waits to be scheduled with its tokens already computed."""
+        self._sched.remote_loaded(choose(data, tuple(self.remote)))
+
+    def fail_remote_load(self, data: st.DataObject, rid: str | None = None) -> None:
+        """The ``failed_load`` family: a delayed connector load (``rid``'s, else
+        a drawn one) fails part-way. The valid prefix ends on a block boundary
+        of every attention group at or past the local hit (or is 0: the
+        request's blocks are freed); the request then waits with that prefix
+        computed, and the blocks past it are listed for zeroing again
+        (:meth:`kvref.scheduler.Scheduler.remote_failed`). One call in four
+        first sends a start inside a block, which every side refuses (vLLM
+        asserts it) or before the first token, changing nothing."""
+        rid = rid if rid is not None else choose(data, tuple(self.remote))
+        st = self._sched.reqs[rid]
+        align = self._attention_alignment()
+        first = -(-st.remote_local // align) * align
+        options = sorted({*range(first, st.remote_target, align), 0})
+        valid = options[-1 - integer(data, 0, len(options) - 1)]  # the longest valid prefix first
+        zeroing = self._allowed("op:record_blocks_for_zeroing")
+        if zeroing and integer(data, 0, 3) == 0:
+            bad = valid + 1 if align > 1 and boolean(data) else -align
+            self._call({"op": "record_blocks_for_zeroing", "rid": rid, "start_token": bad}, expect_unchanged=True)
+        self._sched.remote_failed(rid, valid, zeroing)
+
+    def failing_load(self, data: st.DataObject) -> None:
+        """Directed (the ``failed_load`` family): a request (after a known
+        prefix, or not) loads its prompt past a block boundary through a
+        connector, caching delayed, and the load fails with the next step's
+        output (:meth:`fail_remote_load`). Random runs rarely have a delayed load
+        that reaches past a block boundary of every attention group."""
+        align = self._attention_alignment()
+        head = choose(data, self.prefixes) if self.prefixes and boolean(data) else []
+        prompt = (head + draw_tokens(data, align + 2, 3 * align + 2))[: self._prompt_limit()]
+        if len(prompt) < align + 2:
+            return
+        rid = self._admit_loading(prompt, integer(data, align + 1, len(prompt) - 1))
+        if rid is not None:
+            self.new_step(data)  # the failure comes with a step's output, after that step's scheduling
+            if rid in self.remote:
+                self.fail_remote_load(data, rid)
+
+    def _attention_alignment(self) -> int:
+        """The least common multiple of the attention groups' block sizes."""
+        return math.lcm(*(k.block_size for k in self.cfg.groups if not isinstance(k, Mamba)))
+
+    def load_twin(self, data: st.DataObject) -> None:
+        """Directed (the ``load_twin`` family): a request loads its prompt up
+        to a position inside a block through a connector, with caching
+        delayed; the load ends at once (its blocks are cached) and a twin
+        follows (:meth:`_twin_after_load`)."""
+        sched = self.cfg.scheduler_block_size
+        prompt = (choose(data, self.prefixes) + draw_tokens(data, 1, 2 * sched))[: self._prompt_limit()]
+        if len(prompt) < sched + 2:
+            return
+        upto = integer(data, 1, len(prompt) - 1)
+        upto -= upto % sched == 0  # inside a block: the block the load fills in part
+        rid = self._admit_loading(prompt, upto) if upto else None
+        if rid is not None:
+            self._sched.remote_loaded(rid)
+            self._twin_after_load(data, rid)
+
+    def _twin_after_load(self, data: st.DataObject, rid: str) -> None:
+        """A request with the prompt (and extra keys) of ``rid``, whose load
+        just ended, is looked up and admitted at once, before ``rid`` computes
+        past what was loaded. An engine that caches the block the load filled
+        in part (counting the loaded tokens in whole blocks, vLLM#34616's
+        class) serves it to this twin, and the content oracle finds the slots
+        never written. Random runs line this up rarely: delayed loads are few,
+        and the twin must come between the load's end and ``rid``'s next step."""
+        assert self.lock is not None
+        req = self.lock.book.requests[rid]
+        fields: Json = {"prompt": list(req.all_token_ids[: req.num_prompt_tokens])}
+        if self._sched.reqs[rid].extra is not None:
+            fields["extra"] = self._sched.reqs[rid].extra
+        self._admit_whole(data, fields, False, connector=False)
+
+    def _delayed_loads(self) -> bool:
+        """Whether this run sends connector loads with delayed caching."""
+        return (
+            self._allowed("external") and self._allowed("delay_cache_blocks")
+            and self._on("connector") and self._on("delay")
+        )  # fmt: skip
+
+    def _admit_loading(self, prompt: list[int], upto: int) -> str | None:
+        """Add a request for ``prompt`` and admit it with its tokens after the
+        prefix hit and up to ``upto`` loaded through a connector, caching
+        delayed; its id, or None where the lookup fails or hits ``upto``
+        tokens or more, or the admission does not fit."""
+        rid = self._add({"prompt": prompt}, True)
+        found = self._lookup(rid)
+        if found is None or found["num_tokens"] >= upto:
+            return None
+        hit = found["num_tokens"]
+        op: Json = {"op": "allocate_slots", "rid": rid, "num_new_computed_tokens": hit, "num_new_tokens": 0,
+                    "num_external_computed_tokens": upto - hit, "delay_cache_blocks": True}  # fmt: skip
+        if any(found["blocks"]):
+            op["new_computed_blocks"] = found["blocks"]
+        return rid if self._sched.admit(op, hit, upto - hit, delay=True) else None
+
+
+def _twins_take_part(m: MachineBase) -> bool:
+    return (
+        m.SETUP.safety and m.cfg.enable_caching and not m.cross
+        and m._allowed("external") and m._allowed("delay_cache_blocks")
+    )  # fmt: skip
+
+
+def _failed_loads_take_part(m: MachineBase) -> bool:
+    return (
+        m.zeroes and all(isinstance(k, (Mamba, *FULL_TYPE_KINDS)) for k in m.cfg.groups)
+        and m._allowed("op:record_blocks_for_zeroing")
+        and m._allowed("external") and m._allowed("delay_cache_blocks")
+    )  # fmt: skip
+
+
+FAILED_LOAD_FAMILY = Family(
+    "failed_load",
+    (("fail_remote_load", lambda m: bool(m.remote)), ("failing_load", lambda m: True)),
+    _failed_loads_take_part,
+)
+"""Connector loads that fail part-way, in runs of a model that zeroes fresh
+blocks (a Mamba group next to full-attention-type groups only) under a release
+with ``record_blocks_for_zeroing`` (vLLM 0.26.0 on); every other run draws as
+before.
+
+NOTE: a contract of the manager more than a path of vLLM's scheduler: up to
+0.34.0 the scheduler finds a failed load's first invalid block in a model
+with one KV-cache group only (it unpacks ``get_block_ids`` into one table),
+while it zeroes fresh blocks for models with a Mamba group (several groups)
+or, from 0.34.0 on, a mixed-precision KV cache (not modelled). Sliding-window
+and chunked groups are left out: a load that fails past the valid prefix
+leaves the window before it in blocks the admission already skipped, and the
+recomputation reads them (docs/safety.md)."""
+
+LOAD_TWIN_FAMILY = Family("load_twin", (("load_twin", lambda m: bool(m.prefixes)),), _twins_take_part)
+"""Directed, at the safety level with prefix caching on: a load that ends
+inside a block, then a twin (:meth:`ConnectorRules.load_twin`); every other
+run draws as before."""

@@ -1,0 +1,539 @@
+"""The safety oracles: no KV served for another prefix, no block reused under a step in flight.
+
+Conformance asks "does the engine do what vLLM does?"; safety asks what must
+hold whatever the policy (docs/safety.md). :class:`SafetyMonitor` watches the
+operations a lockstep runs on one adapter (its outputs and tables) and keeps
+what every block holds (:mod:`kvref.content`). Two oracles:
+
+* *content*: every hit a lookup returns holds, at every position it covers,
+  the KV of the request's own input prefix; every table entry a step reads
+  (per attention kind, :func:`kvref.content.read_span`) holds the KV of that
+  position, written by the step that computed it or the connector load that
+  filled it; a block handed out fresh is never read before it is written;
+* *in flight*: a step runs on the device after it is dispatched and before
+  its output is processed; steps run one after another in dispatch order,
+  and within a step every KV write comes before every attention read, so a
+  block a step uses may be handed to a request of a *later* step. A
+  connector load is not ordered against the steps: from the moment it is
+  issued (its step is dispatched) until it ends, no step in flight may read
+  or write its destination blocks, no other load may fill them and they may
+  not be zeroed.
+
+How it learns what the scheduler did: from the operations alone
+(``allocate_slots`` with the request's computed tokens says which positions
+the step computes, which came from hits and which from a connector), so it
+runs under any scheduler that drives a lockstep; the async pipeline
+(:mod:`kvref.scheduler_pipeline`) also tells it when each step is dispatched
+and when its output is processed (:meth:`SafetyMonitor.dispatch`,
+:meth:`SafetyMonitor.processed`). Without the pipeline every step runs as
+soon as it is scheduled (vLLM's synchronous scheduler).
+
+A violation raises :class:`SafetyViolation`; the lockstep turns it into a
+failure of aspect ``safety/content`` or ``safety/inflight``, shrunk and
+written as a trace like a divergence. A declared policy difference never
+silences it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvref.adapters import KVCacheAdapter
+from kvref.content import (
+    BlockContents,
+    PrefixIds,
+    RequestPrefixes,
+    checked_kind,
+    describe,
+    read_span,
+)
+from kvref.divergences import release_key
+from kvref.ops import REQUEST_OPS, STEP_EVENTS, RequestBook, execute
+from kvref.safety_defects import EARLY_FREE, LOAD_ZEROING
+from kvref.traces import Trace
+from kvspec.config import KVCacheConfig, Mamba
+from kvspec.view import KVView
+
+Json = Any
+Tables = tuple[tuple[int, ...], ...]
+
+
+def safety_monitor(config: KVCacheConfig, book: RequestBook, counts: Counter[str] | None = None) -> SafetyMonitor:
+    """The monitor a scheduler playing ``config.profile``'s release needs:
+    from vLLM 0.26.0 on its scheduler leaves the destinations of connector
+    loads out of the zeroing (it asks the manager for them), before it does not."""
+    skip = release_key(config.profile.release) >= (0, 26, 0)
+    return SafetyMonitor(config, book, skip_load_zeroing=skip, counts=counts)
+
+
+class SafetyViolation(Exception):
+    """A safety oracle failed.
+
+    Attributes:
+        oracle: ``content`` or ``inflight``.
+        defect: The registered vLLM safety defect that explains it
+            (:mod:`kvref.safety_defects`), or None.
+    """
+
+    def __init__(self, oracle: str, message: str, defect: str | None = None) -> None:
+        """Remember which oracle failed."""
+        super().__init__(message)
+        self.oracle = oracle
+        self.defect = defect
+
+
+@dataclass
+class StepEntry:
+    """One request's part of a step: the positions it computes (``start`` to
+    ``end``), with the table the worker got when the step was scheduled."""
+
+    rid: str
+    start: int
+    end: int
+    tables: Tables
+    drafts: tuple[int, ...] = ()
+    """Draft tokens of the positions past the request's tokens (speculative decoding)."""
+
+
+@dataclass
+class Step:
+    """A scheduler step: its entries, and the blocks they use (known once dispatched)."""
+
+    number: int
+    entries: list[StepEntry] = field(default_factory=list)
+    uses: dict[int, str] = field(default_factory=dict)
+    """Block -> what the step does with it, e.g. ``r2 reads position 5``."""
+    zeros: list[int] = field(default_factory=list)
+    """Blocks the step zeroes before it runs (listed by ``take_new_block_ids`` while it was open)."""
+    copies: list[tuple[int, int]] = field(default_factory=list)
+    """Copy-on-write copies (source, destination) the step makes before it runs."""
+
+
+@dataclass
+class Load:
+    """A connector load in progress: ``rid``'s positions ``start`` to ``end``."""
+
+    rid: str
+    start: int
+    end: int
+    tables: Tables
+    synchronous: bool = True
+    """Whether the step that issues it waits for it (else the request waits: ``delay_cache_blocks``)."""
+    blocks: dict[int, int] = field(default_factory=dict)
+    """Destination block -> group."""
+
+
+class SafetyMonitor:
+    """Both oracles over one adapter's operations (see the module docstring).
+
+    Args:
+        config: The configuration the adapter runs.
+        book: The lockstep's request values (read, never changed).
+        zeroing: Whether blocks ``take_new_block_ids`` lists are zeroed (vLLM
+            zeroes them when the model needs it: a Mamba group).
+        skip_load_zeroing: Whether the scheduler leaves the destinations of
+            connector loads out of the zeroing (vLLM's scheduler from 0.26.0 on).
+    """
+
+    def __init__(
+        self,
+        config: KVCacheConfig,
+        book: RequestBook,
+        zeroing: bool | None = None,
+        skip_load_zeroing: bool = True,
+        counts: Counter[str] | None = None,
+    ) -> None:
+        """Nothing written yet."""
+        self.config = config
+        self.book = book
+        self.kinds = config.manager_groups()
+        self.checked = tuple(g for g, k in enumerate(self.kinds) if checked_kind(k))
+        self.zeroing = any(isinstance(k, Mamba) for k in config.groups) if zeroing is None else zeroing
+        self.skip_load_zeroing = skip_load_zeroing
+        self.contents = BlockContents(config)
+        self.prefixes = RequestPrefixes(PrefixIds())
+        self.writers: dict[int, str] = {}
+        self.loads: dict[str, Load] = {}
+        self.pipelined = False
+        """Whether steps wait for :meth:`dispatch` and :meth:`processed` (the async pipeline)."""
+        self.open = Step(1)
+        self.in_flight: list[Step] = []
+        self.counts: Counter[str] = Counter() if counts is None else counts
+        """What the oracles did: ``slots compared``, ``steps run``, ``hits checked``,
+        ``loads``, ``blocks zeroed``, ``groups not checked`` (shared with the run's statistics)."""
+        self.counts["groups not checked"] += len(self.kinds) - len(self.checked)
+        self.early: dict[tuple[str, int, int], tuple[int, int]] = {}
+        """Blocks the release freed below a window while a step in flight still read them
+        (a release before vLLM 0.26.0 frees on the computed tokens, steps in flight included):
+        (request, group, table index) -> (block, the step that freed it), kept until that
+        step's output is processed. See :mod:`kvref.safety_defects`."""
+        self.last_tables: dict[str, Tables] = {}
+        """Each request's tables after its latest allocation."""
+        self.deferred = False
+        """Without the pipeline: whether the open step waits for the copies of its
+        copy-on-write hits (:meth:`_copies_may_follow`) before it runs."""
+
+    # -- what the lockstep tells -------------------------------------------
+
+    def after(self, op: Json, out: Json, view: KVView) -> None:
+        """``op`` ran on the adapter and answered ``out``; ``view`` is its state now.
+
+        Raises:
+            SafetyViolation: An oracle failed.
+        """
+        name = op["op"]
+        if self.deferred and name != "take_kv_cache_block_copies":
+            self._run_deferred()
+        if isinstance(out, dict) and ("error" in out or "crash" in out) and name != "get_computed_blocks":
+            return
+        if name == "get_computed_blocks" and isinstance(out, dict) and "blocks" in out:
+            self._check_hit(op["rid"], out["blocks"], out["num_tokens"])
+        elif name == "allocate_slots" and isinstance(out, list):
+            self._allocated(op, out, view)
+        elif name == "allocate_slots_batch" and isinstance(out, list):
+            for item, blocks in zip(op["items"], out, strict=False):
+                if isinstance(blocks, list):  # one running request's step of the batch
+                    self._allocated({"op": "allocate_slots", **item}, blocks, view)
+        elif name == "take_new_block_ids" and isinstance(out, list) and self.zeroing:
+            self._zero(out)
+        elif name == "record_blocks_for_zeroing":
+            self.contents.relisted()
+        elif name == "take_kv_cache_block_copies" and isinstance(out, dict):
+            for source, dest in out.get("copies", ()):
+                if self.pipelined:  # the copy runs on the device with the step now open
+                    self.open.copies.append((source, dest))
+                else:
+                    self.contents.copy(source, dest)
+            if self.deferred:
+                self._run_deferred()
+        elif name == "cache_blocks" and op["rid"] in self.loads:
+            # a load that failed part-way ends with the valid tokens cached: the rest was never written
+            self._load_done(op["rid"], op["num_computed_tokens"])
+        elif name == "remove_skipped_blocks":
+            self._removed(op["rid"], op["total_computed_tokens"], view)
+        elif name in ("free", "pop_blocks_for_free"):
+            # a request freed before its step is dispatched leaves that step (a preempted one is
+            # taken back out of the scheduling pass): nothing of it runs
+            self.open.entries = [e for e in self.open.entries if e.rid != op["rid"]]
+            if op["rid"] in self.loads:
+                # the scheduler frees a loading request's blocks once its load has ended (vLLM#32255)
+                self._load_done(op["rid"])
+
+    # -- the async pipeline's hooks ---------------------------------------
+
+    def event(self, op: Json) -> None:
+        """A step event of the asynchronous pipeline (``step_dispatch`` with its
+        ``drafts``, ``step_output`` with its ``shifts``; :data:`kvref.ops.STEP_EVENTS`).
+
+        Raises:
+            SafetyViolation: An oracle failed.
+        """
+        if op["op"] == "step_dispatch":
+            self.dispatch(op.get("drafts"))
+        elif op["op"] == "step_output":
+            self.processed(op.get("shifts"))
+
+    def dispatch(self, drafts: Mapping[str, Sequence[int]] | None = None) -> None:
+        """The open step goes to the device (its output comes later); ``drafts``
+        gives a request's draft tokens (its positions past its tokens)."""
+        step, self.open = self.open, Step(self.open.number + 1)
+        if not (step.entries or step.zeros or step.copies):
+            return
+        for entry in step.entries:
+            entry.drafts = tuple((drafts or {}).get(entry.rid, ()))
+            self._record_uses(step, entry)
+        self.in_flight.append(step)
+
+    def processed(self, shifts: dict[str, int] | None = None) -> None:
+        """The oldest step in flight finished and its output was processed:
+        its writes land and its reads are checked now. ``shifts`` moves the
+        later steps' entries of a request down by that many positions (draft
+        tokens this step rejected: the device computes them where the
+        accepted tokens end).
+
+        Raises:
+            SafetyViolation: An oracle failed.
+        """
+        if not self.in_flight:
+            return
+        step = self.in_flight.pop(0)
+        for b in step.zeros:  # the zeroing (as of the block's listing) and the copies run first
+            self.contents.zero(b)
+            self.counts["blocks zeroed"] += 1
+        for source, dest in step.copies:
+            self.contents.copy(source, dest)
+        for entry in step.entries:
+            self._execute(step, entry)
+        self.early = {k: v for k, v in self.early.items() if v[1] > step.number}
+        for rid, n in (shifts or {}).items():
+            for later in (*self.in_flight, self.open):
+                for entry in later.entries:
+                    if entry.rid == rid:
+                        entry.start, entry.end = entry.start - n, entry.end - n
+
+    # -- the oracles ---------------------------------------------------------
+
+    def _check_hit(self, rid: str, blocks: Sequence[Sequence[int]], num_tokens: int) -> None:
+        req = self.book.requests.get(rid)
+        if req is None or not num_tokens:
+            return
+        want = self.prefixes.of(req, num_tokens)
+        self.counts["hits checked"] += 1
+        pending = self._pending_writes()
+        for g in self.checked:
+            bs = self.contents.block_size(g)
+            for i, b in enumerate(blocks[g]):
+                if b == 0 or b in pending:
+                    continue
+                self._loading(b, f"request {rid}'s hit reads it")
+                for p in range(i * bs, min((i + 1) * bs, num_tokens)):
+                    self._compare(b, g, p, want[p], f"request {rid} hit block {b} (group {g}) for position {p}")
+
+    def _allocated(self, op: Json, out: list[list[int]], view: KVView) -> None:
+        rid = op["rid"]
+        req = self.book.requests[rid]
+        tables = dict(view.tables).get(rid, tuple(() for _ in self.kinds))
+        for ids in out:
+            for b in ids:
+                if b:
+                    self.contents.handed_out(b)
+        local = req.num_computed_tokens + op.get("num_new_computed_tokens", 0)
+        external = op.get("num_external_computed_tokens", 0)
+        new = op["num_new_tokens"]
+        # without the pipeline a step runs at its allocation, unless it waits for its copies (the
+        # copies run first, then its synchronous load, as on the device; see _copies_may_follow)
+        defer = not self.pipelined and new > 0 and (self.deferred or self._copies_may_follow(op))
+        if external:
+            load = Load(rid, local, local + external, tables, synchronous=not op.get("delay_cache_blocks"))
+            self.counts["loads"] += 1
+            self._issue(load)
+            if load.synchronous and not self.pipelined and not defer:
+                self._land(load)
+            else:
+                self.loads[rid] = load  # lands when it ends, a synchronous one before its step runs
+        if req.num_in_flight_tokens and not self.config.profile.skip_on_processed_tokens:
+            self._note_early(rid, local + external, req.num_in_flight_tokens, tables)
+        self.last_tables[rid] = tables
+        if new > 0:
+            entry = StepEntry(rid, local + external, local + external + new, tables)
+            self.open.entries.append(entry)
+            if defer:
+                self.deferred = True  # the step runs once the scheduler has handed off its copies
+            elif not self.pipelined:
+                self._run_open_step()
+
+    def _copies_may_follow(self, op: Json) -> bool:
+        """Whether the allocation ``op`` may have left copy-on-write copies for the
+        scheduler to hand off (a prefix hit under a release with fine-grained
+        hits, vLLM 0.29.0 on): its step reads the copies' destinations, so
+        without the pipeline it runs only after them, at the next call (the
+        scheduler hands copies off at the end of its pass, before the step)."""
+        return bool(self.config.profile.partial_hash_hits and any(any(g) for g in op.get("new_computed_blocks") or ()))
+
+    def _run_deferred(self) -> None:
+        """Run the step that waited for its copies (:attr:`deferred`)."""
+        self.deferred = False
+        self._run_open_step()
+
+    def _run_open_step(self) -> None:
+        """Without the pipeline: the open step runs and its output is processed at once."""
+        self.dispatch()
+        self.processed()
+
+    def _removed(self, rid: str, total: int, view: KVView) -> None:
+        """``remove_skipped_blocks`` of ``rid`` on ``total`` computed tokens (a
+        scheduler hands a finished request's table to a connector that way)."""
+        req, tables = self.book.requests.get(rid), dict(view.tables).get(rid)
+        if req is None or tables is None:
+            return
+        if req.num_in_flight_tokens and not self.config.profile.skip_on_processed_tokens:
+            self._note_early(rid, total, req.num_in_flight_tokens, tables)
+        self.last_tables[rid] = tables
+
+    def _note_early(self, rid: str, total: int, in_flight: int, tables: Tables) -> None:
+        """Blocks of ``rid`` this allocation freed below its window on the
+        computed tokens ``total`` that the tokens in flight still read (those
+        a step in flight started from ``total - in_flight`` reads): remembered
+        in :attr:`early`."""
+        prev = self.last_tables.get(rid)
+        if prev is None:
+            return
+        for g in self.checked:
+            kind, bs = self.kinds[g], self.contents.block_size(g)
+            low = read_span(kind, max(0, total - in_flight), max(0, total - in_flight)).start // bs
+            high = read_span(kind, total, total).start // bs
+            for i in range(low, min(high, len(prev[g]), len(tables[g]))):
+                if prev[g][i] and not tables[g][i]:
+                    self.early[(rid, g, i)] = (prev[g][i], self.open.number)
+
+    def _record_uses(self, step: Step, entry: StepEntry) -> None:
+        for g in self.checked:
+            bs, table = self.contents.block_size(g), entry.tables[g]
+            for p in read_span(self.kinds[g], entry.start, entry.end):
+                if p // bs < len(table) and table[p // bs]:
+                    verb = "writes" if p >= entry.start else "reads"
+                    step.uses.setdefault(table[p // bs], f"request {entry.rid} {verb} position {p}")
+
+    def _execute(self, step: Step, entry: StepEntry) -> None:
+        """The device runs ``entry``: writes, then the reads (checked)."""
+        self.counts["steps run"] += 1
+        load = self.loads.get(entry.rid)
+        if load is not None and load.synchronous:
+            self._load_done(entry.rid)
+        req = self.book.requests.get(entry.rid)
+        if req is None:
+            return
+        want = self.prefixes.of(req, entry.end, entry.drafts)
+        for g in self.checked:
+            bs, table, kind = self.contents.block_size(g), entry.tables[g], self.kinds[g]
+            where = f"step {step.number}: request {entry.rid}"
+            for p in range(entry.start, entry.end):
+                b = self._entry(table, p // bs, f"{where} writes position {p} (group {g})", (entry.rid, g))
+                self._loading(b, f"{where} writes position {p} into it")
+                self.contents.write(b, g, p % bs, want[p])
+                self.writers.setdefault(want[p], f"request {entry.rid} at position {p}")
+            for p in read_span(kind, entry.start, entry.start):
+                b = self._entry(table, p // bs, f"{where} reads position {p} (group {g})", (entry.rid, g))
+                self._loading(b, f"{where} reads position {p} in it")
+                self._compare(b, g, p, want[p], f"{where} reads block {b} (group {g}) for position {p}")
+
+    def _entry(self, table: Sequence[int], index: int, what: str, at: tuple[str, int] | None = None) -> int:
+        """``table[index]``, the block a step uses (``at``: its request and group).
+
+        Raises:
+            SafetyViolation: No such entry, or the null block (a block freed
+                early under a step in flight names its defect: :attr:`early`).
+        """
+        if index >= len(table):
+            raise SafetyViolation("content", f"{what}: its table has {len(table)} blocks, no entry {index}")
+        if table[index] == 0:
+            early = None if at is None else self.early.get((*at, index))
+            if early is not None:
+                block = early[0]
+                raise SafetyViolation(
+                    "content",
+                    f"{what}: the table holds the null block there; block {block} was freed while steps in "
+                    "flight still read it (freed below the window on the computed tokens, in-flight ones included)",
+                    defect=EARLY_FREE,
+                )
+            raise SafetyViolation("content", f"{what}: the table holds the null block there")
+        return table[index]
+
+    def _compare(self, b: int, g: int, p: int, want: int, what: str) -> None:
+        self.counts["slots compared"] += 1
+        got = self.contents.value(b, g, p % self.contents.block_size(g))
+        if got != want:
+            raise SafetyViolation("content", f"{what}, but the block holds {describe(got, self.writers)} there")
+
+    # -- connector loads and zeroing -----------------------------------------
+
+    def _issue(self, load: Load) -> None:
+        """A connector load starts: its destinations must be free of steps in
+        flight and of other loads."""
+        for g in self.checked:
+            bs, table = self.contents.block_size(g), load.tables[g]
+            for p in range(load.start, load.end):
+                if p // bs < len(table) and table[p // bs]:
+                    load.blocks[table[p // bs]] = g
+        early = {b for b, _ in self.early.values()}
+        for b in load.blocks:
+            for step in self.in_flight:
+                if b in step.uses:
+                    raise SafetyViolation(
+                        "inflight",
+                        f"the connector load of request {load.rid} fills block {b} while step {step.number} is "
+                        f"in flight and {step.uses[b].replace('request', 'its request', 1)} in it",
+                        defect=EARLY_FREE if b in early else None,
+                    )
+            self._loading(b, f"the connector load of request {load.rid} fills it too")
+
+    def _land(self, load: Load, upto: int | None = None) -> None:
+        """The load's KV is in its blocks (up to position ``upto``, where it failed past it)."""
+        req = self.book.requests.get(load.rid)
+        if req is None:
+            return
+        want = self.prefixes.of(req, load.end)
+        end = load.end if upto is None else min(load.end, upto)
+        for g in self.checked:
+            bs, table = self.contents.block_size(g), load.tables[g]
+            for p in range(load.start, min(end, len(table) * bs)):
+                if table[p // bs]:
+                    self.contents.write(table[p // bs], g, p % bs, want[p])
+                    self.writers.setdefault(want[p], f"request {load.rid} at position {p} (connector)")
+
+    def _load_done(self, rid: str, upto: int | None = None) -> None:
+        self._land(self.loads.pop(rid), upto)
+
+    def _loading(self, block: int, what: str) -> None:
+        for load in self.loads.values():
+            if block in load.blocks:
+                raise SafetyViolation(
+                    "inflight", f"block {block} is still being filled by the connector load of request "
+                    f"{load.rid} (positions {load.start}-{load.end - 1}), and {what}",
+                )
+
+    def _pending_writes(self) -> set[int]:
+        """Blocks a step scheduled but not yet run will write, or a synchronous
+        connector load of such a step will fill (their content is not there yet;
+        a step that reads them runs with or after that step, which waits for
+        its loads before attention reads)."""
+        out: set[int] = {b for load in self.loads.values() if load.synchronous for b in load.blocks}
+        for step in (*self.in_flight, self.open):
+            for entry in step.entries:
+                for g in self.checked:
+                    bs, table = self.contents.block_size(g), entry.tables[g]
+                    out.update(table[p // bs] for p in range(entry.start, entry.end) if p // bs < len(table))
+        return out
+
+    def _zero(self, ids: Iterable[int]) -> None:
+        ids = list(ids)
+        self.contents.listed_for_zeroing([b for b in ids if b])
+        for b in ids:
+            if not b:
+                continue
+            # a synchronous load runs in its step after the step's zeroing; a delayed one may be under way
+            loading = [load for load in self.loads.values() if b in load.blocks and not load.synchronous]
+            if loading and self.skip_load_zeroing:
+                continue  # the scheduler leaves a load's destinations out of the zeroing
+            if loading:
+                load = loading[0]
+                raise SafetyViolation(
+                    "inflight",
+                    f"take_new_block_ids lists block {b} for zeroing while the connector load of request "
+                    f"{load.rid} (positions {load.start}-{load.end - 1}) fills it: the zeroing may wipe the loaded KV",
+                    defect=LOAD_ZEROING,
+                )
+            if self.pipelined:  # the zeroing runs on the device with the step now open, before it
+                self.open.zeros.append(b)
+                continue
+            self.contents.zero(b)
+            self.counts["blocks zeroed"] += 1
+
+
+def safety_replay(trace: Trace, adapter: KVCacheAdapter) -> tuple[int, SafetyViolation] | None:
+    """Run ``trace`` on ``adapter`` under the safety oracles, with the step
+    boundaries its step events give (a trace without any runs every step at
+    once); the first violation and the index of the step that showed it, or None.
+
+    NOTE: this drives the oracles, not a conformance replay (the one replay
+    loop, :func:`kvref.traces.run_steps`, compares outputs and digests and
+    never tells a monitor of the step events): outputs are not compared here.
+    """
+    book = RequestBook(trace.config)
+    monitor = safety_monitor(trace.config, book)
+    monitor.pipelined = any(step["op"] in STEP_EVENTS for step in trace.steps)
+    for index, step in enumerate(trace.steps):
+        op = {k: v for k, v in step.items() if k not in ("expect", "view")}
+        try:
+            if op["op"] in STEP_EVENTS:
+                monitor.event(op)
+            elif op["op"] in REQUEST_OPS:
+                book.apply(op)
+            else:
+                monitor.after(op, execute(adapter, book, op), adapter.to_view())
+        except SafetyViolation as exc:
+            return index, exc
+    return None

@@ -1,0 +1,75 @@
+"""Registered vLLM safety defects: a real release that violates a safety oracle.
+
+The registry is ``safety_defects.toml`` beside this module, kept like the
+known divergences (:mod:`kvref.divergences`): each entry names the releases
+that show the defect (``introduced``, and ``fixed`` when a later release no
+longer does), the upstream issue or pull request, the oracles it violates and
+a minimal trace. kvspec keeps modelling every release faithfully, so under an
+affected release's profile kvspec and kvimpl show the defect as vLLM does.
+
+The safety monitor attributes a violation to a defect by that defect's own
+rule, never by a message: for :data:`EARLY_FREE`, the block involved is one
+the allocation freed below the window on the computed tokens while a step in
+flight still read it (:attr:`kvref.safety.SafetyMonitor.early`); for
+:data:`LOAD_ZEROING`, a block ``take_new_block_ids`` lists while a connector
+load fills it, where the release's scheduler does not leave the loads out.
+:func:`registered` then checks that the entry applies to the run's release;
+the lockstep counts the run as meeting a known defect and stops it
+(``kvref check`` lists it among the known divergences as ``safety defect
+<id>``), where any other violation fails.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from kvref.divergences import release_key
+
+EARLY_FREE = "swa-inflight-free"
+"""vLLM#47728: blocks below a sliding or chunked window freed while a step in flight reads them."""
+LOAD_ZEROING = "load-zeroing"
+"""vLLM#47373: a connector load's destinations listed for zeroing (the monitor's rule for a scheduler
+before vLLM 0.26.0, :attr:`kvref.safety.SafetyMonitor.skip_load_zeroing`)."""
+REGISTRY = Path(__file__).with_name("safety_defects.toml")
+
+
+@dataclass(frozen=True)
+class SafetyDefect:
+    """One registry entry."""
+
+    id: str
+    title: str
+    upstream: str
+    oracles: tuple[str, ...]
+    trace: str
+    introduced: str
+    fixed: str | None = None
+
+    def applies_to(self, release: str) -> bool:
+        """Whether vLLM ``release`` shows this defect."""
+        after = release_key(release) >= release_key(self.introduced)
+        return after and (self.fixed is None or release_key(release) < release_key(self.fixed))
+
+
+@lru_cache(maxsize=1)
+def load_defects() -> tuple[SafetyDefect, ...]:
+    """Every registered defect, in the registry's order."""
+    data = tomllib.loads(REGISTRY.read_text(encoding="utf-8"))
+    return tuple(
+        SafetyDefect(
+            id=e["id"], title=e["title"], upstream=e["upstream"], oracles=tuple(e["oracles"]), trace=e["trace"],
+            introduced=e["introduced"], fixed=e.get("fixed"),
+        )
+        for e in data["defect"]
+    )  # fmt: skip
+
+
+def registered(defect: str | None, oracle: str, release: str) -> SafetyDefect | None:
+    """The entry ``defect`` if it applies to ``release`` and covers ``oracle``, else None."""
+    for entry in load_defects():
+        if entry.id == defect and oracle in entry.oracles and entry.applies_to(release):
+            return entry
+    return None

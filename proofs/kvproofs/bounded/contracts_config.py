@@ -1,0 +1,171 @@
+"""Contract domains of the configuration rules: validators, context
+parallelism, the features a configuration uses and the profile lookup.
+
+Validators get unvalidated configuration values (:func:`raw_config`), so the
+raising paths are in the domain too; the other functions get every valid
+configuration of :func:`configs` and the refused ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import product
+
+from kvproofs.bounded.domains import KINDS, PROFILE_LIST, configs, raw_config, refused_configs
+from kvproofs.bounded.pep316 import Case, contract
+from kvspec.config import (
+    ChunkedLocal,
+    CircularBuffer,
+    FullAttention,
+    KpoolTail,
+    Mamba,
+    SinkFullAttention,
+    SlidingWindow,
+)
+
+CFG = "kvspec.config"
+
+
+@contract(
+    f"{CFG}.validate_release_options",
+    "every profile x watermark 0/0.25 x max_num_batched_tokens None/8 x eagle_groups ()/(0,)",
+)
+def _release_options() -> Iterator[Case]:
+    for profile, watermark, mnbt, eagle in product(PROFILE_LIST, (0.0, 0.25), (None, 8), ((), (0,))):
+        groups = (FullAttention(2),)
+        yield (raw_config(groups, profile, watermark=watermark, max_num_batched_tokens=mnbt, eagle_groups=eagle),)
+
+
+_GROUP_PAIRS = [
+    (a, b) for a, b in product((FullAttention(2), SlidingWindow(2, 3), CircularBuffer(2), KpoolTail(2, 2)), repeat=2)
+]
+
+
+@contract(
+    f"{CFG}.validate_groups",
+    "every profile x caching on/off x one group or two of full, window, ring kinds (equal ones too)",
+)
+def _groups() -> Iterator[Case]:
+    for profile, caching, groups in product(PROFILE_LIST, (True, False), [(FullAttention(2),), *_GROUP_PAIRS]):
+        yield (raw_config(groups, profile, enable_caching=caching),)
+
+
+_INVALID_KINDS: tuple[object, ...] = (
+    FullAttention(0),
+    SlidingWindow(2, 0),
+    KpoolTail(2, 0),
+    ChunkedLocal(2, 0),
+    SinkFullAttention(2, 3),
+    SinkFullAttention(2, 0),
+    Mamba(2, "sometimes"),  # type: ignore[arg-type]  # an invalid mode on purpose
+    Mamba(2, "align", -1),
+    "not a kind",
+)
+
+
+@contract(
+    f"{CFG}.validate_kind",
+    "the kind catalog and 9 invalid kinds, as group 0 or 1 after a full-attention group, x every profile "
+    "x caching x EAGLE on/off",
+)
+def _kind() -> Iterator[Case]:
+    for kind, gid, profile, caching, eagle in product(
+        (*KINDS, *_INVALID_KINDS), (0, 1), PROFILE_LIST, (True, False), (False, True)
+    ):
+        groups = (kind,) if gid == 0 else (FullAttention(2), kind)
+        yield gid, kind, raw_config(groups, profile, enable_caching=caching, use_eagle=eagle)
+
+
+@contract(f"{CFG}.cp_scale", "the kind catalog x dcp 1/2/4 x pcp 1/2 x every profile")
+def _cp_scale() -> Iterator[Case]:
+    for kind, dcp, pcp, profile in product(KINDS, (1, 2, 4), (1, 2), PROFILE_LIST):
+        yield kind, raw_config((kind,), profile, dcp_world_size=dcp, pcp_world_size=pcp)
+
+
+@contract(f"{CFG}.cp_lookup_refusal", "the kind catalog x dcp 1/2/4 x pcp 1/2 x every profile")
+def _cp_lookup_refusal() -> Iterator[Case]:
+    yield from _cp_scale()
+
+
+@contract(
+    f"{CFG}.validate_cp",
+    "one or two groups (sink fitting or not the scaled block) x caching x dcp 1/2 x pcp 1/2 x every profile",
+)
+def _validate_cp() -> Iterator[Case]:
+    groups_set = (
+        (SinkFullAttention(2, 2),),
+        (SinkFullAttention(2, 4),),
+        (FullAttention(2),),
+        (FullAttention(2), SlidingWindow(2, 3)),
+        (FullAttention(2), SinkFullAttention(2, 2)),
+    )
+    for groups, caching, dcp, pcp, profile in product(groups_set, (True, False), (1, 2), (1, 2), PROFILE_LIST):
+        yield (raw_config(groups, profile, enable_caching=caching, dcp_world_size=dcp, pcp_world_size=pcp),)
+
+
+@contract(
+    f"{CFG}.validate_sink_room", "1-2 SinkFull groups of 1-2 sink blocks x num_blocks 1-5 x dcp 1/2 x every profile"
+)
+def _sink_room() -> Iterator[Case]:
+    groups_set = (
+        (SinkFullAttention(2, 2),),
+        (SinkFullAttention(2, 4),),
+        (SinkFullAttention(2, 4), SinkFullAttention(2, 2)),
+        (FullAttention(2),),
+    )
+    for groups, n, dcp, profile in product(groups_set, range(1, 6), (1, 2), PROFILE_LIST):
+        yield (raw_config(groups, profile, num_blocks=n, dcp_world_size=dcp),)
+
+
+@contract(
+    f"{CFG}.validate_unitary_hash_block",
+    "one or two groups x hash_block_size None/1/2/4 x caching x dcp 1/2 x every profile",
+)
+def _unitary_hash_block() -> Iterator[Case]:
+    groups_set = ((FullAttention(2),), (FullAttention(4),), (FullAttention(2), SlidingWindow(2, 3)))
+    for groups, hbs, caching, dcp, profile in product(groups_set, (None, 1, 2, 4), (True, False), (1, 2), PROFILE_LIST):
+        yield (raw_config(groups, profile, hash_block_size=hbs, enable_caching=caching, dcp_world_size=dcp),)
+
+
+PROF = "kvspec.profiles"
+
+
+@contract(f"{PROF}.profile_named", "every profile's name and release, and four unknown names")
+def _profile_named() -> Iterator[Case]:
+    for p in PROFILE_LIST:
+        yield (p.name,)
+        yield (p.release,)
+    for name in ("", "vllm-", "0.0.0", "vllm-9.9.9"):
+        yield (name,)
+
+
+@contract(f"{PROF}.features_used", "the configuration domain (valid and refused)")
+def _features_used() -> Iterator[Case]:
+    for cfg in (*configs(), *refused_configs()):
+        yield (cfg,)
+
+
+@contract(f"{PROF}.unsupported_reason", "the configuration domain (valid and refused)")
+def _unsupported_reason() -> Iterator[Case]:
+    yield from _features_used()
+
+
+@contract(f"{PROF}.unmodelled_v016_rules", "the configuration domain (valid and refused)")
+def _unmodelled_v016() -> Iterator[Case]:
+    yield from _features_used()
+
+
+@contract(f"{PROF}.unmodelled_cp_rules", "the configuration domain (valid and refused)")
+def _unmodelled_cp() -> Iterator[Case]:
+    yield from _features_used()
+
+
+@contract("kvspec.partial_hits.partial_hash_hits_enabled", "the configuration domain (valid and refused)")
+def _partial_hash_hits_enabled() -> Iterator[Case]:
+    yield from _features_used()
+
+
+@contract("kvspec.kv_cache_coordinator.make_coordinator", "every valid configuration of the domain")
+def _make_coordinator() -> Iterator[Case]:
+    for cfg in configs():
+        yield (cfg,)

@@ -1,0 +1,224 @@
+"""Zoo entries the safety oracles must kill on their own: KV served for another prefix, loads raced.
+
+Each entry is planted into kvimpl like the others (one method replaced on one
+instance, or a request re-hashed on the caller side) and is hunted at the
+safety level (``level="safety"``): the mutant runs *alone* under
+:mod:`kvref.safety`, with no reference to compare with, so only the content
+and in-flight oracles can kill it (and the mutant's own invariants, which
+these faults keep). Upstream numbers name the defect each one re-plants, or
+the class it belongs to.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from kvref.adapters.impl import ImplAdapter
+from kvspec.config import ChunkedLocal, KVCacheConfig, Mamba, SlidingWindow
+from kvspec.hashing import get_hash_fn_by_name, none_hash
+from kvspec.request import Request
+from kvtools.zoo.base import bound_args, entry, mutant, patch
+from kvtools.zoo.hashing import _RehashingAdapter
+
+SAFETY = "safety"
+
+
+def _frees_one_block_early(config: KVCacheConfig, name: str, kind: type) -> ImplAdapter:
+    m = mutant(config, name)
+    for mgr, k in zip(m.coordinator.managers, config.manager_groups(), strict=True):
+        if isinstance(k, kind):
+            orig = mgr.remove_skipped_blocks
+
+            def remove_skipped_blocks(rid: str, total: int, orig: Any = orig, bs: int = k.block_size) -> None:
+                orig(rid, total + bs)
+
+            patch(mgr, "remove_skipped_blocks", remove_skipped_blocks)
+    return m
+
+
+@entry(
+    "vllm#47728 (class)",
+    "a sliding-window group frees the block its window still reads (counted one block ahead of the computed "
+    "tokens, as an optimistic count does)",
+    "safety (content): the next step reads the null block inside its window",
+    level=SAFETY,
+)
+def swa_frees_in_window(config: KVCacheConfig) -> ImplAdapter:
+    """Sliding-window skipping counted one block ahead."""
+    return _frees_one_block_early(config, "swa_frees_in_window", SlidingWindow)
+
+
+@entry(
+    "vllm#47728 (class)",
+    "a chunked-local group frees blocks of the chunk its next token still reads",
+    "safety (content): the next step reads the null block inside its chunk",
+    level=SAFETY,
+)
+def chunked_frees_current_chunk(config: KVCacheConfig) -> ImplAdapter:
+    """Chunked-local skipping counted one block ahead."""
+    return _frees_one_block_early(config, "chunked_frees_current_chunk", ChunkedLocal)
+
+
+@entry(
+    "nano-vllm block_manager (class)",
+    "the cache caches every full block its table covers, the tokens the step has not computed yet too, so a "
+    "chunked prefill publishes blocks before their KV is written",
+    "safety (content): another request's hit reads a slot never written",
+    level=SAFETY,
+)
+def cache_beyond_computed(config: KVCacheConfig) -> ImplAdapter:
+    """allocate_slots caches as far as the table reaches."""
+    m = mutant(config, "cache_beyond_computed")
+    orig = m.allocate_slots
+
+    def allocate_slots(*args: Any, **kwargs: Any) -> Any:
+        out = orig(*args, **kwargs)
+        a = bound_args(orig, args, kwargs)
+        request: Request = a["request"]
+        if out is not None and m.enable_caching and not a["delay_cache_blocks"] and len(config.groups) == 1:
+            reach = len(m.get_block_ids(request.request_id)[0]) * config.manager_groups()[0].block_size
+            m.cache_blocks(request, min(request.num_tokens, reach))
+        return out
+
+    patch(m, "allocate_slots", allocate_slots)
+    return m
+
+
+@entry(
+    "vllm#32255 (class)",
+    "delay_cache_blocks is ignored: the destinations of an asynchronous connector load are cached at admission, "
+    "before the load has filled them",
+    "safety (inflight): another request's lookup hits a block the load still fills",
+    level=SAFETY,
+)
+def cache_before_load(config: KVCacheConfig) -> ImplAdapter:
+    """Loaded blocks cached before their load ends."""
+    m = mutant(config, "cache_before_load")
+    orig = m.allocate_slots
+
+    def allocate_slots(*args: Any, **kwargs: Any) -> Any:
+        a = bound_args(orig, args, kwargs)
+        a["delay_cache_blocks"] = False
+        return orig(**a)
+
+    patch(m, "allocate_slots", allocate_slots)
+    return m
+
+
+@entry(
+    "vllm#47373 (class)",
+    "the zeroing list also names the prefix-hit blocks an admission adopted, so the worker zeroes cached KV "
+    "another request still reads",
+    "safety (content): a later step or hit reads zeroed slots (configurations with a Mamba group zero)",
+    level=SAFETY,
+)
+def hit_blocks_listed_for_zeroing(config: KVCacheConfig) -> ImplAdapter:
+    """Adopted hit blocks join the zeroing list."""
+    m = mutant(config, "hit_blocks_listed_for_zeroing")
+    orig_alloc, orig_take = m.allocate_slots, m.take_new_block_ids
+    adopted: list[int] = []
+
+    def allocate_slots(*args: Any, **kwargs: Any) -> Any:
+        out = orig_alloc(*args, **kwargs)
+        hits = bound_args(orig_alloc, args, kwargs)["new_computed_blocks"]
+        if out is not None and hits:
+            adopted.extend(b for group in hits for b in group if b)
+        return out
+
+    def take_new_block_ids() -> Any:
+        out = list(orig_take()) + adopted
+        adopted.clear()
+        return out
+
+    patch(m, "allocate_slots", allocate_slots)
+    patch(m, "take_new_block_ids", take_new_block_ids)
+    return m
+
+
+@entry(
+    "nano-vllm block_manager (class)",
+    "a block's hash leaves out its parent's (each block is keyed by its own tokens and extra keys), so equal "
+    "blocks after different prefixes share a cache entry",
+    "safety (content): a hit serves a block computed after another prefix",
+    level=SAFETY,
+)
+def unchained_block_hash(config: KVCacheConfig) -> ImplAdapter:
+    """Every block hashed as if it were the first."""
+    base = get_hash_fn_by_name(config.hash_function)
+    root = none_hash(base, config.hash_seed)
+
+    def fn(obj: Any) -> bytes:
+        if isinstance(obj, tuple) and len(obj) == 3:
+            obj = (root, obj[1], obj[2])
+        return base(obj)
+
+    return _RehashingAdapter(config, "unchained_block_hash", fn, root)
+
+
+@entry(
+    "vllm#34616",
+    "after a connector load the computed tokens are counted in whole blocks: the blocks up to the next block "
+    "boundary past the loaded tokens are cached too, before their last positions are computed",
+    "safety (content): another request's hit reads slots never written",
+    level=SAFETY,
+)
+def load_caches_whole_blocks(config: KVCacheConfig) -> ImplAdapter:
+    """``cache_blocks`` rounds the computed tokens up to a block."""
+    m = mutant(config, "load_caches_whole_blocks")
+    orig = m.cache_blocks
+    bs = config.manager_groups()[0].block_size
+
+    def cache_blocks(request: Request, num_computed_tokens: int) -> None:
+        reach = len(m.get_block_ids(request.request_id)[0]) * bs
+        orig(request, min(-(-num_computed_tokens // bs) * bs, request.num_tokens, reach))
+
+    patch(m, "cache_blocks", cache_blocks)
+    return m
+
+
+@entry(
+    "vllm#47728 (class)",
+    "a sliding-window hit comes back with its last block replaced by the null block, which the first step then "
+    "reads inside its window",
+    "safety (content): the step reads the null block inside its window",
+    level=SAFETY,
+)
+def swa_hit_nulls_window_block(config: KVCacheConfig) -> ImplAdapter:
+    """The last block of every sliding-window hit list nulled."""
+    m = mutant(config, "swa_hit_nulls_window_block")
+    orig = m.get_computed_blocks
+
+    def get_computed_blocks(request: Request) -> Any:
+        blocks, n = orig(request)
+        kinds = config.manager_groups()
+        out = tuple(
+            (*g[:-1], 0) if isinstance(k, SlidingWindow) and g and g[-1] else g
+            for k, g in zip(kinds, blocks, strict=True)
+        )
+        return out, n
+
+    patch(m, "get_computed_blocks", get_computed_blocks)
+    return m
+
+
+@entry(
+    "vllm#47373 (class)",
+    "after a connector load failed part-way, the blocks listed for zeroing again start one block before the "
+    "first token the load did not deliver, so the worker zeroes the last valid block, which is cached",
+    "safety (content): the request's next step, or a hit of another request, reads zeroed slots (configurations "
+    "with a Mamba group zero; vLLM 0.26.0 on)",
+    level=SAFETY,
+    semantics="vllm-0.34.0",
+)
+def failed_load_zeroes_valid_block(config: KVCacheConfig) -> ImplAdapter:
+    """record_blocks_for_zeroing starts one block early."""
+    m = mutant(config, "failed_load_zeroes_valid_block")
+    orig = m.record_blocks_for_zeroing
+    bs = math.lcm(*(k.block_size for k in config.manager_groups() if not isinstance(k, Mamba)))
+
+    def record_blocks_for_zeroing(request_id: str, start_token: int) -> None:
+        orig(request_id, max(0, start_token - bs) if start_token % bs == 0 else start_token)
+
+    patch(m, "record_blocks_for_zeroing", record_blocks_for_zeroing)
+    return m
