@@ -26,6 +26,7 @@ from kvref.cli import build_parser, campaign, fuzz
 from kvref.cli.campaign import Worker, WorkerResult
 from kvref.exits import InputError
 from kvspec.config import KVCacheConfig
+from kvtools.processes import processes_naming
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -111,6 +112,8 @@ def _campaign(env: dict[str, str], venvs: list[Path], url: str, out: Path, budge
     assert (out / campaign.SUMMARY).exists(), (done.stdout, done.stderr)
     summary: dict[str, Any] = json.loads((out / campaign.SUMMARY).read_text())
     assert summary["exit"] == done.returncode, (done.stdout, done.stderr)
+    left = processes_naming(out)
+    assert not left, f"processes of the campaign outlived it: {left}"
     print(done.stdout)
     return summary
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kvref.cli import build_parser, fuzz
+from kvtools.processes import processes_naming
 
 FAULT = "kvtools.zoo:unhashed_freed_to_tail"
 """A planted fault the machine finds in its first few steps (docs/reports/bug-zoo.md)."""
@@ -32,6 +34,8 @@ def test_fuzz_saves_a_trace_for_a_planted_fault(tmp_path: Path) -> None:
     header = json.loads(traces[0].read_text().splitlines()[0])
     assert header["format"] == "kvref-trace" and header["failure"]
     assert f"kvref replay {traces[0]}" in done.stdout
+    left = processes_naming(out)
+    assert not left, f"fuzzer processes outlived kvref fuzz: {left}"
 
 
 def _args(out: Path, budget: float) -> Any:
@@ -68,3 +72,27 @@ def test_progress_adds_up_every_process(tmp_path: Path) -> None:
     (tmp_path / "2.json").write_text(json.dumps({"runs": 5, "steps": 70}))
     (tmp_path / "3.json").write_text("{")  # being rewritten
     assert fuzz.read_progress(tmp_path) == (7, 100)
+
+
+def test_stopping_the_fuzzer_stops_its_whole_process_group(tmp_path: Path) -> None:
+    """HypoFuzz's worker processes outlive their parent when only the parent is
+    stopped (they went on fuzzing through a whole CI run); ``stop_process_group``
+    stops the parent and every process it started."""
+    marker = tmp_path / "grandchild-marker"
+    child = f"import time; time.sleep(600)  # {marker}"
+    parent = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(600)"
+    proc = subprocess.Popen([sys.executable, "-c", parent], start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not processes_naming(marker, settle_s=0) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_naming(marker, settle_s=0), "the grandchild did not start"
+    fuzz.stop_process_group(proc, grace_s=5)
+    assert proc.returncode is not None
+    assert not processes_naming(marker), "a process of the group outlived stop_process_group"
+
+
+def test_stopping_a_group_that_is_gone_is_no_error() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    proc.wait()
+    fuzz.stop_process_group(proc, grace_s=1)
+    assert proc.returncode == 0

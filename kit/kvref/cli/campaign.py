@@ -53,6 +53,10 @@ PROBE_TIMEOUT_S = 300.0
 HANG_GUARD_S = 300.0
 """Seconds past the budget after which a worker that has not exited is killed
 (``kvref fuzz`` stops its fuzzer at the budget and waits at most 30 s for it)."""
+WORKER_GRACE_S = 2 * fuzz.GROUP_GRACE_S
+"""Seconds a worker has, after SIGTERM, to stop its own fuzzer's process group
+(``kvref fuzz`` waits up to :data:`kvref.cli.fuzz.GROUP_GRACE_S` for it) before
+the worker's group is killed."""
 PROBE = """\
 import json, sys
 try:
@@ -341,7 +345,7 @@ def _run_workers(workers: list[Worker], args: argparse.Namespace, out: Path) -> 
             ]  # fmt: skip
             with (folder / "worker.log").open("wb") as log:
                 try:
-                    procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+                    procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
                     problems.append(None)
                 except OSError as exc:
                     procs.append(None)
@@ -355,18 +359,13 @@ def _run_workers(workers: list[Worker], args: argparse.Namespace, out: Path) -> 
             try:
                 exits.append((proc.wait(timeout=max(0.0, deadline - time.monotonic())), None))
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                fuzz.stop_process_group(proc, WORKER_GRACE_S)
                 exits.append((None, f"it ran {HANG_GUARD_S:.0f} s past the budget and was killed"))
         return exits
     finally:
         for proc in procs:
-            if proc is not None and proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            if proc is not None:
+                fuzz.stop_process_group(proc, WORKER_GRACE_S)
 
 
 def _version(name: str) -> str | None:

@@ -42,12 +42,16 @@ failure found again, or shrunk, is still one file.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +94,45 @@ def add_parser(sub: Any) -> None:
     fuzz.set_defaults(run=run)
 
 
+GROUP_GRACE_S = 30.0
+"""Seconds a stopped process group has to exit after SIGTERM before SIGKILL."""
+
+
+def stop_process_group(proc: subprocess.Popen[Any], grace_s: float = GROUP_GRACE_S) -> None:
+    """Stop ``proc``, started with ``start_new_session=True``, and every process
+    of its group: SIGTERM, up to ``grace_s`` seconds for the leader to exit, then
+    SIGKILL to whatever of the group is left (worker processes whose parent has
+    exited included). A group already gone is no error."""
+    try:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=grace_s)
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+@contextlib.contextmanager
+def _terminate_as_exit() -> Iterator[None]:
+    """Within the block, SIGTERM raises ``SystemExit(143)`` so that the caller's
+    ``finally`` clauses run (``kvref campaign`` stops its workers with SIGTERM);
+    outside the main thread, where no handler can be set, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def exit_on_term(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run(args: argparse.Namespace) -> int:
     """Fuzz until the budget ends; 1 when a failure was saved, 0 when none, 2
     without HypoFuzz or when the fuzzer ran nothing or stopped early for no failure.
@@ -120,16 +163,19 @@ def run(args: argparse.Namespace) -> int:
            str(out / "test_kvref_fuzz.py"), "-p", "no:cacheprovider", "-q"]  # fmt: skip
     start = time.monotonic()
     stopped_by_us = False
-    with (out / "fuzz.log").open("w") as log, subprocess.Popen(cmd, env=env, cwd=out, stdout=log, stderr=log) as proc:
+    # The fuzzer runs in a process group of its own: HypoFuzz's worker processes outlive their
+    # parent when only it is stopped, and went on fuzzing for as long as the machine ran.
+    with (
+        (out / "fuzz.log").open("w") as log,
+        subprocess.Popen(cmd, env=env, cwd=out, stdout=log, stderr=log, start_new_session=True) as proc,
+        _terminate_as_exit(),
+    ):
         try:
             proc.wait(timeout=args.budget)
         except subprocess.TimeoutExpired:
             stopped_by_us = True
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        finally:
+            stop_process_group(proc)
     new = sorted(p for p in out.glob("fuzz-*.jsonl") if before.get(p) != p.read_text())
     seconds = time.monotonic() - start
     counts = read_counts(progress)
