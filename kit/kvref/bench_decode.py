@@ -44,15 +44,11 @@ def workload(mix: str, running: int) -> Workload:
     return Workload(num_blocks=max(8192, running * 64), mix=mix, prompt_len=(100, 300), max_running=running)
 
 
-def run_once(
-    name: str, mix: str, running: int, steps: int, clock: Callable[[], float] = time.thread_time
-) -> tuple[float, float, list[Any]]:
-    """Seconds per request-step of one engine in the allocation and the
-    advancing phase (each region's clock-pair overhead subtracted), and its
-    per-step results."""
-    w = workload(mix, running)
-    engine: Any = available_engines(w.config())[name]()
-    rng = random.Random(0)
+def start_decode(engine: Any, name: str, running: int, rng: random.Random) -> tuple[list[str], dict[str, int]]:
+    """Add ``running`` requests (``r0``, ``r1``, ...) with prompts of 100-300
+    random tokens, admit them all and advance each by its first decoded token:
+    the request ids and each one's computed tokens. A pool too small for them
+    all stops the benchmark with a message naming ``name``."""
     rids = [f"r{i}" for i in range(running)]
     prompts = {rid: [rng.randrange(32000) for _ in range(rng.randint(100, 300))] for rid in rids}
     for rid in rids:
@@ -65,6 +61,19 @@ def run_once(
     first = [(rid, computed[rid], computed[rid], rng.randrange(32000)) for rid in rids]
     engine.prepare_advance(first)
     engine.advance(first)
+    return rids, computed
+
+
+def run_once(
+    name: str, mix: str, running: int, steps: int, clock: Callable[[], float] = time.thread_time
+) -> tuple[float, float, list[Any]]:
+    """Seconds per request-step of one engine in the allocation and the
+    advancing phase (each region's clock-pair overhead subtracted), and its
+    per-step results."""
+    w = workload(mix, running)
+    engine: Any = available_engines(w.config())[name]()
+    rng = random.Random(0)
+    rids, computed = start_decode(engine, name, running, rng)
     overhead = clock_overhead(clock) * steps
     if getattr(engine, "api", None) == "array":
         return run_array(engine, rids, rng, steps, clock, overhead)

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvref.bench import Workload
-from kvref.bench_decode import workload
+from kvref.bench_decode import start_decode, workload
 from kvref.bench_engines import ImplEngine
 
 ENGINES: tuple[tuple[str, bool, str], ...] = (
@@ -144,18 +144,7 @@ def run_once(
     torch = bt._torch
     sync: Callable[[], None] = torch.cuda.synchronize if bt.device.type == "cuda" else (lambda: None)
     rng = random.Random(0)
-    rids = [f"r{i}" for i in range(running)]
-    prompts = {rid: [rng.randrange(32000) for _ in range(rng.randint(100, 300))] for rid in rids}
-    for rid in rids:
-        engine.add(rid, prompts[rid])
-    engine.step()
-    admitted = engine.admit(rids, lambda rid, hit: len(prompts[rid]) - hit)
-    if len(admitted) < running or admitted[-1][2] is None:
-        raise SystemExit(f"{name}: the pool is too small for {running} requests")
-    computed = {rid: hit + n for rid, (hit, n, _) in zip(rids, admitted, strict=True)}
-    first = [(rid, computed[rid], computed[rid], rng.randrange(32000)) for rid in rids]
-    engine.prepare_advance(first)
-    engine.advance(first)
+    rids, computed = start_decode(engine, name, running, rng)
     worker = WorkerTables(w, bt.device, running) if with_worker else None
     bt.sync()
     if worker is not None:

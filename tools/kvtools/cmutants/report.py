@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import tomllib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,28 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from kvtools.cmutants.generate import OPERATORS, Mutant
+from kvtools.mutants.report import Triage, load_triage
 
 TRIAGE = Path(__file__).resolve().parents[1] / "cmutants_triage.toml"
 KILLED = ("killed", "timeout")
 STATUSES = ("killed", "timeout", "survived", "invalid", "error")
 Z95 = 1.959964
 
-
-@dataclass(frozen=True)
-class Triage:
-    """Mutants judged equivalent (id -> reason), known gaps (id -> the situation not produced), notes."""
-
-    equivalent: dict[str, str]
-    gaps: dict[str, str]
-    notes: str = ""
-
-
-def load_triage(path: Path) -> Triage:
-    """The triage file (missing: nothing triaged)."""
-    if not path.exists():
-        return Triage({}, {}, "")
-    data = tomllib.loads(path.read_text())
-    return Triage(dict(data.get("equivalent", {})), dict(data.get("gap", {})), str(data.get("notes", "")))
 
 
 def classify(record: dict[str, Any], mutant_id: str, triage: Triage) -> str:
