@@ -233,3 +233,19 @@ def test_the_report_counts_triages_and_flags_stale_entries(tmp_path: Path) -> No
     assert f"`{a[0].id}`: now killed (drop it from the triage file)" in text
     assert "**untriaged**" in text and "never read" in text
     assert data["summary"]["classes"] == {"equivalent": 1, "invalid": 1, "killed": 1, "untriaged": 1}
+
+
+def test_every_triaged_id_names_a_mutant_of_the_current_sources() -> None:
+    """A triage entry keyed by file:line:col:operator goes stale when its file
+    is edited above it (a line moves); an id that no longer names a mutant is
+    caught here (one that moved onto another mutant of the same operator is
+    not: re-read the entries of a file whenever its mutants are hunted again)."""
+    import tomllib  # noqa: PLC0415 - this test only
+
+    from kvtools.cmutants.report import TRIAGE  # noqa: PLC0415 - this test only
+
+    data = tomllib.loads(TRIAGE.read_text())
+    ids = {m.id for path in sorted(SOURCES.glob("*.c")) for m in mutants(path)}
+    entries = [k for section in ("equivalent", "gap") for k in data.get(section, {})]
+    assert entries
+    assert [k for k in entries if k not in ids] == []
