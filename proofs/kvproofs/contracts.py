@@ -163,7 +163,6 @@ CROSSHAIR: dict[str, Bound] = {
     f"{STM}.num_skipped_tokens": Bound(),
     f"{STM}.reachable_block_mask": Bound("end <= 6 and alignment <= 8 and kind.block_size <= 4"),
     f"{STM}.common_prefix_length": Bound("len(table) <= 3 and len(tables) <= 2 and all(len(t) <= 3 for t in tables)"),
-    f"{STM}.num_sink_blocks": Bound("kind.block_size <= 16 and kind.sink_len <= 64"),
     f"{STM}.trim_null_head": Bound("len(table) <= 4"),
     f"{STM}.mamba_align_new_blocks": Bound(),
     f"{STM}.records_new_block_ids": Bound(),
