@@ -744,3 +744,37 @@ def test_first_unfitted_is_the_first_position_that_did_not_fit() -> None:
     handles = array("i", [manager.handle("a"), manager.handle("b")])
     counts, ids, first_unfitted = manager.allocate_slots_array(handles, array("i", [1, 1]))
     assert (list(counts), list(ids), first_unfitted) == ([-1, -1], [], 0)
+
+
+@needs_build
+@pytest.mark.parametrize("hbs, seed", [(0, b"s" * 32), (-1, b"s" * 32), (4, b""), (4, b"s" * 33)])
+def test_a_c_request_refuses_a_bad_block_size_or_seed(hbs: int, seed: bytes) -> None:
+    """kvimpl's C request refuses a hash block size below 1 and a seed digest outside 1-32 bytes
+    (kvimpl's hasher never makes one; a direct construction can)."""
+    mod = native.native_module()
+    assert mod is not None
+    with pytest.raises(ValueError, match="hash_block_size must be >= 1"):
+        mod.Request("r", [1, 2, 3], hbs, seed, None, False, None, False)
+
+
+@needs_build
+def test_host_rows_of_gives_each_handles_row() -> None:
+    """``host_rows_of`` (the array API's rows for a step's slot mapping) gives the host-table row of each
+    handle, in the handles' order, and refuses a handle without a row and a buffer that is not int32."""
+    from kvimpl.device_tables import CPU_COPY  # noqa: PLC0415 - needs torch, as the device tables do
+
+    pytest.importorskip("torch")
+    config = KVCacheConfig(num_blocks=64, groups=(FullAttention(4),), max_model_len=64, profile=VLLM_0_33_0)
+    mgr = NativeKVCacheManager(config, CPU_COPY)
+    hasher = RequestHasher.for_config(config, native=True)
+    for i in range(3):
+        req = hasher.new_request(f"r{i}", [i + 1] * 5)
+        assert mgr.allocate_slots(req, 5) is not None
+    mgr.free("r0")
+    rows = mgr.device_tables.rows
+    handles = array("i", [mgr.handle("r2"), mgr.handle("r1")])
+    assert list(mgr.host_rows_of(handles)) == [rows["r2"], rows["r1"]] != [rows["r1"], rows["r2"]]
+    with pytest.raises(UnknownRequestError):
+        mgr.host_rows_of(array("i", [handles[0], 99]))
+    with pytest.raises(TypeError):
+        mgr.host_rows_of(array("q", [handles[0]]))
