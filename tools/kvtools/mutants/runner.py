@@ -317,7 +317,8 @@ def shrink_child(shape: str, failure_dir: Path, mutated: Path) -> int:
     except LockstepFailure as exc:
         path = exc.trace_path
         ops = len(path.read_text().splitlines()) - 1 if path and path.exists() else None
-        print(json.dumps({"shrunk_trace_ops": ops, "shrunk_trace": str(path) if path else None}))
+        where = None if path is None else str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
+        print(json.dumps({"shrunk_trace_ops": ops, "shrunk_trace": where}))  # repository-relative in the report
         return 0
     print(json.dumps({"shrink": "the lockstep run did not fail again outside mutmut"}))
     return 1
