@@ -79,13 +79,19 @@ class InvalidRules(InvalidInputs):
             op["new_computed_blocks"] = found["blocks"]
         self._call(op, expect_unchanged=True)
 
+    def _fresh_waiting(self) -> str | None:
+        """The first waiting request when none of it is computed yet (the invalid
+        first allocations start from it); else None."""
+        if not self.waiting:
+            return None
+        rid = self.waiting[0]
+        return None if self.reqs[rid].computed else rid
+
     def _stale_hit(self) -> None:
         """Hits evicted between lookup and allocation must be rejected (only
         where ``evict_blocks`` runs: without it the hit stays valid)."""
-        if not self.waiting or not self._allowed("op:evict_blocks"):
-            return
-        rid = self.waiting[0]
-        if self.reqs[rid].computed:
+        rid = self._fresh_waiting()
+        if rid is None or not self._allowed("op:evict_blocks"):
             return
         found = self._lookup(rid)
         if found is None:
@@ -104,10 +110,8 @@ class InvalidRules(InvalidInputs):
         block in a full-attention hit, or one block more than the hit tokens
         take (each is a typed error on every side, nothing changed)."""
         cfg = self.cfg
-        if not self.waiting:
-            return
-        rid = self.waiting[0]
-        if self.reqs[rid].computed:
+        rid = self._fresh_waiting()
+        if rid is None:
             return
         hits: list[list[int]] = [[] for _ in cfg.groups]
         n_hit = 0
@@ -145,10 +149,8 @@ class InvalidRules(InvalidInputs):
 
     def _foreign_group_hit(self, data: st.DataObject) -> None:
         """A hit list carrying a block of another group must be rejected."""
-        if not self.waiting or len(self.cfg.groups) < 2:
-            return
-        rid = self.waiting[0]
-        if self.reqs[rid].computed:
+        rid = self._fresh_waiting()
+        if rid is None or len(self.cfg.groups) < 2:
             return
         found = self._lookup(rid)
         if found is None:
