@@ -411,6 +411,9 @@ done:
     a->has_sched = truth(v[10], 1);
     if (a->delay < 0 || a->fsmf < 0 || a->has_sched < 0)
         goto fail;
+    /* the hashes caching will read, before anything changes (a batch too) */
+    if (c->caching && !a->delay && rv_check_digests(c, rv) < 0)
+        goto fail;
     return 0;
 fail:
     hits_clear(ha);

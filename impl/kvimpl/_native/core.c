@@ -560,9 +560,10 @@ int group_cache(Core *c, Py_ssize_t slot, int g, ReqView *rv, Py_ssize_t num_tok
     IVec *stored = &c->ev_stored_idx;
     stored->n = 0;
     /* Prefetch pass (pool_prefetch_cache): same blocks as the loop below,
-     * only for a C request whose hashes are at hand; it changes nothing and
-     * reports nothing (the loop below does the checks and raises). */
-    if (rv->nat && rv->nat->dlen == c->dlen) {
+     * only for a C request, whose hashes are at hand (coord_cache checked
+     * their length); it changes nothing and reports nothing (the loop below
+     * does the checks and raises). */
+    if (rv->nat) {
         Py_ssize_t end = num_full < t->len ? num_full : t->len;
         for (Py_ssize_t i = num_cached; i < end; i++) {
             int32_t b = t->b[i];
@@ -610,6 +611,8 @@ int group_cache(Core *c, Py_ssize_t slot, int g, ReqView *rv, Py_ssize_t num_tok
 }
 
 int coord_cache(Core *c, Py_ssize_t slot, ReqView *rv, Py_ssize_t num_tokens) {
+    if (rv_check_digests(c, rv) < 0)
+        return -1;
     if (c->coord != C_HYBRID) {
         for (int g = 0; g < c->G; g++)
             if (group_cache(c, slot, g, rv, num_tokens) < 0)

@@ -249,6 +249,7 @@ typedef struct {
 int rv_read(ReqView *rv, PyObject *obj, int need_hashes);
 void rv_clear(ReqView *rv);
 const uint8_t *rv_hash(Core *c, ReqView *rv, Py_ssize_t i); /* NULL with an error set */
+int rv_check_digests(Core *c, ReqView *rv); /* -1 with an error set */
 int rv_check(PyObject *obj); /* is it a request the core accepts? */
 Py_ssize_t rv_num_hashes(ReqView *rv);
 

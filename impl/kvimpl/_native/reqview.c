@@ -164,7 +164,7 @@ const uint8_t *rv_hash(Core *c, ReqView *rv, Py_ssize_t i) {
     }
     if (rv->nat) {
         if (rv->nat->dlen != c->dlen) {
-            PyErr_Format(PyExc_ValueError, "request %R holds %d-byte hashes; this manager's hash function gives %d",
+            PyErr_Format(G_.InvalidRequestError, "request %R holds %d-byte hashes; this manager's hash function gives %d",
                          rv->rid, rv->nat->dlen, c->dlen);
             return NULL;
         }
@@ -172,11 +172,36 @@ const uint8_t *rv_hash(Core *c, ReqView *rv, Py_ssize_t i) {
     }
     PyObject *h = PySequence_Fast_GET_ITEM(rv->hseq, i);
     if (!PyBytes_Check(h) || PyBytes_GET_SIZE(h) != c->dlen) {
-        PyErr_Format(PyExc_ValueError, "block hash %zd of request %R is %R, expected %d bytes", i, rv->rid, h,
+        PyErr_Format(G_.InvalidRequestError, "block hash %zd of request %R is %R, expected %d bytes", i, rv->rid, h,
                      c->dlen);
         return NULL;
     }
     return (const uint8_t *)PyBytes_AS_STRING(h);
+}
+
+/* Whether every hash of the request has the core's digest length; -1 with
+ * InvalidRequestError if not. Called before an operation that caches changes
+ * anything, so that a request hashed under another hash function is refused
+ * whole instead of after its blocks were allocated or partly cached. */
+int rv_check_digests(Core *c, ReqView *rv) {
+    if (rv->nat) {
+        if (rv->nat->dlen == c->dlen)
+            return 0;
+        PyErr_Format(G_.InvalidRequestError, "request %R holds %d-byte hashes; this manager's hash function gives %d",
+                     rv->rid, rv->nat->dlen, c->dlen);
+        return -1;
+    }
+    if (!rv->hseq && rv_need_hashes(rv) < 0)
+        return -1;
+    for (Py_ssize_t i = 0; i < rv->nhash; i++) {
+        PyObject *h = PySequence_Fast_GET_ITEM(rv->hseq, i);
+        if (!PyBytes_Check(h) || PyBytes_GET_SIZE(h) != c->dlen) {
+            PyErr_Format(G_.InvalidRequestError, "block hash %zd of request %R is %R, expected %d bytes", i, rv->rid,
+                         h, c->dlen);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 /* Number of hashes (reading them for a generic value if needed); -1 on error. */

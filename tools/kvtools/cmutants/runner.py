@@ -79,6 +79,7 @@ RESULTS = ROOT / "docs" / "reports" / "cmutants.json"
 MARKDOWN = ROOT / "docs" / "reports" / "cmutants.md"
 FAST_TESTS = (
     "tests/impl/test_native.py",
+    "tests/impl/test_native_directed.py",
     "tests/impl/test_every_operation.py",
     "tests/impl/test_validation.py",
     "tests/impl/test_block_table.py",
