@@ -36,6 +36,20 @@ else
         --semantics "$NEWEST"
 fi
 
+# The production scheduler paths: vLLM's asynchronous scheduling (steps in
+# flight, output placeholders, rejected drafts, fenced frees): the spec against
+# the newest real vLLM, then kvimpl (both builds) against the spec with the
+# safety oracles after the comparison (--level all; registered vLLM safety
+# defects are named, anything else fails).
+if [[ -x "$NEWEST_VENV/bin/kvref" ]] && vllm_in "$NEWEST_VENV/bin/python"; then
+    timed "lockstep (spec vs vllm $NEWEST, asynchronous scheduling)" "$NEWEST_VENV/bin/kvref" check --target spec \
+        --against vllm --profile ci --seed 0 --async-scheduling
+fi
+timed "lockstep (impl vs spec, $NEWEST, asynchronous scheduling, conformance and safety)" kvref check \
+    --target impl --against spec --profile ci --seed 0 --semantics "$NEWEST" --async-scheduling --level all
+KVREF_NATIVE=0 timed "lockstep (impl vs spec, $NEWEST, pure Python, asynchronous scheduling, conformance and safety)" \
+    kvref check --target impl --against spec --profile ci --seed 0 --semantics "$NEWEST" --async-scheduling --level all
+
 # kvimpl against kvspec: identical outputs and views at every step, under
 # every profile kvimpl follows (--target impl: the native core where it
 # implements the configuration; releases that share their switches run once,

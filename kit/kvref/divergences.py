@@ -219,13 +219,25 @@ def _second_full(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, p
 
 
 def _swa_eagle(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> bool:
-    if op["op"] != "get_computed_blocks" or "blocks" not in vllm_out or "blocks" not in spec_out:
+    """A shorter hit from vLLM's sliding-window finder under EAGLE: in a lookup, or (vLLM 0.34.0 on)
+    in ``get_num_cached_tokens``, which runs the same finder and answers its length."""
+    if op["op"] == "get_num_cached_tokens":
+        if not (_is_count(vllm_out) and _is_count(spec_out)):
+            return False
+        mine, spec = vllm_out, spec_out
+    elif op["op"] == "get_computed_blocks" and "blocks" in vllm_out and "blocks" in spec_out:
+        mine, spec = vllm_out["num_tokens"], spec_out["num_tokens"]
+    else:
         return False
     eagle, sched = cfg.eagle_group_ids(), cfg.scheduler_block_size
     swa_eagle = any(
         isinstance(k, SlidingWindow) and g in eagle and k.block_size != sched for g, k in enumerate(cfg.groups)
     )
-    return swa_eagle and spec_out["num_tokens"] > vllm_out["num_tokens"]
+    return swa_eagle and spec > mine
+
+
+def _is_count(out: Json) -> bool:
+    return isinstance(out, int) and not isinstance(out, bool)
 
 
 def _swa_eagle_window(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> bool:

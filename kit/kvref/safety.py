@@ -52,7 +52,7 @@ from kvref.content import (
 )
 from kvref.divergences import release_key
 from kvref.ops import REQUEST_OPS, STEP_EVENTS, RequestBook, execute
-from kvref.safety_defects import EARLY_FREE, LOAD_ZEROING
+from kvref.safety_defects import EARLY_FREE, FAILED_LOAD_WINDOW, LOAD_ZEROING
 from kvref.traces import Trace
 from kvspec.config import KVCacheConfig, Mamba
 from kvspec.view import KVView
@@ -96,6 +96,9 @@ class StepEntry:
     tables: Tables
     drafts: tuple[int, ...] = ()
     """Draft tokens of the positions past the request's tokens (speculative decoding)."""
+    failed_skips: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    """The request's null entries its failed connector load left when the step was scheduled:
+    (group, table index) -> (the load's end, the valid prefix); see ``SafetyMonitor.failed_skips``."""
 
 
 @dataclass
@@ -170,6 +173,13 @@ class SafetyMonitor:
         (a release before vLLM 0.26.0 frees on the computed tokens, steps in flight included):
         (request, group, table index) -> (block, the step that freed it), kept until that
         step's output is processed. See :mod:`kvref.safety_defects`."""
+        self.failed_skips: dict[tuple[str, int, int], tuple[int, int]] = {}
+        """Null table entries of a request whose connector load failed part-way, as the failure
+        left them: (request, group, table index) -> (the load's end, the valid prefix). The
+        admission skipped them for the window of the load's end; a step that recomputes from the
+        valid prefix and reads one meets :data:`kvref.safety_defects.FAILED_LOAD_WINDOW`."""
+        self.freed: set[str] = set()
+        """Requests freed since their latest allocation: the next one starts a new table."""
         self.last_tables: dict[str, Tables] = {}
         """Each request's tables after its latest allocation."""
         self.deferred = False
@@ -211,6 +221,7 @@ class SafetyMonitor:
                 self._run_deferred()
         elif name == "cache_blocks" and op["rid"] in self.loads:
             # a load that failed part-way ends with the valid tokens cached: the rest was never written
+            self._failed(self.loads[op["rid"]], op["num_computed_tokens"])
             self._load_done(op["rid"], op["num_computed_tokens"])
         elif name == "remove_skipped_blocks":
             self._removed(op["rid"], op["total_computed_tokens"], view)
@@ -221,6 +232,7 @@ class SafetyMonitor:
             if op["rid"] in self.loads:
                 # the scheduler frees a loading request's blocks once its load has ended (vLLM#32255)
                 self._load_done(op["rid"])
+            self.freed.add(op["rid"])  # its failed-load entries hold for its steps still in flight
 
     # -- the async pipeline's hooks ---------------------------------------
 
@@ -295,6 +307,9 @@ class SafetyMonitor:
     def _allocated(self, op: Json, out: list[list[int]], view: KVView) -> None:
         rid = op["rid"]
         req = self.book.requests[rid]
+        if rid in self.freed:  # a new table: the null entries of a failed load were the old one's
+            self.freed.discard(rid)
+            self.failed_skips = {k: v for k, v in self.failed_skips.items() if k[0] != rid}
         tables = dict(view.tables).get(rid, tuple(() for _ in self.kinds))
         for ids in out:
             for b in ids:
@@ -318,7 +333,8 @@ class SafetyMonitor:
             self._note_early(rid, local + external, req.num_in_flight_tokens, tables)
         self.last_tables[rid] = tables
         if new > 0:
-            entry = StepEntry(rid, local + external, local + external + new, tables)
+            failed = {(g, i): v for (r, g, i), v in self.failed_skips.items() if r == rid}
+            entry = StepEntry(rid, local + external, local + external + new, tables, failed_skips=failed)
             self.open.entries.append(entry)
             if defer:
                 self.deferred = True  # the step runs once the scheduler has handed off its copies
@@ -391,16 +407,19 @@ class SafetyMonitor:
             bs, table, kind = self.contents.block_size(g), entry.tables[g], self.kinds[g]
             where = f"step {step.number}: request {entry.rid}"
             for p in range(entry.start, entry.end):
-                b = self._entry(table, p // bs, f"{where} writes position {p} (group {g})", (entry.rid, g))
+                b = self._entry(table, p // bs, f"{where} writes position {p} (group {g})", (entry.rid, g), entry)
                 self._loading(b, f"{where} writes position {p} into it")
                 self.contents.write(b, g, p % bs, want[p])
                 self.writers.setdefault(want[p], f"request {entry.rid} at position {p}")
             for p in read_span(kind, entry.start, entry.start):
-                b = self._entry(table, p // bs, f"{where} reads position {p} (group {g})", (entry.rid, g))
+                b = self._entry(table, p // bs, f"{where} reads position {p} (group {g})", (entry.rid, g), entry)
                 self._loading(b, f"{where} reads position {p} in it")
                 self._compare(b, g, p, want[p], f"{where} reads block {b} (group {g}) for position {p}")
 
-    def _entry(self, table: Sequence[int], index: int, what: str, at: tuple[str, int] | None = None) -> int:
+    def _entry(
+        self, table: Sequence[int], index: int, what: str, at: tuple[str, int] | None = None,
+        step: StepEntry | None = None,
+    ) -> int:
         """``table[index]``, the block a step uses (``at``: its request and group).
 
         Raises:
@@ -418,6 +437,15 @@ class SafetyMonitor:
                     f"{what}: the table holds the null block there; block {block} was freed while steps in "
                     "flight still read it (freed below the window on the computed tokens, in-flight ones included)",
                     defect=EARLY_FREE,
+                )
+            failed = None if at is None or step is None else step.failed_skips.get((at[1], index))
+            if failed is not None and step is not None:
+                raise SafetyViolation(
+                    "content",
+                    f"{what}: the table holds the null block there, skipped when request {step.rid}'s connector load "
+                    f"was admitted (the window measured from the load's end, {failed[0]} tokens); the load failed "
+                    f"past {failed[1]} tokens and the recomputation from there reads it",
+                    defect=FAILED_LOAD_WINDOW,
                 )
             raise SafetyViolation("content", f"{what}: the table holds the null block there")
         return table[index]
@@ -463,6 +491,16 @@ class SafetyMonitor:
                 if table[p // bs]:
                     self.contents.write(table[p // bs], g, p % bs, want[p])
                     self.writers.setdefault(want[p], f"request {load.rid} at position {p} (connector)")
+
+    def _failed(self, load: Load, valid: int) -> None:
+        """``load`` failed past ``valid`` tokens: remember the request's null entries then."""
+        tables = self.last_tables.get(load.rid)
+        if tables is None or valid >= load.end:
+            return
+        for g in self.checked:
+            for i, b in enumerate(tables[g]):
+                if b == 0:
+                    self.failed_skips[(load.rid, g, i)] = (load.end, valid)
 
     def _load_done(self, rid: str, upto: int | None = None) -> None:
         self._land(self.loads.pop(rid), upto)

@@ -12,7 +12,9 @@ rule, never by a message: for :data:`EARLY_FREE`, the block involved is one
 the allocation freed below the window on the computed tokens while a step in
 flight still read it (:attr:`kvref.safety.SafetyMonitor.early`); for
 :data:`LOAD_ZEROING`, a block ``take_new_block_ids`` lists while a connector
-load fills it, where the release's scheduler does not leave the loads out.
+load fills it, where the release's scheduler does not leave the loads out; for
+:data:`FAILED_LOAD_WINDOW`, a null entry a step reads that was already null when
+the request's connector load failed part-way.
 :func:`registered` then checks that the entry applies to the run's release;
 the lockstep counts the run as meeting a known defect and stops it
 (``kvref check`` lists it among the known divergences as ``safety defect
@@ -33,6 +35,10 @@ EARLY_FREE = "swa-inflight-free"
 LOAD_ZEROING = "load-zeroing"
 """vLLM#47373: a connector load's destinations listed for zeroing (the monitor's rule for a scheduler
 before vLLM 0.26.0, :attr:`kvref.safety.SafetyMonitor.skip_load_zeroing`)."""
+FAILED_LOAD_WINDOW = "swa-failed-load"
+"""A connector load that fails part-way in a one-group model with a sliding or chunked window: the
+recomputation from the valid prefix reads window blocks the admission skipped for the load's end
+(:attr:`kvref.safety.SafetyMonitor.failed_skips`). Not reported upstream when found."""
 REGISTRY = Path(__file__).with_name("safety_defects.toml")
 
 

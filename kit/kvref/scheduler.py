@@ -94,6 +94,12 @@ class ReqState:
         self.status, self.computed, self.preemptions = "PREEMPTED", 0, self.preemptions + 1
 
 
+def allocated(out: Json) -> bool:
+    """Whether an ``allocate_slots`` output is an allocation: not None (it did not fit), nor an
+    error or a crash (an engine run alone may refuse or fail where the reference would not)."""
+    return out is not None and not (isinstance(out, dict) and ("error" in out or "crash" in out))
+
+
 class Scheduler:
     """Queues and request states over one manager (or one lockstep of several).
 
@@ -218,7 +224,7 @@ class Scheduler:
         From vLLM 0.27.0 on, a successful admission that did a prefix lookup
         records it in the statistics (``record_prefix_cache_stats``), as the
         scheduler does."""
-        if self.call(op) is None:
+        if not allocated(self.call(op)):
             return False
         self.hand_off_copies()
         rid = op["rid"]
@@ -241,7 +247,7 @@ class Scheduler:
     def advance(self, rid: str, new: int, lookahead: int = 0) -> bool:
         """A running request's step of ``new`` tokens; False if it did not fit."""
         op = {"op": "allocate_slots", "rid": rid, "num_new_tokens": new, "num_lookahead_tokens": lookahead}
-        if self.call(op) is None:
+        if not allocated(self.call(op)):
             return False
         self.hand_off_copies()
         st = self.reqs[rid]

@@ -15,7 +15,7 @@ import pytest
 from kvref.divergences import explain, load_registry
 from kvref.traces import load
 from kvspec.config import FullAttention, KVCacheConfig, Mamba, SlidingWindow
-from kvspec.profiles import VLLM_0_25_1, VLLM_0_26_0
+from kvspec.profiles import VLLM_0_25_1, VLLM_0_26_0, VLLM_0_34_0
 
 ROOT = Path(__file__).resolve().parents[2]
 LOOKUP = {"op": "get_computed_blocks", "rid": "b"}
@@ -150,3 +150,19 @@ def test_state_trigger_holds_on_its_trace_and_only_where_the_orders_differ() -> 
     roomier = replace(before, free_queue=(7, *before.free_queue))  # FA's connector block is 7, not SWA's hit
     assert explain_state(cfg, op, roomier, 0) is None
     assert explain_state(cfg, {**op, "op": "get_computed_blocks"}, before, 0) is None
+
+
+def test_swa_eagle_fallback_explains_the_probe_of_0_34_0() -> None:
+    """vLLM 0.34.0's ``get_num_cached_tokens`` runs the same finder: a shorter count in a
+    configuration with an EAGLE window group whose block size is not the alignment is explained,
+    a longer one or one in a configuration without such a group is not."""
+    cfg = KVCacheConfig(
+        num_blocks=16, groups=(FullAttention(4), SlidingWindow(2, 6)), max_model_len=32,
+        use_eagle=True, eagle_groups=(1,), profile=VLLM_0_34_0,
+    )  # fmt: skip
+    probe = {"op": "get_num_cached_tokens", "rid": "r1"}
+    assert explain(cfg, probe, 0, 4, False) == "swa-eagle-fallback"
+    assert explain(cfg, probe, 4, 0, False) is None
+    assert explain(cfg, probe, True, 4, False) is None
+    plain = replace(cfg, groups=(FullAttention(4), SlidingWindow(4, 6)))
+    assert explain(plain, probe, 0, 4, False) is None
