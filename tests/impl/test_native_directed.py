@@ -143,3 +143,16 @@ def test_requests_here_are_waiting() -> None:
     """The scenarios above admit fresh requests: the hasher makes them WAITING."""
     req = RequestBlockHasher.for_config(CONFIG).new_request("r", [1, 2, 3])
     assert req.status is RequestStatus.WAITING
+
+
+@needs_build
+def test_a_pool_of_the_null_block_alone_is_built_and_fits_nothing() -> None:
+    """``num_blocks=1`` (the null block only) is a valid configuration: the native core is built and
+    answers as the Python manager does (nothing fits, the free queue is empty)."""
+    config = KVCacheConfig(num_blocks=1, groups=(FullAttention(4),), max_model_len=64, profile=VLLM_0_33_0)
+    out = []
+    for mgr in (NativeKVCacheManager(config), PythonManager(config)):
+        req = RequestBlockHasher.for_config(config).new_request("r", [1, 2, 3])
+        out.append((mgr.allocate_slots(req, 3), mgr.to_view().free_queue))
+        mgr.check_invariants()
+    assert out[0] == out[1] == (None, ())

@@ -70,7 +70,14 @@ class ConnectorRules(ScriptedMoves):
         (:meth:`kvref.scheduler.Scheduler.remote_failed`). One call in four
         first sends a start inside a block, which every side refuses (vLLM
         asserts it) or before the first token, changing nothing."""
-        rid = rid if rid is not None else choose(data, tuple(self.remote))
+        if rid is None:
+            rid = choose(data, tuple(self.remote))
+            if self.SETUP.safety:
+                # a failure comes with a step's output, after the scheduling that admitted the load
+                # (whose end drains the zeroing list, the load's destinations left out)
+                self.new_step(data)
+                if rid not in self.remote:
+                    return
         st = self._sched.reqs[rid]
         align = self._attention_alignment()
         first = -(-st.remote_local // align) * align

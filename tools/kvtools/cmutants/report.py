@@ -185,7 +185,7 @@ def _header(
         "or preprocessor lines), each compiled with the build's own compiler and flags into a staging copy of",
         "kvimpl and hunted in child processes: first the unit tests that drive the native core (`pytest",
         "tests/impl/test_native.py tests/impl/test_every_operation.py tests/impl/test_validation.py ... -x`, the",
-        "12 files of `FAST_TESTS` in `tools/kvtools/cmutants/runner.py`), then, for a survivor, the memcheck tier",
+        "14 files of `FAST_TESTS` in `tools/kvtools/cmutants/runner.py`), then, for a survivor, the memcheck tier",
         "(the same tests on the mutant built with `-fsanitize=address,undefined`, the sanitizer runtime preloaded:",
         "an AddressSanitizer or UBSan report kills; `tools/kvtools/cmutants/memcheck.py`), then the lockstep",
         "`kvref check --target T",

@@ -90,6 +90,7 @@ FAST_TESTS = (
     "tests/impl/test_partial_hits.py",
     "tests/impl/test_partial_hits_traces.py",
     "tests/impl/test_profiles.py",
+    "tests/impl/test_record_blocks_for_zeroing.py",
     "tests/impl/test_ring.py",
 )
 """The fast tier: kvimpl's unit tests that drive the native core (the two of the core itself first)."""
