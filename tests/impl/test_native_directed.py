@@ -23,6 +23,7 @@ from kvimpl.request import RequestHasher
 from kvspec.config import FullAttention, KVCacheConfig, Mamba
 from kvspec.errors import InvalidRequestError
 from kvspec.hashing import BlockHash
+from kvspec.kv_cache_manager import KVCacheManager as SpecManager
 from kvspec.profiles import VLLM_0_25_1, VLLM_0_33_0
 from kvspec.request import RequestBlockHasher, RequestStatus
 
@@ -66,7 +67,8 @@ def test_a_request_hashed_under_another_function_is_refused_whole(c_request: boo
 @needs_build
 def test_cache_blocks_refuses_a_bad_hash_before_caching_any_block() -> None:
     """cache_blocks of a request one of whose later hashes has the wrong length caches none of its
-    blocks (it once cached the blocks before the bad hash, then raised)."""
+    blocks (it once cached the blocks before the bad hash, then raised); allocate_slots of a request
+    whose first hash has the wrong length allocates nothing."""
     mgr = NativeKVCacheManager(CONFIG)
     hasher = RequestBlockHasher.for_config(CONFIG)
     req = hasher.new_request("r", list(range(16)))
@@ -79,6 +81,13 @@ def test_cache_blocks_refuses_a_bad_hash_before_caching_any_block() -> None:
     assert state(mgr) == before
     mgr.cache_blocks(req, 16)
     assert len(mgr._cached()) == 4
+    other = hasher.new_request("s", list(range(100, 116)))
+    hashes = list(other.block_hashes)
+    first_bad = dataclasses.replace(other, block_hashes=(BlockHash(hashes[0][:16]), *hashes[1:]))
+    before = state(mgr)
+    with pytest.raises(InvalidRequestError, match=r"block hash 0 .* expected 32 bytes"):
+        mgr.allocate_slots(first_bad, 16)
+    assert state(mgr) == before, "the blocks were allocated before the first hash was refused"
 
 
 class UnreadableHashes(MutableRequest):
@@ -156,3 +165,21 @@ def test_a_pool_of_the_null_block_alone_is_built_and_fits_nothing() -> None:
         out.append((mgr.allocate_slots(req, 3), mgr.to_view().free_queue))
         mgr.check_invariants()
     assert out[0] == out[1] == (None, ())
+
+
+@needs_build
+def test_a_request_with_fewer_hashes_than_full_blocks_raises_as_kvspec_does() -> None:
+    """A request that breaks kvspec's Request invariant (fewer block hashes than full blocks): the
+    native core raises the IndexError kvspec and the Python build raise (not a SystemError).
+
+    NOTE: all three allocate before caching reaches the missing hash; kvspec does not check the
+    hash count of a request it is given."""
+    hasher = RequestBlockHasher.for_config(CONFIG)
+    req = hasher.new_request("r", list(range(16)))
+    short = dataclasses.replace(req, block_hashes=req.block_hashes[:2])
+    errors = []
+    for mgr in (NativeKVCacheManager(CONFIG), PythonManager(CONFIG), SpecManager(CONFIG)):
+        with pytest.raises(IndexError) as info:
+            mgr.allocate_slots(short, 16)
+        errors.append(type(info.value))
+    assert errors == [IndexError, IndexError, IndexError]
