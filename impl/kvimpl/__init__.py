@@ -54,6 +54,9 @@ PROFILE_SWITCHES = frozenset(
         "lookup_returns_boundary",  # kv_cache_manager.get_prefix_hint
         "skip_on_processed_tokens",  # kv_cache_manager.skip_basis (and StepAPI._running_step)
         "num_cached_tokens_op", "record_zeroing_op",  # kv_cache_manager.require_operation
+        "connector_lookup_op",  # kv_cache_manager: require_operation, KVCacheManager.lagging_hits
+        "truncate_mamba_lagging",  # kv_cache_manager.truncated_group
+        "per_group_eagle_margin",  # kv_cache_coordinator.HybridCoordinator.find_longest_cache_hit_per_group
         "hit_limit_at_construction", "hit_length_bound",  # kv_cache_manager.reads_prefix_cache, lookup_length
         "prompt_logprobs_hit_cap", "token_ids_int32",  # request.RequestHasher (the hit limit, the token-id limit)
         "computed_block_ids_op", "estimate_cached_tokens_op", "prefix_hint_op",  # kv_cache_manager.require_operation

@@ -269,6 +269,14 @@ class HybridCoordinator(KVCacheCoordinator):
         """Profile switch ``hybrid_eagle_lookahead``: off, :func:`hybrid_hit_search_v016` runs."""
         self.cache_reachable_only = p.hybrid_cache_reachable_only
         """Profile switch ``hybrid_cache_reachable_only``, read by :meth:`cache_blocks`."""
+        self.per_group_eagle_margin = p.per_group_eagle_margin
+        """Profile switch read by :meth:`find_longest_cache_hit_per_group`."""
+        first = self.spec_groups[0] if self.spec_groups else None
+        self.full_attention_group_id = (
+            first.group_ids[0] if first is not None and isinstance(first.kind, FULL_TYPE_KINDS) else None
+        )
+        """The group a connector's lookup reports: the first group of the first
+        spec group when that is of a full-attention type, else None."""
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
@@ -301,6 +309,24 @@ class HybridCoordinator(KVCacheCoordinator):
                 for gid in sg.group_ids:
                     del hits[gid][-(-hit // sg.kind.block_size) :]
         return tuple(hits), hit
+
+    def find_longest_cache_hit_per_group(
+        self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
+    ) -> tuple[GroupBlocks, tuple[int, ...]]:
+        """Each spec group's own hit, with no agreement between them (kvspec's
+        ``HybridCoordinator.find_longest_cache_hit_per_group``): lists and
+        lengths per group; groups in no spec group have none."""
+        hits: list[list[BlockId]] = [[] for _ in self.managers]
+        lengths = [0] * len(self.managers)
+        hashed = len(block_hashes) * self.hash_block_size
+        for sg in self.spec_groups:
+            limit = max_cache_hit_length
+            if sg.use_eagle and self.per_group_eagle_margin and not isinstance(sg.kind, Mamba):
+                limit = min(limit + eagle_margin(sg.kind, self.hash_block_size, self.partial_hash_hits), hashed)
+            found, n = spec_group_hit(self, sg, block_hashes, limit, sg.use_eagle)
+            for gid, blocks in zip(sg.group_ids, found, strict=True):
+                hits[gid], lengths[gid] = blocks, n
+        return tuple(hits), tuple(lengths)
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Cache only up to a scheduler-block boundary (hits always end on one;

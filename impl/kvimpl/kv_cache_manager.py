@@ -50,10 +50,10 @@ from kvimpl.config_rules import (
     unmodelled_features,
 )
 from kvimpl.invariants import require
-from kvimpl.kv_cache_coordinator import GroupBlocks, make_coordinator
+from kvimpl.kv_cache_coordinator import GroupBlocks, HybridCoordinator, make_coordinator
 from kvimpl.step_api import WATERMARKED, StepAPI, inv_device_rows_match
 from kvspec.block_pool import BlockId
-from kvspec.config import KVCacheConfig
+from kvspec.config import AttentionKind, KVCacheConfig, Mamba
 from kvspec.errors import (
     CacheBeyondAllocationError,
     ContextParallelLookupError,
@@ -147,6 +147,11 @@ class KVCacheManager(StepAPI):
         """Profile switch ``common_prefix``: ``get_num_common_prefix_blocks`` counts, answers zeros or is gone."""
         self.partial_hash_hits_op = p.partial_hash_hits
         """Profile switch ``partial_hash_hits``: :meth:`take_kv_cache_block_copies` exists."""
+        self.has_mamba = any(isinstance(k, Mamba) for k in config.groups)
+        hybrid = config.enable_caching and len(config.groups) > 1
+        self.lagging_hits = p.connector_lookup_op and hybrid and self.has_mamba
+        """Whether ``allocate_slots`` takes hit lists that lag the hit outside
+        full-attention groups (those a connector's lookup returns: :func:`hit_list_fits`)."""
         StepAPI.__init__(self, device)
 
     @property
@@ -206,6 +211,54 @@ class KVCacheManager(StepAPI):
         _, n = self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
         self.coordinator.num_uncached_common_prefix_tokens = kept
         return n
+
+    def get_computed_blocks_for_connector(
+        self, request: Request, max_cache_hit_length: int | None = None
+    ) -> tuple[BlockIds, int, bool]:
+        """A KV connector's local lookup (vLLM 0.27.0 on; kvspec's
+        ``KVCacheManager.get_computed_blocks_for_connector``): in a cached
+        hybrid with a Mamba group and a full-attention group, each group's own
+        hit, the full-attention group's length, and whether a group lags
+        behind it; else :meth:`get_computed_blocks` with the flag off.
+        Changes nothing.
+
+        Raises:
+            UnsupportedOperationError: Before vLLM 0.27.0 (switch ``connector_lookup_op``).
+            InvalidTokenCountError, ContextParallelLookupError, EagleAlignmentLookupError:
+                As :meth:`get_computed_blocks`.
+        """
+        p = self.config.profile
+        require_operation(p, "get_computed_blocks_for_connector")
+        check_request(request)
+        check_hit_length_bound(p, max_cache_hit_length)
+        coord = self.coordinator
+        fa = coord.full_attention_group_id if isinstance(coord, HybridCoordinator) else None
+        if fa is None or not isinstance(coord, HybridCoordinator) or not self.has_mamba:
+            blocks, n = self.get_computed_blocks(request, max_cache_hit_length)
+            return blocks, n, False
+        self.shared_prefix_boundary.pop(request.request_id, None)
+        if not reads_prefix_cache(p, request):
+            return self._ids(tuple([] for _ in self.config.groups)), 0, False
+        per_group, hits = coord.find_longest_cache_hit_per_group(
+            request.block_hashes, lookup_length(p, request, max_cache_hit_length)
+        )
+        if max(hits) > hits[fa]:
+            found, n = self.get_computed_blocks(request, max_cache_hit_length)
+            return found, n, False
+        return self._ids(per_group), hits[fa], min(hits) < hits[fa]
+
+    def truncate_computed_blocks(self, blocks: Sequence[Sequence[int]], num_computed_tokens: int) -> BlockIds:
+        """A lookup's result cut to its first ``num_computed_tokens`` tokens
+        (vLLM 0.27.0 on; kvspec's ``KVCacheManager.truncate_computed_blocks``):
+        pure slicing per group (:func:`truncated_group`).
+
+        Raises:
+            UnsupportedOperationError: Before vLLM 0.27.0.
+            GroupCountError, InvalidBlockIdError, InvalidTokenCountError, StaleHitError:
+                As kvspec's.
+        """
+        require_operation(self.config.profile, "truncate_computed_blocks")
+        return truncated_lists(self.config, self.kinds, blocks, num_computed_tokens)
 
     def _check_cp_lookup(self) -> None:
         if len(self.kinds) == 1:
@@ -701,7 +754,7 @@ class KVCacheManager(StepAPI):
                 )
         for g, kind in enumerate(self.kinds):
             need = -(-n_hit // kind.block_size)
-            if prefix_cacheable(kind) and len(hits[g]) != need:
+            if prefix_cacheable(kind) and not hit_list_fits(kind, len(hits[g]), need, self.lagging_hits):
                 raise StaleHitError(
                     f"allocate_slots: group {g}'s hit has {len(hits[g])} blocks, but {n_hit} hit tokens take {need} "
                     f"(block size {kind.block_size}): get_computed_blocks never returns such a hit"
@@ -832,7 +885,55 @@ _OPERATION_SWITCHES = {
     "get_prefix_hint": "prefix_hint_op",
     "get_num_cached_tokens": "num_cached_tokens_op",
     "record_blocks_for_zeroing": "record_zeroing_op",
+    "get_computed_blocks_for_connector": "connector_lookup_op",
+    "truncate_computed_blocks": "connector_lookup_op",
 }
+
+
+def hit_list_fits(kind: AttentionKind, length: int, need: int, lagging: bool) -> bool:
+    """Whether a hit list of ``length`` blocks goes with a hit of ``need``
+    blocks: exactly, or fewer in a group not of a full-attention type where a
+    connector's lookup lets groups lag (kvspec's ``hit_list_fits``)."""
+    return length == need or (lagging and not isinstance(kind, FULL_TYPE_KINDS) and length < need)
+
+
+def truncated_lists(
+    config: KVCacheConfig, kinds: Sequence[AttentionKind], blocks: Sequence[Sequence[int]], n: int
+) -> BlockIds:
+    """``truncate_computed_blocks`` of both builds after its release check: the
+    caller errors, then :func:`truncated_group` per group (``kinds``: the
+    groups at the block sizes the managers run them)."""
+    if not is_int(n) or n < 0:
+        raise InvalidTokenCountError(f"truncate_computed_blocks: num_computed_tokens {n!r} is not an int >= 0")
+    if len(blocks) != len(config.groups):
+        raise GroupCountError(
+            f"truncate_computed_blocks: {len(blocks)} groups of blocks, the config has {len(config.groups)}"
+        )
+    for b in (b for ids in blocks for b in ids):
+        if not is_int(b) or not 0 <= b < config.num_blocks:
+            raise InvalidBlockIdError(f"truncate_computed_blocks: block id {b!r} is outside the pool")
+    keep = config.profile.truncate_mamba_lagging
+    pairs = enumerate(zip(kinds, blocks, strict=True))
+    return tuple(tuple(truncated_group(kind, list(ids), n, g, keep)) for g, (kind, ids) in pairs)
+
+
+def truncated_group(kind: AttentionKind, ids: list[int], n: int, group: int, keep_lagging_mamba: bool) -> list[int]:
+    """One group's list cut to ``n`` tokens (kvspec's ``truncated_group``)."""
+    if not prefix_cacheable(kind):
+        if ids:
+            raise StaleHitError(f"truncate_computed_blocks: blocks for group {group}, a ring group (never cached)")
+        return []
+    bs = kind.block_size
+    if n % bs:
+        raise InvalidTokenCountError(
+            f"truncate_computed_blocks: {n} tokens is not a multiple of group {group}'s block size {bs}"
+        )
+    keep = n // bs
+    if keep > len(ids) and not (isinstance(kind, Mamba) and keep_lagging_mamba):
+        raise InvalidTokenCountError(
+            f"truncate_computed_blocks: {n} tokens take {keep} blocks of group {group}, which has {len(ids)}"
+        )
+    return ids[:keep]
 
 
 def partial_hit_keyed(

@@ -35,7 +35,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterable
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from kvimpl.checks import check_manager_arguments, check_request, check_zeroing_start, is_int, out_of_memory
 from kvimpl.config_rules import (
@@ -47,15 +47,18 @@ from kvimpl.config_rules import (
 )
 from kvimpl.device_tables import check_slot_arguments, no_device_tables, valid_group
 from kvimpl.hash_functions import hash_function
+from kvimpl.kv_cache_coordinator import HybridCoordinator
 from kvimpl.kv_cache_manager import (
     check_hit_length_bound,
     lookup_length,
     reads_prefix_cache,
     require_operation,
     table_cached_tokens,
+    truncated_lists,
 )
 from kvimpl.native_checks import native_invariants, native_view
 from kvimpl.native_events import events_from_records, replay_events
+from kvimpl.native_hint import CachedMap, cached_map
 from kvimpl.request import RequestHasher
 from kvspec import errors as kv_errors
 from kvspec.config import (
@@ -80,7 +83,7 @@ from kvspec.invariants import InvariantViolation
 from kvspec.request import Request as SpecRequest
 from kvspec.request import RequestStatus
 from kvspec.stats import PrefixCacheStats
-from kvspec.view import KVView
+from kvspec.view import BlockIds, KVView
 
 if TYPE_CHECKING:
     from kvimpl.kv_cache_manager import KVCacheManager
@@ -110,6 +113,9 @@ NATIVE_SWITCHES = frozenset(
         "prefix_hint_op",  # NativeKVCacheManager.get_prefix_hint (in Python)
         "estimate_cached_tokens_op", "estimate_skips_uncacheable",  # NativeKVCacheManager.estimate_cached_tokens
         "record_zeroing_op",  # NativeKVCacheManager.record_blocks_for_zeroing (in Python)
+        # NativeKVCacheManager.get_computed_blocks_for_connector and truncate_computed_blocks (in Python);
+        # the core takes the lists a connector's lookup returns (core parameter lagging_hits).
+        "connector_lookup_op", "truncate_mamba_lagging", "per_group_eagle_margin",
         # Applied before the core sees a value (the request hasher) or by KVCacheConfig's validation.
         "extra_keys_tagged", "mm_resume_from_first_feature", "single_spec_group_hybrid", "mamba_caching_needs_align",
         # The state-adding features: the core models none of them and declines a configuration that
@@ -281,6 +287,7 @@ def core_params(config: KVCacheConfig) -> dict[str, Any]:
         "adopt_hit_without_new_tokens": int(p.adopt_hit_without_new_tokens),
         "mamba_eagle_counts_verified": int(p.mamba_eagle_counts_verified),
         "eagle_margin_hashed_cap": int(p.eagle_margin_hashed_cap),
+        "lagging_hits": int(p.connector_lookup_op and hybrid and any(isinstance(k, Mamba) for k in config.groups)),
         "stats_at_lookup": int(p.stats_at_lookup),
         "skip_on_processed_tokens": int(p.skip_on_processed_tokens),
         "enable_kv_cache_events": int(config.enable_kv_cache_events),
@@ -357,6 +364,8 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
         self._estimate_groups = estimate_groups(config)
         self._kinds = manager_kinds(config)
         """The groups at the block sizes the managers run them (context parallelism scales them)."""
+        self._connector_coord: HybridCoordinator | None = None
+        """kvimpl's coordinator for a connector's per-group lookup (:meth:`_per_group_coordinator`)."""
         self._cp_refusal = cp_lookup_refusal(config.groups[0], config) if len(config.groups) == 1 else None
         """Why a lookup of the one group is refused under context parallelism (None: it is not)."""
         self._clip_sizes = clip_block_sizes(config)
@@ -432,6 +441,65 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
         self._refuse_cp_lookup("get_num_cached_tokens")
         n: int = super().get_computed_blocks(self._as_reading(request))[1]
         return n
+
+    def get_computed_blocks_for_connector(
+        self, request: Any, max_cache_hit_length: int | None = None
+    ) -> tuple[BlockIds, int, bool]:
+        """A KV connector's local lookup (vLLM 0.27.0 on; see the Python
+        manager's method). Changes nothing.
+
+        NOTE: the core has no search of one group alone: in a cached hybrid
+        with a Mamba group, the per-group search runs in Python
+        (kvimpl's ``HybridCoordinator.find_longest_cache_hit_per_group``) over a
+        copy of the core's cache map (:class:`kvimpl.native_hint.CachedMap`),
+        one pass over the cached blocks per call; the core's fine-grained
+        hits, which that map would not show, are declined configurations.
+
+        Raises:
+            UnsupportedOperationError: Before vLLM 0.27.0.
+            InvalidTokenCountError, ContextParallelLookupError: As :meth:`get_computed_blocks`.
+        """
+        p = self.config.profile
+        require_operation(p, "get_computed_blocks_for_connector")
+        check_request(request)
+        check_hit_length_bound(p, max_cache_hit_length)
+        coord = self._per_group_coordinator()
+        fa = None if coord is None else coord.full_attention_group_id
+        if coord is None or fa is None:
+            blocks, n = self.get_computed_blocks(request, max_cache_hit_length)
+            return blocks, n, False
+        self.shared_prefix_boundary.pop(request.request_id, None)
+        if not self._reads(request):
+            return tuple(() for _ in self.config.groups), 0, False
+        coord.pool = cast(Any, CachedMap(cached_map(self)))
+        per_group, hits = coord.find_longest_cache_hit_per_group(
+            request.block_hashes, lookup_length(p, request, max_cache_hit_length)
+        )
+        if max(hits) > hits[fa]:
+            found, n = self.get_computed_blocks(request, max_cache_hit_length)
+            return found, n, False
+        return tuple(tuple(g) for g in per_group), hits[fa], min(hits) < hits[fa]
+
+    def _per_group_coordinator(self) -> HybridCoordinator | None:
+        """kvimpl's hybrid coordinator for this configuration (built once), where
+        a connector's lookup searches per group: a cached hybrid with a Mamba group."""
+        cfg = self.config
+        if not (cfg.enable_caching and len(cfg.groups) > 1 and any(isinstance(k, Mamba) for k in cfg.groups)):
+            return None
+        if self._connector_coord is None:
+            self._connector_coord = HybridCoordinator(cfg, True)
+        return self._connector_coord
+
+    def truncate_computed_blocks(self, blocks: Any, num_computed_tokens: int) -> BlockIds:
+        """A lookup's result cut to its first ``num_computed_tokens`` tokens
+        (see the Python manager's method; pure slicing, in Python).
+
+        Raises:
+            UnsupportedOperationError, GroupCountError, InvalidBlockIdError,
+            InvalidTokenCountError, StaleHitError: As the Python manager's.
+        """
+        require_operation(self.config.profile, "truncate_computed_blocks")
+        return truncated_lists(self.config, self._kinds, blocks, num_computed_tokens)
 
     def get_num_common_prefix_blocks(self, request_id: str) -> Any:
         """The core's answer (see the Python manager's method).

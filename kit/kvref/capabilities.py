@@ -159,6 +159,8 @@ RELEASE_OPERATIONS: tuple[tuple[str, Callable[[SemanticsProfile], bool]], ...] =
     ("max_cache_hit_length", lambda p: p.hit_length_bound != "absent"),
     ("op:get_num_cached_tokens", lambda p: p.num_cached_tokens_op),
     ("op:record_blocks_for_zeroing", lambda p: p.record_zeroing_op),
+    ("op:get_computed_blocks_for_connector", lambda p: p.connector_lookup_op),
+    ("op:truncate_computed_blocks", lambda p: p.connector_lookup_op),
 )
 """The facade operations and ``allocate_slots`` arguments that only some
 releases have, each with the profile switch that says whether a release has
@@ -168,7 +170,8 @@ it (vLLM 0.16.0 has none of the first three nor the admission arguments;
 ``pop_blocks_for_free``, ``has_scheduled_reqs`` and the prefix hint with
 0.24.0, ``get_block_ids_for_computed_tokens`` with 0.25.0,
 ``record_prefix_cache_stats`` with 0.27.0, ``estimate_cached_tokens``,
-``take_kv_cache_block_copies`` and ``record_blocks_for_zeroing`` with 0.26.0, ``get_computed_blocks``'s
+``take_kv_cache_block_copies`` and ``record_blocks_for_zeroing`` with 0.26.0,
+``get_computed_blocks_for_connector`` and ``truncate_computed_blocks`` with 0.27.0, ``get_computed_blocks``'s
 ``max_cache_hit_length`` with 0.33.0, ``get_num_cached_tokens`` with 0.34.0;
 ``get_num_common_prefix_blocks`` is gone from 0.34.0 on)."""
 

@@ -14,9 +14,17 @@ connector load that filled it, or one of the markers :data:`UNWRITTEN`,
 Which positions a step reads, per attention kind (:func:`read_span`): full
 attention, MLA and SinkFull read every earlier position; a sliding window of
 ``w`` reads the last ``w`` positions of each token it computes; chunked-local
-attention of chunk ``c`` reads from the chunk's start. Mamba groups (a
-recurrent state, not per-position KV), cross attention (the encoder's input)
-and the ring kinds are not checked (:func:`checked_kind`).
+attention of chunk ``c`` reads from the chunk's start. Cross attention (the
+encoder's input) and the ring kinds are not checked (:func:`checked_kind`).
+
+A Mamba group's block holds no per-position KV but one recurrent state: the
+state after a prefix of the request's inputs, named by the prefix id of that
+prefix (its first slot holds it; the markers mean the same). Where a step
+reads that state and which blocks it writes depend on vLLM's
+``mamba_cache_mode`` (:func:`state_read_index`, :func:`state_writes`); a
+prefix hit of ``n`` tokens serves the state at ``n`` from its last block
+(:func:`state_hit_index`). Groups with speculative blocks, and every Mamba
+group of a model that uses EAGLE, stay unchecked (:func:`mamba_checked`).
 
 NOTE: a cache salt changes the block hash but not the KV (the model never
 sees it), so it is not part of a prefix id: an engine that serves KV across
@@ -34,6 +42,7 @@ from kvspec.config import (
     ChunkedLocal,
     FullAttention,
     KVCacheConfig,
+    Mamba,
     SinkFullAttention,
     SlidingWindow,
 )
@@ -47,12 +56,111 @@ GARBAGE = -3
 """A slot a failed connector load left in an unknown state."""
 FOREIGN = -4
 """A slot of a block another KV-cache group wrote last (its bytes are another layer's KV)."""
-MARKERS = {UNWRITTEN: "never written", ZERO: "zeroed", GARBAGE: "left by a failed load", FOREIGN: "another group's KV"}
+STALE = -5
+"""A Mamba state the oracle does not check: left behind a boundary (a step or
+load of an ``align`` group started inside the block and ended past it, so
+the block holds the state at that start while its tokens fill the block,
+:func:`stale_index`), or one a connector load that failed part-way was to
+fill."""
+MARKERS = {
+    UNWRITTEN: "never written", ZERO: "zeroed", GARBAGE: "left by a failed load", FOREIGN: "another group's KV",
+    STALE: "a state not checked (left behind a boundary, or by a failed load)",
+}
 
 
 def checked_kind(kind: AttentionKind) -> bool:
     """Whether the content oracle checks a group of ``kind``."""
     return isinstance(kind, FullAttention | MLA | SinkFullAttention | SlidingWindow | ChunkedLocal)
+
+
+def mamba_checked(kind: AttentionKind, use_eagle: bool) -> bool:
+    """Whether the content oracle checks the states of a Mamba group of ``kind``.
+
+    NOTE: a group with speculative blocks is left out: vLLM keeps the states
+    after each draft token in the blocks past the running one and picks the
+    one of the last accepted token when the next step starts, a choice the
+    scheduler never sees (the worker keeps the accepted counts). The same
+    holds for every Mamba group of a model that uses EAGLE: the kit may draw
+    draft tokens for it without speculative blocks, which vLLM never builds,
+    so what such a run does to a state is no release's behaviour.
+    """
+    return isinstance(kind, Mamba) and kind.num_speculative_blocks == 0 and not use_eagle
+
+
+def state_read_index(kind: Mamba, computed: int) -> int | None:
+    """Table index of the block whose state a step that starts at ``computed``
+    tokens reads (the state at ``computed``), or None at 0 (no state read).
+
+    ``none``: the first entry, one running state per request (vLLM sizes the
+    group's block by the model length). ``all`` and ``align``: the block of
+    the last computed token. In ``align`` mode the worker copies that state
+    into the block the step writes before the step (when the two differ), and
+    the step reads the copy, which holds the same state.
+
+    pre: computed >= 0
+    post: __return__ is None or __return__ >= 0
+    post: (__return__ is None) == (computed == 0)
+    """
+    if computed == 0:
+        return None
+    if kind.mode == "none":
+        return 0
+    return (computed - 1) // kind.block_size
+
+
+def state_writes(kind: Mamba, start: int, end: int) -> list[tuple[int, int]]:
+    """``(table index, length)`` pairs: the blocks a step computing ``[start,
+    end)`` writes, each with the length whose state it then holds.
+
+    ``none``: the state at ``end`` into the first entry. ``align``: the state
+    at ``end`` into the block of the last token computed (the scheduler
+    caches it when it lands on a block boundary). ``all``: the same, and
+    the state at each block boundary the step crosses into the block that
+    ends there (each of those becomes cacheable once full).
+
+    pre: 0 <= start < end
+    post: __return__[-1][1] == end
+    post: all(start < n <= end for _, n in __return__)
+    """
+    if kind.mode == "none":
+        return [(0, end)]
+    bs = kind.block_size
+    last = (end - 1) // bs
+    crossed = [(j, (j + 1) * bs) for j in range(start // bs, last)] if kind.mode == "all" else []
+    return [*crossed, (last, end)]
+
+
+def stale_index(kind: Mamba, start: int, end: int) -> int | None:
+    """Table index of the block an ``align`` step (or load) computing
+    ``[start, end)`` leaves holding the state at ``start`` although its
+    tokens now fill it: the step starts inside that block and ends past it
+    (None when it does not).
+
+    NOTE: vLLM's scheduler ends prefill chunks on block boundaries in
+    ``align`` mode, so only a start inside a block leads here: a connector
+    load that ends inside a block (the kit draws any count), or a
+    fine-grained hit inside a coarser Mamba block. The manager then caches
+    the block as the state at its end. Whether vLLM's own scheduler and
+    connectors reach that is not settled, so a read of such a block is left
+    unchecked (:data:`STALE`) rather than reported.
+
+    pre: 0 <= start < end
+    post: __return__ is None or kind.mode == "align"
+    """
+    bs = kind.block_size
+    if kind.mode != "align" or start % bs == 0 or start // bs == (end - 1) // bs:
+        return None
+    return start // bs
+
+
+def state_hit_index(kind: Mamba, num_tokens: int) -> int:
+    """Table index of the block a prefix hit of ``num_tokens`` tokens serves
+    its state from: the hit's last block (the entries before it are null).
+
+    pre: num_tokens >= 1
+    post: __return__ >= 0
+    """
+    return 0 if kind.mode == "none" else (num_tokens - 1) // kind.block_size
 
 
 def read_span(kind: AttentionKind, start: int, end: int) -> range:
@@ -252,8 +360,9 @@ class BlockContents:
         self.written_at[dest] = [self.writes] * len(self.slots[source])
 
 
-def describe(value: int, writers: dict[int, str]) -> str:
-    """What a slot holds, in words (``writers``: who wrote each prefix id)."""
+def describe(value: int, writers: dict[int, str], of: str = "KV") -> str:
+    """What a slot holds, in words (``writers``: who wrote each prefix id;
+    ``of``: what a prefix id names there, ``KV`` or a Mamba ``state``)."""
     if value in MARKERS:
         return MARKERS[value]
-    return f"the KV of another prefix (written for {writers.get(value, 'an unknown request')})"
+    return f"the {of} of another prefix (written for {writers.get(value, 'an unknown request')})"

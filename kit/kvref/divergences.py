@@ -208,6 +208,16 @@ def _eagle_mamba(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, p
     return any(length != n for length in _hit_lengths(cfg, vllm_out))
 
 
+def _connector_bound_crash(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> bool:
+    """vLLM 0.33.0's connector lookup raising IndexError under a bound (in a model with a Mamba
+    group, where it looks up each group alone with that bound) where kvspec answers."""
+    return (
+        op["op"] == "get_computed_blocks_for_connector" and "max_cache_hit_length" in op
+        and vllm_out == {"crash": "IndexError"} and isinstance(spec_out, dict) and "blocks" in spec_out
+        and any(isinstance(k, Mamba) for k in cfg.groups)
+    )  # fmt: skip
+
+
 def _second_full(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> bool:
     if op["op"] != "get_computed_blocks" or "blocks" not in vllm_out:
         return False
@@ -219,8 +229,28 @@ def _second_full(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, p
 
 
 def _swa_eagle(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> bool:
-    """A shorter hit from vLLM's sliding-window finder under EAGLE: in a lookup, or (vLLM 0.34.0 on)
-    in ``get_num_cached_tokens``, which runs the same finder and answers its length."""
+    """A shorter hit from vLLM's sliding-window finder under EAGLE: in a lookup, (vLLM 0.34.0 on)
+    in ``get_num_cached_tokens``, which runs the same finder and answers its length, or (vLLM
+    0.27.0 on) in a connector's lookup, where only such a group's own list is shorter (each
+    group is looked up alone; the flag of a lagging group follows)."""
+    eagle, sched = cfg.eagle_group_ids(), cfg.scheduler_block_size
+    swa_eagle_groups = {
+        g for g, k in enumerate(cfg.groups) if isinstance(k, SlidingWindow) and g in eagle and k.block_size != sched
+    }
+    if op["op"] == "get_computed_blocks_for_connector":
+        if not (isinstance(vllm_out, dict) and isinstance(spec_out, dict)):
+            return False
+        mine_lists, spec_lists = vllm_out.get("blocks"), spec_out.get("blocks")
+        if not (isinstance(mine_lists, list) and isinstance(spec_lists, list)) or len(mine_lists) != len(spec_lists):
+            return False
+        mine, spec = vllm_out.get("num_tokens", -1), spec_out.get("num_tokens", -1)
+        if not (_is_count(mine) and _is_count(spec) and swa_eagle_groups):
+            return False
+        if not (vllm_out.get("hit_diverged") or spec_out.get("hit_diverged")) and spec > mine:
+            return True  # both reconciled (a group reached past full attention): the lookup's shorter hit
+        differ = [g for g, (a, b) in enumerate(zip(mine_lists, spec_lists, strict=True)) if a != b]
+        shorter = all(g in swa_eagle_groups and len(mine_lists[g]) < len(spec_lists[g]) for g in differ)
+        return bool(differ) and shorter and mine == spec
     if op["op"] == "get_num_cached_tokens":
         if not (_is_count(vllm_out) and _is_count(spec_out)):
             return False
@@ -229,11 +259,7 @@ def _swa_eagle(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pen
         mine, spec = vllm_out["num_tokens"], spec_out["num_tokens"]
     else:
         return False
-    eagle, sched = cfg.eagle_group_ids(), cfg.scheduler_block_size
-    swa_eagle = any(
-        isinstance(k, SlidingWindow) and g in eagle and k.block_size != sched for g, k in enumerate(cfg.groups)
-    )
-    return swa_eagle and spec > mine
+    return bool(swa_eagle_groups) and spec > mine
 
 
 def _is_count(out: Json) -> bool:
@@ -368,6 +394,7 @@ MATCHERS: dict[str, Callable[[KVCacheConfig, Json, Json, Json, bool], bool]] = {
     "eagle-mamba-hit": _eagle_mamba,
     "second-full-group": _second_full,
     "swa-eagle-fallback": _swa_eagle,
+    "connector-lookup-bound-crash": _connector_bound_crash,
     "swa-eagle-window-lost": _swa_eagle_window,
     "common-prefix-pending": _common_prefix,
     "mamba-align-external-estimate": _mamba_external,

@@ -150,6 +150,8 @@ SURFACE_SWITCHES: dict[str, tuple[str, ...]] = {
     "KVCacheManager.get_computed_blocks": ("hit_length_bound", "lookup_returns_boundary"),
     "KVCacheManager.get_num_common_prefix_blocks": ("common_prefix",),
     "KVCacheManager.get_num_cached_tokens": ("num_cached_tokens_op",),
+    "KVCacheManager.get_computed_blocks_for_connector": ("connector_lookup_op",),
+    "KVCacheManager.truncate_computed_blocks": ("connector_lookup_op", "truncate_mamba_lagging"),
     "KVCacheManager.take_new_block_ids": ("new_block_ids_list",),
     "KVCacheManager.record_blocks_for_zeroing": ("record_zeroing_op",),
     "KVCacheManager.pop_blocks_for_free": ("deferred_free",),

@@ -171,6 +171,9 @@ class RunStats:
     hit_limits: Counter[str] = field(default_factory=Counter)
     """What the hit-limit family drew, by kind (:mod:`kvref.machine.hit_limits`): bounded lookups,
     ``get_num_cached_tokens``, prompt-logprob requests, late skip flags, wide token ids, reused ids."""
+    connector: Counter[str] = field(default_factory=Counter)
+    """What the connector-lookup family did, by kind (:mod:`kvref.machine.connectors`): connector
+    lookups, hits cut to a block, diverged hits reconciled or loaded."""
 
 
 @dataclass(frozen=True)
@@ -256,6 +259,8 @@ def neutral_output(op: str, num_groups: int) -> Json:
     empty: list[list[int]] = [[] for _ in range(num_groups)]
     table: dict[str, Json] = {
         "get_computed_blocks": {"blocks": empty, "num_tokens": 0},
+        "get_computed_blocks_for_connector": {"blocks": empty, "num_tokens": 0, "hit_diverged": False},
+        "truncate_computed_blocks": empty,
         "pop_blocks_for_free": [],
         "get_block_ids": empty,
         "get_num_common_prefix_blocks": [0] * num_groups,

@@ -65,6 +65,8 @@ of its features): the other way round the two modules imported each other."""
 
 FACADE_OPS = (
     "get_computed_blocks",
+    "get_computed_blocks_for_connector",
+    "truncate_computed_blocks",
     "get_prefix_hint",
     "allocate_slots",
     "allocate_slots_batch",
@@ -222,6 +224,17 @@ def _execute(a: KVCacheAdapter, book: RequestBook, op: Json) -> Json:
         else:
             blocks, n = a.get_computed_blocks(req)
         return {"blocks": ids_to_json(blocks), "num_tokens": n}
+    if name == "get_computed_blocks_for_connector":
+        assert req is not None
+        lookup = _optional(a, "get_computed_blocks_for_connector")
+        if "max_cache_hit_length" in op:
+            blocks, n, diverged = lookup(req, max_cache_hit_length=op["max_cache_hit_length"])
+        else:
+            blocks, n, diverged = lookup(req)
+        return {"blocks": ids_to_json(blocks), "num_tokens": n, "hit_diverged": diverged}
+    if name == "truncate_computed_blocks":
+        truncate = _optional(a, "truncate_computed_blocks")
+        return ids_to_json(truncate(tuple(tuple(g) for g in op["blocks"]), op["num_computed_tokens"]))
     if name == "get_num_cached_tokens":
         assert req is not None
         cached = _optional(a, "get_num_cached_tokens")
@@ -380,7 +393,12 @@ def output_problem(op: str, out: Json) -> str | None:
         if not isinstance(out, dict) or not _int(out.get("num_tokens")):
             return "get_computed_blocks must return (block ids per group, int tokens)"
         return _block_lists_problem(out.get("blocks"))
-    if op in ("allocate_slots", "get_block_ids", "get_block_ids_for_computed_tokens"):
+    if op == "get_computed_blocks_for_connector":
+        ok = isinstance(out, dict) and _int(out.get("num_tokens")) and isinstance(out.get("hit_diverged"), bool)
+        if not ok:
+            return "get_computed_blocks_for_connector must return (block ids per group, int tokens, bool)"
+        return _block_lists_problem(out.get("blocks"))
+    if op in ("allocate_slots", "get_block_ids", "get_block_ids_for_computed_tokens", "truncate_computed_blocks"):
         return None if out is None and op == "allocate_slots" else _block_lists_problem(out)
     if op == "allocate_slots_batch":
         if not isinstance(out, list):

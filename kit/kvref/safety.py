@@ -9,7 +9,11 @@ what every block holds (:mod:`kvref.content`). Two oracles:
   the KV of the request's own input prefix; every table entry a step reads
   (per attention kind, :func:`kvref.content.read_span`) holds the KV of that
   position, written by the step that computed it or the connector load that
-  filled it; a block handed out fresh is never read before it is written;
+  filled it; a block handed out fresh is never read before it is written.
+  For a Mamba group the same holds of its recurrent state: a hit serves, and
+  a step reads where the mode says, the state of the request's own prefix at
+  that length, and a step writes its states where the mode says
+  (:func:`kvref.content.state_writes`);
 * *in flight*: a step runs on the device after it is dispatched and before
   its output is processed; steps run one after another in dispatch order,
   and within a step every KV write comes before every attention read, so a
@@ -43,12 +47,18 @@ from typing import Any
 
 from kvref.adapters import KVCacheAdapter
 from kvref.content import (
+    STALE,
     BlockContents,
     PrefixIds,
     RequestPrefixes,
     checked_kind,
     describe,
+    mamba_checked,
     read_span,
+    stale_index,
+    state_hit_index,
+    state_read_index,
+    state_writes,
 )
 from kvref.divergences import release_key
 from kvref.ops import REQUEST_OPS, STEP_EVENTS, RequestBook, execute
@@ -154,6 +164,11 @@ class SafetyMonitor:
         self.book = book
         self.kinds = config.manager_groups()
         self.checked = tuple(g for g, k in enumerate(self.kinds) if checked_kind(k))
+        self.mamba = tuple(g for g, k in enumerate(self.kinds) if mamba_checked(k, config.use_eagle))
+        """Mamba groups whose states the content oracle checks."""
+        self.drafted: set[str] = set()
+        """Requests a step with draft tokens ran for since their table was new: their Mamba
+        states are not checked (:meth:`_run_states`)."""
         self.zeroing = any(isinstance(k, Mamba) for k in config.groups) if zeroing is None else zeroing
         self.skip_load_zeroing = skip_load_zeroing
         self.contents = BlockContents(config)
@@ -167,7 +182,7 @@ class SafetyMonitor:
         self.counts: Counter[str] = Counter() if counts is None else counts
         """What the oracles did: ``slots compared``, ``steps run``, ``hits checked``,
         ``loads``, ``blocks zeroed``, ``groups not checked`` (shared with the run's statistics)."""
-        self.counts["groups not checked"] += len(self.kinds) - len(self.checked)
+        self.counts["groups not checked"] += len(self.kinds) - len(self.checked) - len(self.mamba)
         self.early: dict[tuple[str, int, int], tuple[int, int]] = {}
         """Blocks the release freed below a window while a step in flight still read them
         (a release before vLLM 0.26.0 frees on the computed tokens, steps in flight included):
@@ -303,6 +318,14 @@ class SafetyMonitor:
                 self._loading(b, f"request {rid}'s hit reads it")
                 for p in range(i * bs, min((i + 1) * bs, num_tokens)):
                     self._compare(b, g, p, want[p], f"request {rid} hit block {b} (group {g}) for position {p}")
+        for g in self.mamba:
+            i = state_hit_index(self._mamba(g), num_tokens)
+            b = blocks[g][i] if i < len(blocks[g]) else 0
+            if b == 0 or b in pending:  # no state served: the step that continues reads the null entry
+                continue
+            self._loading(b, f"request {rid}'s hit reads it")
+            what = f"request {rid} hit block {b} (group {g}) for the state at {num_tokens} tokens"
+            self._compare_state(b, g, want[num_tokens - 1], what)
 
     def _allocated(self, op: Json, out: list[list[int]], view: KVView) -> None:
         rid = op["rid"]
@@ -310,6 +333,7 @@ class SafetyMonitor:
         if rid in self.freed:  # a new table: the null entries of a failed load were the old one's
             self.freed.discard(rid)
             self.failed_skips = {k: v for k, v in self.failed_skips.items() if k[0] != rid}
+            self.drafted.discard(rid)
         tables = dict(view.tables).get(rid, tuple(() for _ in self.kinds))
         for ids in out:
             for b in ids:
@@ -392,6 +416,13 @@ class SafetyMonitor:
                 if p // bs < len(table) and table[p // bs]:
                     verb = "writes" if p >= entry.start else "reads"
                     step.uses.setdefault(table[p // bs], f"request {entry.rid} {verb} position {p}")
+        for g in self.mamba:
+            table, kind = entry.tables[g], self._mamba(g)
+            i = state_read_index(kind, entry.start)
+            if i is not None and i < len(table) and table[i]:
+                step.uses.setdefault(table[i], f"request {entry.rid} reads its state at {entry.start} tokens")
+            for b, n in self._state_blocks(kind, table, entry.start, entry.end):
+                step.uses.setdefault(b, f"request {entry.rid} writes its state at {n} tokens")
 
     def _execute(self, step: Step, entry: StepEntry) -> None:
         """The device runs ``entry``: writes, then the reads (checked)."""
@@ -415,6 +446,67 @@ class SafetyMonitor:
                 b = self._entry(table, p // bs, f"{where} reads position {p} (group {g})", (entry.rid, g), entry)
                 self._loading(b, f"{where} reads position {p} in it")
                 self._compare(b, g, p, want[p], f"{where} reads block {b} (group {g}) for position {p}")
+        for g in self.mamba:
+            self._run_states(step, entry, g, want)
+
+    def _run_states(self, step: Step, entry: StepEntry, g: int, want: Sequence[int]) -> None:
+        """The device runs ``entry`` in the Mamba group ``g``: it reads the
+        state it starts from (checked), then writes the states of its mode."""
+        kind, table = self._mamba(g), entry.tables[g]
+        where = f"step {step.number}: request {entry.rid}"
+        if entry.drafts or entry.rid in self.drafted:
+            # drafts without speculative blocks (the kit draws them, vLLM never runs them on a Mamba
+            # group): a rejected draft leaves a state past the accepted tokens; nothing is checked
+            self.drafted.add(entry.rid)
+            self.counts["states not checked"] += 1
+            for b, _ in self._state_blocks(kind, table, entry.start, entry.end):
+                self.contents.write(b, g, 0, STALE)
+            return
+        i = state_read_index(kind, entry.start)
+        if i is not None and i < len(table) and not table[i] and (g, i) in entry.failed_skips:
+            # the load's admission skipped the state of the valid prefix: not modelled (see the docstring)
+            self.counts["states not checked"] += 1
+        elif i is not None:
+            b = self._entry(table, i, f"{where} reads the state at {entry.start} tokens (group {g})")
+            self._loading(b, f"{where} reads its state at {entry.start} tokens in it")
+            what = f"{where} reads block {b} (group {g}) for the state at {entry.start} tokens"
+            self._compare_state(b, g, want[entry.start - 1], what)
+        for i, n in state_writes(kind, entry.start, entry.end):
+            if i < len(table) and not table[i] and (g, i) in entry.failed_skips:
+                continue  # a skipped entry of a failed load: the state is lost, and a read of it is not checked
+            b = self._entry(table, i, f"{where} writes the state at {n} tokens (group {g})")
+            self._loading(b, f"{where} writes its state at {n} tokens into it")
+            self.contents.write(b, g, 0, want[n - 1])
+            self.writers.setdefault(want[n - 1], f"request {entry.rid} at position {n - 1}")
+        self._stale(kind, g, table, entry.start, entry.end)
+
+    def _stale(self, kind: Mamba, g: int, table: Sequence[int], start: int, end: int) -> None:
+        """Mark the block a step or load of ``[start, end)`` leaves behind a
+        boundary (:func:`kvref.content.stale_index`)."""
+        i = stale_index(kind, start, end) if end > start else None
+        if i is not None and i < len(table) and table[i]:
+            self.contents.write(table[i], g, 0, STALE)
+
+    def _compare_state(self, b: int, g: int, want: int, what: str) -> None:
+        """Compare the state ``b`` holds; a block left behind a boundary is not checked."""
+        if self.contents.value(b, g, 0) == STALE:
+            self.counts["states not checked"] += 1
+            return
+        self._compare(b, g, 0, want, what, of="state")
+
+    def _mamba(self, g: int) -> Mamba:
+        """The kind of the Mamba group ``g``."""
+        kind = self.kinds[g]
+        assert isinstance(kind, Mamba), f"group {g} is {kind!r}, not a Mamba group"
+        return kind
+
+    @staticmethod
+    def _state_blocks(kind: Mamba, table: Sequence[int], start: int, end: int) -> list[tuple[int, int]]:
+        """The non-null blocks of ``table`` that computing (or loading) ``[start,
+        end)`` writes states into, each with the length whose state it gets."""
+        if end <= start:
+            return []
+        return [(table[i], n) for i, n in state_writes(kind, start, end) if i < len(table) and table[i]]
 
     def _entry(
         self, table: Sequence[int], index: int, what: str, at: tuple[str, int] | None = None,
@@ -450,11 +542,11 @@ class SafetyMonitor:
             raise SafetyViolation("content", f"{what}: the table holds the null block there")
         return table[index]
 
-    def _compare(self, b: int, g: int, p: int, want: int, what: str) -> None:
-        self.counts["slots compared"] += 1
+    def _compare(self, b: int, g: int, p: int, want: int, what: str, of: str = "KV") -> None:
+        self.counts["slots compared" if of == "KV" else "states compared"] += 1
         got = self.contents.value(b, g, p % self.contents.block_size(g))
         if got != want:
-            raise SafetyViolation("content", f"{what}, but the block holds {describe(got, self.writers)} there")
+            raise SafetyViolation("content", f"{what}, but the block holds {describe(got, self.writers, of)} there")
 
     # -- connector loads and zeroing -----------------------------------------
 
@@ -466,6 +558,9 @@ class SafetyMonitor:
             for p in range(load.start, load.end):
                 if p // bs < len(table) and table[p // bs]:
                     load.blocks[table[p // bs]] = g
+        for g in self.mamba:
+            for b, _ in self._state_blocks(self._mamba(g), load.tables[g], load.start, load.end):
+                load.blocks[b] = g
         early = {b for b, _ in self.early.values()}
         for b in load.blocks:
             for step in self.in_flight:
@@ -491,13 +586,22 @@ class SafetyMonitor:
                 if table[p // bs]:
                     self.contents.write(table[p // bs], g, p % bs, want[p])
                     self.writers.setdefault(want[p], f"request {load.rid} at position {p} (connector)")
+        for g in self.mamba:  # the load fills the states that computing its positions writes
+            for b, n in self._state_blocks(self._mamba(g), load.tables[g], load.start, end):
+                self.contents.write(b, g, 0, want[n - 1])
+                self.writers.setdefault(want[n - 1], f"request {load.rid} at position {n - 1} (connector)")
+            self._stale(self._mamba(g), g, load.tables[g], load.start, end)
 
     def _failed(self, load: Load, valid: int) -> None:
         """``load`` failed past ``valid`` tokens: remember the request's null entries then."""
         tables = self.last_tables.get(load.rid)
         if tables is None or valid >= load.end:
             return
-        for g in self.checked:
+        for g in self.mamba:  # the states past the valid prefix are not checked (see _run_states)
+            for b, n in self._state_blocks(self._mamba(g), load.tables[g], load.start, load.end):
+                if n > valid:
+                    self.contents.write(b, g, 0, STALE)
+        for g in (*self.checked, *self.mamba):
             for i, b in enumerate(tables[g]):
                 if b == 0:
                     self.failed_skips[(load.rid, g, i)] = (load.end, valid)
@@ -524,6 +628,12 @@ class SafetyMonitor:
                 for g in self.checked:
                     bs, table = self.contents.block_size(g), entry.tables[g]
                     out.update(table[p // bs] for p in range(entry.start, entry.end) if p // bs < len(table))
+                for g in self.mamba:
+                    kind, table = self._mamba(g), entry.tables[g]
+                    out.update(b for b, _ in self._state_blocks(kind, table, entry.start, entry.end))
+                    stale = stale_index(kind, entry.start, entry.end) if entry.end > entry.start else None
+                    if stale is not None and stale < len(table):
+                        out.add(table[stale])  # the step leaves it behind a boundary (_stale)
         return out
 
     def _zero(self, ids: Iterable[int]) -> None:

@@ -173,7 +173,7 @@ class SchedulerMachine(  # each family before the families it builds on (Python'
     TABLE = ACTIONS
     FAMILIES: tuple[Family, ...] = (
         batched.FAMILY, SWAP_FAMILY, mamba_relost.FAMILY, PIPELINE_FAMILY, hit_limits.FAMILY,
-        connectors.LOAD_TWIN_FAMILY, connectors.FAILED_LOAD_FAMILY,
+        connectors.LOAD_TWIN_FAMILY, connectors.FAILED_LOAD_FAMILY, connectors.CONNECTOR_LOOKUP_FAMILY,
     )  # fmt: skip
 
     @rule(data=st.data())

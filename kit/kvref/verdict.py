@@ -104,6 +104,8 @@ def summary(stats: RunStats, title: str, excluded: frozenset[str] = frozenset())
         lines.append("  asynchronous pipeline: " + ", ".join(f"{k} {v:,}" for k, v in sorted(stats.pipeline.items())))
     if stats.hit_limits:
         lines.append("  hit limits drawn: " + ", ".join(f"{k} {v:,}" for k, v in sorted(stats.hit_limits.items())))
+    if stats.connector:
+        lines.append("  connector lookups: " + ", ".join(f"{k} {v:,}" for k, v in sorted(stats.connector.items())))
     if stats.fallback_steps:
         lines.append(f"  steps on a fallback build: {sum(stats.fallback_steps.values()):,} of {stats.steps:,}")
         lines += [f"    x{n} {key}" for key, n in stats.fallback_steps.most_common()]

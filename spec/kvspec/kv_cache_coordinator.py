@@ -294,6 +294,43 @@ class HybridCoordinator(KVCacheCoordinator):
                     del hits[gid][-(-hit // sg.kind.block_size) :]
         return tuple(hits), hit
 
+    @property
+    def full_attention_group_id(self) -> int | None:
+        """The group a connector's lookup reports (vLLM 0.27.0 on): the first
+        group of the first spec group where that spec group is of a
+        full-attention type (they sort first), else None."""
+        first = self.spec_groups[0] if self.spec_groups else None
+        return first.group_ids[0] if first is not None and isinstance(first.kind, FULL_TYPE_KINDS) else None
+
+    def find_longest_cache_hit_per_group(
+        self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
+    ) -> tuple[GroupBlocks, tuple[int, ...]]:
+        """Each spec group's own hit of at most ``max_cache_hit_length``
+        tokens, with no agreement between them (a connector's lookup): the
+        lists and the hit length per group. No fixed point and no trimming:
+        a full-attention list keeps its own length. An EAGLE group drops its
+        last block (Mamba never does); from vLLM 0.32.0 on a non-Mamba EAGLE
+        group first looks one margin further, at most the hashed tokens
+        (switch ``per_group_eagle_margin``). A group in no spec group (a ring
+        or cross-attention group) has an empty list and a hit of 0.
+
+        pre: max_cache_hit_length >= 0
+        post: len(__return__[0]) == len(__return__[1]) == len(self.managers)
+        post: all(n <= max_cache_hit_length for n in __return__[1]) or self.config.profile.per_group_eagle_margin
+        """
+        hits: list[list[BlockId]] = [[] for _ in self.managers]
+        lengths = [0] * len(self.managers)
+        hashed = len(block_hashes) * self.hash_block_size
+        for sg in self.spec_groups:
+            limit = max_cache_hit_length
+            if sg.use_eagle and not isinstance(sg.kind, Mamba) and self.config.profile.per_group_eagle_margin:
+                margin = eagle_margin(sg.kind, self.hash_block_size, self.partial_hash_hits)
+                limit = min(max_cache_hit_length + margin, hashed)
+            found, n = spec_group_hit(self, sg, block_hashes, limit, sg.use_eagle)
+            for gid, blocks in zip(sg.group_ids, found, strict=True):
+                hits[gid], lengths[gid] = blocks, n
+        return tuple(hits), tuple(lengths)
+
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Cache only up to a scheduler-block boundary (hits always end on one;
         with fine-grained hits every token counts); EAGLE groups one block

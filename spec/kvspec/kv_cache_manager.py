@@ -51,7 +51,7 @@ from kvspec.hashing import (
     split_key,
 )
 from kvspec.invariants import require
-from kvspec.kv_cache_coordinator import GroupBlocks, make_coordinator
+from kvspec.kv_cache_coordinator import GroupBlocks, HybridCoordinator, make_coordinator
 from kvspec.profiles import SemanticsProfile
 from kvspec.request import Request, RequestStatus
 from kvspec.stats import PrefixCacheStats
@@ -147,6 +147,80 @@ class KVCacheManager:
         _, n = self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
         self.coordinator.num_uncached_common_prefix_tokens = kept
         return n
+
+    def get_computed_blocks_for_connector(
+        self, request: Request, max_cache_hit_length: int | None = None
+    ) -> tuple[BlockIds, int, bool]:
+        """The local lookup vLLM's scheduler makes for a request when a KV
+        connector may load the rest (vLLM 0.27.0 on; from 0.28.0 only for a
+        connector that accepts diverging hybrid hits). Changes nothing.
+
+        In a cached hybrid with a Mamba group and a full-attention group
+        (:attr:`kvspec.kv_cache_coordinator.HybridCoordinator.full_attention_group_id`),
+        every spec group is looked up alone
+        (:meth:`~kvspec.kv_cache_coordinator.HybridCoordinator.find_longest_cache_hit_per_group`)
+        and the full-attention group's hit is the hit: the lists as found (a
+        lagging group's list is shorter), that group's length, no shared-prefix
+        boundary, and whether some group lags behind it (a ring group always
+        does: its hit is 0). Where a group reaches past the full-attention
+        group, and in every other model, it is :meth:`get_computed_blocks`
+        with the flag off.
+
+        Raises:
+            UnsupportedOperationError: Before vLLM 0.27.0 (switch ``connector_lookup_op``).
+            InvalidRequestError, InvalidTokenCountError, ContextParallelLookupError,
+            EagleAlignmentLookupError: As :meth:`get_computed_blocks`.
+        """
+        require_operation(self.config.profile, "get_computed_blocks_for_connector")
+        check_request(request)
+        check_hit_length_bound(self.config.profile, max_cache_hit_length)
+        coord = self.coordinator
+        fa = coord.full_attention_group_id if isinstance(coord, HybridCoordinator) else None
+        if fa is None or not isinstance(coord, HybridCoordinator) or not any(isinstance(k, Mamba) for k in self.kinds):
+            blocks, n = self.get_computed_blocks(request, max_cache_hit_length)
+            return blocks, n, False
+        self.shared_prefix_boundary.pop(request.request_id, None)
+        if not reads_prefix_cache(self.config.profile, request):
+            return self._ids(tuple([] for _ in self.config.groups)), 0, False
+        max_len = lookup_length(self.config.profile, request, max_cache_hit_length)
+        per_group, hits = coord.find_longest_cache_hit_per_group(request.block_hashes, max_len)
+        if any(n > hits[fa] for n in hits):
+            found, n = self.get_computed_blocks(request, max_cache_hit_length)
+            return found, n, False
+        return self._ids(per_group), hits[fa], min(hits) < hits[fa]
+
+    def truncate_computed_blocks(self, blocks: Sequence[Sequence[int]], num_computed_tokens: int) -> BlockIds:
+        """A lookup's result cut to its first ``num_computed_tokens`` tokens
+        (vLLM 0.27.0 on: the scheduler drops a hit's partial last block when a
+        connector loads past it). Pure slicing, per group
+        (:func:`truncated_group`): nothing is touched or changed.
+
+        Raises:
+            UnsupportedOperationError: Before vLLM 0.27.0.
+            GroupCountError: ``blocks`` has another number of groups than the config.
+            InvalidBlockIdError: An id outside the pool.
+            InvalidTokenCountError: ``num_computed_tokens`` is not an int >= 0, is
+                not a multiple of a group's block size, or is longer than a
+                group's list (where vLLM asserts; a lagging Mamba list is kept
+                from 0.28.0 on).
+            StaleHitError: A list for a ring group (never cached).
+        """
+        require_operation(self.config.profile, "truncate_computed_blocks")
+        n = num_computed_tokens
+        if not is_int(n) or n < 0:
+            raise InvalidTokenCountError(f"truncate_computed_blocks: num_computed_tokens {n!r} is not an int >= 0")
+        if len(blocks) != len(self.config.groups):
+            raise GroupCountError(
+                f"truncate_computed_blocks: {len(blocks)} groups of blocks, the config has {len(self.config.groups)}"
+            )
+        for b in (b for ids in blocks for b in ids):
+            if not is_int(b) or not 0 <= b < self.config.num_blocks:
+                raise InvalidBlockIdError(f"truncate_computed_blocks: block id {b!r} is outside the pool")
+        profile = self.config.profile
+        return tuple(
+            tuple(truncated_group(kind, list(ids), n, g, profile))
+            for g, (kind, ids) in enumerate(zip(self.kinds, blocks, strict=True))
+        )
 
     def _check_cp_lookup(self) -> None:
         """Raise ContextParallelLookupError where a one-group lookup refuses
@@ -599,9 +673,10 @@ class KVCacheManager:
                 raise StaleHitError(
                     f"allocate_slots: the null block in group {g}'s hit: a full-attention hit never contains it"
                 )
+        lagging = lagging_hits_allowed(self.config)
         for g, kind in enumerate(self.kinds):
             need = -(-n_hit // kind.block_size)
-            if prefix_cacheable(kind) and len(hits[g]) != need:
+            if prefix_cacheable(kind) and not hit_list_fits(kind, len(hits[g]), need, lagging):
                 raise StaleHitError(
                     f"allocate_slots: group {g}'s hit has {len(hits[g])} blocks, but {n_hit} hit tokens take {need} "
                     f"(block size {kind.block_size}): get_computed_blocks never returns such a hit"
@@ -635,6 +710,65 @@ def is_int(value: object) -> bool:
     post: __return__ == (isinstance(value, int) and not isinstance(value, bool))
     """
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def lagging_hits_allowed(config: KVCacheConfig) -> bool:
+    """Whether ``allocate_slots`` takes hit lists shorter than the hit in
+    groups that are not of a full-attention type: those
+    :meth:`KVCacheManager.get_computed_blocks_for_connector` returns (vLLM
+    0.27.0 on, a cached model with a Mamba group and several groups).
+
+    post: __return__ == (config.profile.connector_lookup_op and config.enable_caching and len(config.groups) > 1 and any(isinstance(k, Mamba) for k in config.groups))
+    """  # noqa: E501 - a PEP 316 condition is one line
+    return (
+        config.profile.connector_lookup_op and config.enable_caching and len(config.groups) > 1
+        and any(isinstance(k, Mamba) for k in config.groups)
+    )  # fmt: skip
+
+
+def hit_list_fits(kind: AttentionKind, length: int, need: int, lagging: bool) -> bool:
+    """Whether a hit list of ``length`` blocks can come with a hit that takes
+    ``need`` blocks of ``kind``: exactly that many, or, where a connector's
+    lookup may let a group lag (``lagging``: :func:`lagging_hits_allowed`),
+    fewer in a group that is not of a full-attention type.
+
+    pre: length >= 0 and need >= 0
+    post: __return__ == (length == need or (lagging and not isinstance(kind, FULL_TYPE_KINDS) and length < need))
+    """
+    return length == need or (lagging and not isinstance(kind, FULL_TYPE_KINDS) and length < need)
+
+
+def truncated_group(
+    kind: AttentionKind, ids: list[int], num_computed_tokens: int, group: int, profile: SemanticsProfile
+) -> list[int]:
+    """One group's list of :meth:`KVCacheManager.truncate_computed_blocks`:
+    its blocks of the first ``num_computed_tokens`` tokens. A ring group has
+    none (and must be given none); a Mamba list that ends before the length
+    is kept whole from vLLM 0.28.0 on (switch ``truncate_mamba_lagging``;
+    its null padding stays, its state block past the length goes); every
+    other list must cover the length, which must be a multiple of the block size.
+
+    raises: InvalidTokenCountError, StaleHitError
+    post: __return__ == ids[: len(__return__)]
+    post: not prefix_cacheable(kind) or len(__return__) == min(num_computed_tokens // kind.block_size, len(ids))
+    """
+    if not prefix_cacheable(kind):
+        if ids:
+            raise StaleHitError(f"truncate_computed_blocks: blocks for group {group}, a ring group (never cached)")
+        return []
+    bs = kind.block_size
+    if num_computed_tokens % bs:
+        raise InvalidTokenCountError(
+            f"truncate_computed_blocks: {num_computed_tokens} tokens is not a multiple of group {group}'s "
+            f"block size {bs}"
+        )
+    keep = num_computed_tokens // bs
+    if keep > len(ids) and not (isinstance(kind, Mamba) and profile.truncate_mamba_lagging):
+        raise InvalidTokenCountError(
+            f"truncate_computed_blocks: {num_computed_tokens} tokens take {keep} blocks of group {group}, "
+            f"which has {len(ids)}"
+        )
+    return ids[:keep]
 
 
 def prefix_hint(lookup_returns_boundary: bool, num_uncached_common_prefix_tokens: int, boundary: int) -> int:
@@ -749,6 +883,8 @@ OPERATION_SWITCHES = {
     "get_prefix_hint": "prefix_hint_op",
     "get_num_cached_tokens": "num_cached_tokens_op",
     "record_blocks_for_zeroing": "record_zeroing_op",
+    "get_computed_blocks_for_connector": "connector_lookup_op",
+    "truncate_computed_blocks": "connector_lookup_op",
 }
 """Facade operations that exist only with a profile switch on."""
 

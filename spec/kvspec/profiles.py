@@ -225,6 +225,23 @@ class SemanticsProfile:
     """``get_num_cached_tokens`` exists (a lookup's hit length without its
     blocks, which changes nothing; the scheduler reads it before admitting):
     :func:`kvspec.kv_cache_manager.require_operation`."""
+    connector_lookup_op: bool = False
+    """``get_computed_blocks_for_connector`` and ``truncate_computed_blocks``
+    exist (a KV connector's local lookup: in a cached hybrid with a Mamba
+    group, each group looked up alone and the full-attention group's hit
+    reported, with a flag when another group lags behind it; and the slicing
+    of a lookup's result to a shorter aligned length; new in 0.27.0):
+    :meth:`kvspec.kv_cache_manager.KVCacheManager.get_computed_blocks_for_connector`."""
+    truncate_mamba_lagging: bool = False
+    """``truncate_computed_blocks`` keeps a Mamba group's list as it is where
+    it ends before the new length (a connector supplies that state); before
+    0.28.0 every group must cover the length:
+    :func:`kvspec.kv_cache_manager.truncated_group`."""
+    per_group_eagle_margin: bool = False
+    """The per-group lookup of ``get_computed_blocks_for_connector`` lets an
+    EAGLE group other than Mamba look one margin further before it drops
+    (capped by the hashed tokens), so its hit is not a block short (new in
+    0.32.0): :meth:`kvspec.kv_cache_coordinator.HybridCoordinator.find_longest_cache_hit_per_group`."""
     hit_limit_at_construction: bool = False
     """Whether a request reads the prefix cache is its ``prefix_cache_hit_limit``
     (0: no reads), fixed when the request is made, not its
@@ -506,11 +523,17 @@ group's; ``estimate_cached_tokens`` and ``record_blocks_for_zeroing`` are new; s
 processed-token basis (the request's in-flight tokens are subtracted)."""
 
 VLLM_0_27_0 = replace(
-    VLLM_0_26_0, name="vllm-0.27.0", release="0.27.0", stats_at_lookup=False, free_unhashed_needs_caching=True
+    VLLM_0_26_0,
+    name="vllm-0.27.0",
+    release="0.27.0",
+    stats_at_lookup=False,
+    free_unhashed_needs_caching=True,
+    connector_lookup_op=True,
 )
 """0.27.0: lookups stop recording prefix-cache statistics (the scheduler
 records them at admission); with caching off every freed block goes to the
-free-queue tail."""
+free-queue tail; ``get_computed_blocks_for_connector`` and
+``truncate_computed_blocks`` are new."""
 
 VLLM_0_27_1 = replace(VLLM_0_27_0, name="vllm-0.27.1", release="0.27.1")
 """0.27.1: no observable change from 0.27.0."""
@@ -523,11 +546,13 @@ VLLM_0_28_0 = replace(
     new_block_ids="attention-with-mamba",
     partial_hits_gated=True,
     mamba_early_return_allocated=True,
+    truncate_mamba_lagging=True,
 )
 """0.28.0: the free order of 0.26.0 is back; with a Mamba group every
 attention kind records its fresh blocks; fine-grained hits are switched off
 when a group cannot do them; an align-mode allocation that needs no block
-marks the request as allocated."""
+marks the request as allocated; ``truncate_computed_blocks`` keeps a lagging
+Mamba list."""
 
 VLLM_0_29_0 = replace(
     VLLM_0_28_0,
@@ -584,12 +609,14 @@ VLLM_0_32_0 = replace(
     release="0.32.0",
     common_prefix="zero",
     eagle_margin_hashed_cap=True,
+    per_group_eagle_margin=True,
     fa_tail_below_last_token=True,
     mamba_tail_entries=True,
     kpool_tail_kind=False,
 )
 """0.32.0: ``get_num_common_prefix_blocks`` always answers zeros; the hybrid
-EAGLE look-ahead is capped by hashed tokens; the full-attention partial tail
+EAGLE look-ahead is capped by hashed tokens, and the connector's per-group
+lookup takes it too; the full-attention partial tail
 moves to the last hash boundary below the prompt's last token; Mamba align
 tail entries; ``KpoolTailSpec`` is gone."""
 

@@ -414,6 +414,35 @@ def rezero(mgr: Any, h: RequestBlockHasher) -> object:
     return mgr.record_blocks_for_zeroing("a", 4)
 
 
+CONNECTOR_HYBRID = (FullAttention(4), Mamba(4, "align"))
+"""The hybrid of the connector lookup's cases."""
+
+
+def connector_lookup(mgr: Any, h: RequestBlockHasher) -> object:
+    """``a`` runs 8 then 5 tokens (full attention caches 12, Mamba a state at 8);
+    a KV connector's lookup of ``b``, which shares the 13."""
+    a = h.new_request("a", list(range(13)))
+    mgr.allocate_slots(a, 8)
+    mgr.allocate_slots(replace(a, num_computed_tokens=8), 5)
+    mgr.cache_blocks(replace(a, num_computed_tokens=13), 13)
+    mgr.free("a")
+    mgr.new_step_starts()
+    return mgr.get_computed_blocks_for_connector(h.new_request("b", [*range(13), 1, 2]))
+
+
+def truncate_lagging(mgr: Any, h: RequestBlockHasher) -> object:
+    """A lookup's lists cut to 12 tokens where the Mamba list ends at 8."""
+    return mgr.truncate_computed_blocks(((1, 2, 4), (0, 3)), 12)
+
+
+def connector_eagle(mgr: Any, h: RequestBlockHasher) -> object:
+    """A connector's lookup under EAGLE of a 16-token ``b`` whose 16 tokens are
+    cached: without the look-ahead full attention searches 15 and drops a block."""
+    admit(mgr, h.new_request("a", list(range(17))))
+    mgr.new_step_starts()
+    return mgr.get_computed_blocks_for_connector(h.new_request("b", list(range(16))))
+
+
 def prefix_hint(mgr: Any, h: RequestBlockHasher) -> object:
     """``a`` runs 8 then 9 tokens (Mamba states at 8 and 16); ``b`` shares 12:
     the hint is the uncached common prefix (4) or the boundary (12)."""
@@ -558,6 +587,12 @@ CASES = [
     Case("circular_buffer_kind", VLLM_0_29_0, False, hybrid_hit, {"groups": (FullAttention(4), CircularBuffer(2))}),
     Case("estimate_cached_tokens_op", VLLM_0_26_0, False, estimate, {"groups": (FullAttention(4),)}),
     Case("record_zeroing_op", VLLM_0_26_0, False, rezero, {"groups": (FullAttention(4), Mamba(4, "align"))}),
+    Case("connector_lookup_op", VLLM_0_27_0, False, connector_lookup, {"groups": CONNECTOR_HYBRID}),
+    Case("truncate_mamba_lagging", VLLM_0_28_0, False, truncate_lagging, {"groups": CONNECTOR_HYBRID}),
+    Case(
+        "per_group_eagle_margin", VLLM_0_32_0, False, connector_eagle,
+        {"groups": CONNECTOR_HYBRID, "use_eagle": True},
+    ),
     Case("estimate_skips_uncacheable", VLLM_0_30_0, False, estimate, {"groups": (FullAttention(4), CircularBuffer(2))}),
     Case("kpool_tail_kind", VLLM_0_30_0, False, hybrid_hit, {"groups": (FullAttention(4), KpoolTail(2, 8))}),
     Case(

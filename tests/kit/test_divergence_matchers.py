@@ -44,6 +44,7 @@ def _trace_step(div_id: str) -> tuple[KVCacheConfig, dict[str, Any], Any]:
         ("common-prefix-pending", [2]),
         ("mamba-align-external-estimate", {"crash": "ValueError"}),
         ("mamba-cow-owner", [[], [5], [6]]),
+        ("connector-lookup-bound-crash", {"crash": "IndexError"}),
     ],
 )
 def test_matcher_explains_vllms_output_on_its_trace(div_id: str, vllm_out: Any) -> None:

@@ -39,6 +39,8 @@ def _probe(feature: str) -> dict[str, Any]:
         "get_num_cached_tokens": _RID,
         "get_num_common_prefix_blocks": _RID,
         "record_blocks_for_zeroing": {**_RID, "start_token": 0},
+        "get_computed_blocks_for_connector": _RID,
+        "truncate_computed_blocks": {"blocks": [[], []], "num_computed_tokens": 0},
     }
     return {"op": name, **extras.get(name, {})}
 
@@ -58,6 +60,7 @@ def test_every_release_lacks_what_its_switches_say() -> None:
     assert absent_features(VLLM_0_25_1) == {
         "op:estimate_cached_tokens", "op:record_prefix_cache_stats", "op:take_kv_cache_block_copies",
         "max_cache_hit_length", "op:get_num_cached_tokens", "op:record_blocks_for_zeroing",
+        "op:get_computed_blocks_for_connector", "op:truncate_computed_blocks",
     }  # fmt: skip
     assert absent_features(VLLM_0_33_0) == {"op:get_num_cached_tokens"}
     assert {f for f, _ in RELEASE_OPERATIONS} == set().union(*(absent_features(p) for p in PROFILES.values()))

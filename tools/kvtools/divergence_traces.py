@@ -357,6 +357,21 @@ def scenarios(profile: SemanticsProfile = VLLM_0_25_1) -> dict[str, Scenario | s
                 ],
                 6,
             ),
+            _divergence(
+                "connector-lookup-bound-crash",
+                "FA(2) + Mamba(2, align): a 3-token request (one full block hashed) looked up by a KV connector "
+                "with max_cache_hit_length 4, past its hashed tokens. vLLM 0.33.0 hands the bound to each group's "
+                "own lookup, and the Mamba finder reads the hash of block 1, which the request does not have: "
+                "IndexError. kvspec answers the lookup (no hit: nothing is cached)",
+                lambda: KVCacheConfig(
+                    profile=p, num_blocks=16, groups=(FullAttention(2), Mamba(2, "align")), max_model_len=32
+                ),
+                [
+                    _add("r", [0, 0, 0]),
+                    {"op": "get_computed_blocks_for_connector", "rid": "r", "max_cache_hit_length": 4},
+                ],
+                1,
+            ),
         ]
     )
 

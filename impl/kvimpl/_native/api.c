@@ -283,7 +283,7 @@ static int validate_hits(Core *c, ReqView *rv, HitArgs *ha, Py_ssize_t n_hit) {
     }
     for (int g = 0; g < c->G; g++) {
         Py_ssize_t bs = c->groups[g].bs, need = (n_hit + bs - 1) / bs;
-        if (ha->h[g].n != need) {
+        if (ha->h[g].n != need && !(c->lagging_hits && !c->groups[g].full_type && ha->h[g].n < need)) {
             PyErr_Format(G_.StaleHitError,
                          "allocate_slots: group %d's hit has %zd blocks, but %zd hit tokens take %zd (block size %zd): "
                          "get_computed_blocks never returns such a hit",
@@ -1454,6 +1454,7 @@ static int Core_init(Core *c, PyObject *args, PyObject *kwds) {
     c->adopt_hit = (int)dict_int(p, "adopt_hit_without_new_tokens", &err);
     c->mamba_counts = (int)dict_int(p, "mamba_eagle_counts_verified", &err);
     c->hashed_cap = (int)dict_int(p, "eagle_margin_hashed_cap", &err);
+    c->lagging_hits = (int)dict_int(p, "lagging_hits", &err); /* lists a connector's lookup returns */
     c->stats_at_lookup = (int)dict_int(p, "stats_at_lookup", &err);
     c->inflight_basis = (int)dict_int(p, "skip_on_processed_tokens", &err);
     int events = (int)dict_int(p, "enable_kv_cache_events", &err);

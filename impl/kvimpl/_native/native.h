@@ -162,7 +162,7 @@ typedef struct {
     SpecGroup *sgs;
     int hbs, sched, dlen, KL, caching, has_mamba, has_skipping;
     Py_ssize_t max_len, watermark;
-    int unhashed_first, pop_trims, common_zero, adopt_hit, mamba_counts, hashed_cap, stats_at_lookup;
+    int unhashed_first, pop_trims, common_zero, adopt_hit, mamba_counts, hashed_cap, stats_at_lookup, lagging_hits;
     int inflight_basis; /* skip_on_processed_tokens: skipped blocks freed below computed - in flight */
     /* block pool */
     int32_t *nxt, *prv;

@@ -255,6 +255,14 @@ def _mirrored(base: type) -> type:
             out: int = super().get_num_cached_tokens(self._sync(request))
             return out
 
+        def get_computed_blocks_for_connector(
+            self, request: Any, max_cache_hit_length: int | None = None
+        ) -> tuple[BlockIds, int, bool]:
+            out: tuple[BlockIds, int, bool] = super().get_computed_blocks_for_connector(
+                self._sync(request), max_cache_hit_length
+            )
+            return out
+
         def allocate_slots(self, request: Any, *args: Any, **kwargs: Any) -> BlockIds | None:
             out: BlockIds | None = super().allocate_slots(self._sync(request), *args, **kwargs)
             return out

@@ -54,6 +54,9 @@ OPERATION_SWITCHES: tuple[tuple[str, str, Call], ...] = (
     ("partial_hash_hits", "take_kv_cache_block_copies", lambda m, r: m.take_kv_cache_block_copies()),
     ("num_cached_tokens_op", "get_num_cached_tokens", lambda m, r: m.get_num_cached_tokens(r)),
     ("record_zeroing_op", "record_blocks_for_zeroing", lambda m, r: m.record_blocks_for_zeroing(r.request_id, 0)),
+    ("connector_lookup_op", "get_computed_blocks_for_connector", lambda m, r: m.get_computed_blocks_for_connector(r)),
+    ("connector_lookup_op", "truncate_computed_blocks",
+     lambda m, r: m.truncate_computed_blocks(tuple(() for _ in m.config.groups), 0)),
 )  # fmt: skip
 """Per facade operation that only some releases have: the profile switch that
 says whether it exists, its name, and the call (vLLM 0.16.0 lacks them all,

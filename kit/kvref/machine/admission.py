@@ -121,18 +121,27 @@ class AdmissionRules(ConnectorRules, SpeculativeRules):
         """Schedule the waiting request ``rid`` (:meth:`admit`). A lookup that
         hits every token (vLLM 0.33.0 takes a ``max_cache_hit_length`` as
         given, :mod:`kvref.machine.hit_limits`) leaves nothing to schedule:
-        the request stays waiting."""
+        the request stays waiting. In runs of the ``connector_lookup`` family
+        the lookup is a KV connector's and the hit is settled against what
+        the connector matches
+        (:meth:`kvref.machine.connectors.ConnectorRules._settle_connector_hit`)."""
         st_ = self.reqs[rid]
         op: Json = {"op": "allocate_slots", "rid": rid}
-        hit = 0
+        hit = external = 0
+        total = self._num_tokens(rid)
         looked_up = st_.computed == 0
+        connector = looked_up and self.family_on("connector_lookup")
         if looked_up:
-            found = self._lookup(rid)
+            found, diverged = self._local_lookup(rid)
             if found is None:
                 return  # the release fails this lookup (nothing changed); the request stays waiting
-            hit = found["num_tokens"]
-            if hit >= self._num_tokens(rid):
+            hit, blocks = found["num_tokens"], found["blocks"]
+            if hit >= total:
                 return  # only a bounded lookup hits whole (unbounded ones stop at num_tokens - 1)
+            if connector:
+                blocks, hit, external = self._settle_connector_hit(data, rid, found, diverged, total)
+                if blocks is None or hit >= total:
+                    return
             assert self.lock is not None
             if hit:
                 self.lock.stats.prefix_hits += 1
@@ -143,11 +152,13 @@ class AdmissionRules(ConnectorRules, SpeculativeRules):
                 if self._sched.read_hint(rid):
                     self.lock.stats.prefix_hints += 1
                 self.lock.stats.prefix_hint_reads += 1
-            if any(found["blocks"]):
-                op["new_computed_blocks"] = self._maybe_null_window_hits(data, found["blocks"])
+            if any(blocks):
+                op["new_computed_blocks"] = self._maybe_null_window_hits(data, blocks)
             op["num_new_computed_tokens"] = hit
-        total = self._num_tokens(rid)
-        external, delay = self._connector_tokens(data, st_.computed, hit, total)
+        if connector:
+            delay = external > 0 and boolean(data) and self._allowed("delay_cache_blocks") and self._on("delay")
+        else:
+            external, delay = self._connector_tokens(data, st_.computed, hit, total)
         new = 0 if delay else self._chunk(data, st_, st_.computed + hit + external, looked_up)
         op.update(
             num_new_tokens=new, num_external_computed_tokens=external, delay_cache_blocks=delay,
@@ -159,6 +170,16 @@ class AdmissionRules(ConnectorRules, SpeculativeRules):
         )  # fmt: skip
         if self._sched.admit(op, hit, external, delay, looked_up) and not delay and st_.computed == total:
             self._sample_token(data, rid)
+
+    def connector_twin(self, data: st.DataObject) -> None:
+        """Directed (the ``connector_lookup`` family): an earlier prompt again,
+        extended, admitted at once through a connector's lookup. Hits, and hits
+        on which the groups disagree (a Mamba state evicted or never cached
+        where full attention's blocks stay), are rare for fresh prompts."""
+        tokens, extra = choose(data, self.past)
+        prompt = (tokens + draw_tokens(data, 1, 2 * self.cfg.scheduler_block_size))[: self._prompt_limit()]
+        fields: Json = {"prompt": prompt} if extra is None else {"prompt": prompt, "extra": extra}
+        self._admit(data, self._add(fields, True))
 
     def _maybe_null_window_hits(self, data: st.DataObject, blocks: Json) -> Json:
         """The hit as found, or, in one admission in ten, with every

@@ -29,7 +29,7 @@ from kvref.hypothesis_compat import boolean, choose, integer
 from kvref.machine.base import Action, Family, MachineBase
 from kvref.machine.configuration import draw_tokens
 from kvref.machine.scripted import ScriptedMoves
-from kvspec.config import FULL_TYPE_KINDS, Mamba
+from kvspec.config import FULL_TYPE_KINDS, Mamba, prefix_cacheable
 
 Json = Any
 ACTIONS: tuple[Action, ...] = (("finish_remote_load", lambda m: bool(m.remote)),)
@@ -55,6 +55,92 @@ class ConnectorRules(ScriptedMoves):
                 external = 0
         delay = external > 0 and boolean(data) and self._allowed("delay_cache_blocks") and self._on("delay")
         return external, delay
+
+    def _tally(self, what: str) -> None:
+        assert self.lock is not None
+        self.lock.stats.connector[what] += 1
+
+    def _local_lookup(self, rid: str) -> tuple[Json | None, bool]:
+        """An admission's prefix lookup and whether its hit diverged: in runs
+        of the ``connector_lookup`` family the lookup vLLM's scheduler makes
+        when a KV connector may load the rest
+        (``get_computed_blocks_for_connector``), else ``get_computed_blocks``
+        (never diverged); None where the release fails the lookup."""
+        if not self.family_on("connector_lookup"):
+            return self._lookup(rid), False
+        op: Json = {"op": "get_computed_blocks_for_connector", "rid": rid}
+        if self.lookup_bound is not None:
+            op["max_cache_hit_length"] = self.lookup_bound
+        found = self._call(op)
+        if not isinstance(found, dict) or "hit_diverged" not in found:
+            return None, False  # a caller error, or the reference crashed (a known divergence halts there)
+        self._tally("connector lookups")
+        return found, bool(found["hit_diverged"])
+
+    def _settle_connector_hit(
+        self, data: st.DataObject, rid: str, found: Json, diverged: bool, total: int
+    ) -> tuple[Json | None, int, int]:
+        """What vLLM's scheduler (0.27.0 on) makes of a connector's lookup
+        before it allocates: the connector matches tokens past the hit cut to
+        a scheduler block (drawn); a hit ending inside a block keeps that
+        partial block only when the connector matches no further, else it is
+        cut off (``truncate_computed_blocks``) and the connector loads from the
+        block boundary; a diverged hit with nothing loaded is looked up again
+        the reconciled way (``get_computed_blocks``). Returns the hit lists,
+        the hit and the external tokens; None lists where a call failed (the
+        request stays waiting)."""
+        hit, blocks = found["num_tokens"], found["blocks"]
+        aligned = hit - hit % self.cfg.scheduler_block_size
+        matched = 0
+        if integer(data, 0, 1) == 0 and total - aligned > 1:
+            matched = integer(data, 1, total - aligned - 1)
+        external = matched
+        if hit > aligned and matched > hit - aligned:
+            self._tally("connector hits cut to a block")
+            cut = self._call({"op": "truncate_computed_blocks", "blocks": blocks, "num_computed_tokens": aligned})
+            if not isinstance(cut, list):
+                return None, 0, 0
+            blocks, hit = cut, aligned
+        elif hit > aligned:
+            external = 0
+        if diverged and external == 0:
+            self._tally("diverged hits reconciled")
+            again = self._lookup(rid)
+            if again is None:
+                return None, 0, 0
+            hit, blocks = again["num_tokens"], again["blocks"]
+        elif diverged:
+            self._tally("diverged hits loaded")
+        return blocks, hit, external
+
+    def truncate_probe(self, data: st.DataObject) -> None:
+        """Directed (the ``connector_lookup`` family): a connector's lookup of a
+        request, then ``truncate_computed_blocks`` of its lists, to a
+        scheduler-block length within the hit as the scheduler cuts them, or,
+        one call in two, with a caller error every side must refuse: a
+        negative length, a length off the block size, a group missing, a block
+        id outside the pool, a list for a ring group. Nothing changes."""
+        found, _ = self._local_lookup(choose(data, tuple(sorted(self.reqs))))
+        if found is None:
+            return
+        blocks, sched = [list(g) for g in found["blocks"]], self.cfg.scheduler_block_size
+        n = (found["num_tokens"] // sched - integer(data, 0, found["num_tokens"] // sched)) * sched
+        bad = choose(data, ("", "", "", "", "", "negative", "off-block", "group", "id", "ring"))
+        if bad == "negative":
+            n = -sched
+        elif bad == "off-block":
+            n += 1
+        elif bad == "group":
+            blocks.pop()
+        elif bad == "id":
+            blocks[0].append(self.cfg.num_blocks)
+        elif bad == "ring":
+            rings = [g for g, k in enumerate(self.cfg.groups) if not prefix_cacheable(k)]
+            if not rings:
+                return
+            blocks[rings[0]].append(1)
+        op: Json = {"op": "truncate_computed_blocks", "blocks": blocks, "num_computed_tokens": n}
+        self._call(op, expect_unchanged=True)
 
     def finish_remote_load(self, data: st.DataObject) -> None:
         """The connector finished loading: cache the loaded blocks, then the
@@ -216,6 +302,35 @@ leaves the window before it in blocks the admission already skipped, and the
 recomputation reads them: a defect of every release, registered as
 ``swa-failed-load`` (docs/safety.md). Conformance runs leave the one-group
 models out, so that their draws stay as they were."""
+
+
+def _connector_lookups_take_part(m: MachineBase) -> bool:
+    return (
+        m.cfg.profile.connector_lookup_op and m.cfg.enable_caching and len(m.cfg.groups) > 1
+        and not m.SETUP.safety and not m.cross
+        and m._allowed("op:get_computed_blocks_for_connector") and m._allowed("op:truncate_computed_blocks")
+        and m._allowed("external") and m._on("connector")
+    )  # fmt: skip
+
+
+CONNECTOR_LOOKUP_FAMILY = Family(
+    "connector_lookup",
+    (("connector_twin", lambda m: bool(m.past) and len(m.reqs) < 10), ("truncate_probe", lambda m: bool(m.reqs))),
+    _connector_lookups_take_part,
+)
+"""A KV connector's local lookup at admission (vLLM 0.27.0 on:
+``get_computed_blocks_for_connector``, and ``truncate_computed_blocks`` for a
+hit that ends inside a block), as vLLM's scheduler makes it with a connector
+that accepts diverging hybrid hits (NIXL's), in conformance runs of cached
+hybrids: with a Mamba group each group is looked up alone (lagging groups
+allowed), in other models it is ``get_computed_blocks``. Every other run
+draws as before.
+
+NOTE: not at the safety level yet: a lagging group's hit leaves blocks
+between its own hit and the reported one that only the connector's load can
+fill, and what a real connector fills there (vLLM's NIXL connector fills the
+request's blocks that hold no cached hit) is not in the safety monitor's
+model of a load."""
 
 LOAD_TWIN_FAMILY = Family("load_twin", (("load_twin", lambda m: bool(m.prefixes)),), _twins_take_part)
 """Directed, at the safety level with prefix caching on: a load that ends

@@ -236,6 +236,8 @@ class InvalidRules(InvalidInputs):
                 op["num_hits"] = 0
             elif name == "record_blocks_for_zeroing":
                 op["start_token"] = 0
+            elif name == "truncate_computed_blocks":
+                op.update(blocks=[[] for _ in self.cfg.groups], num_computed_tokens=0)
         elif feature == "max_cache_hit_length":  # a lookup argument: a bound that changes no hit
             if rid is None:
                 return
@@ -280,6 +282,6 @@ class InvalidRules(InvalidInputs):
 _ABSENT_NEED_REQUEST = frozenset(
     {"pop_blocks_for_free", "get_block_ids_for_computed_tokens", "estimate_cached_tokens", "get_prefix_hint",
      "record_prefix_cache_stats", "get_num_cached_tokens", "get_num_common_prefix_blocks",
-     "record_blocks_for_zeroing"}
+     "record_blocks_for_zeroing", "get_computed_blocks_for_connector"}
 )  # fmt: skip
 """The absent operations that name a request."""

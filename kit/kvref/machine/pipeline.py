@@ -42,6 +42,7 @@ from kvref.machine.configuration import VOCAB
 from kvref.machine.recording import RecordingRules
 from kvref.machine.running import RunningRules
 from kvref.scheduler_pipeline import PipelineScheduler
+from kvspec.config import Mamba
 
 Json = Any
 NAME = "async_pipeline"
@@ -112,6 +113,9 @@ class PipelineRules(RunningRules, RecordingRules):
         sched.whole_prefill = old.whole_prefill
         self.sched = sched
         self.max_drafts = integer(data, 0, MAX_DRAFTS)
+        if any(isinstance(k, Mamba) and k.num_speculative_blocks == 0 for k in self.cfg.groups):
+            # vLLM gives a Mamba group one block per speculative token: a model with drafts has them
+            self.max_drafts = 0
         # the pipeline's own actions stay on whatever the run's action swarm drew: a scheduler
         # without them would dispatch only when it schedules a request twice
         self.actions_off = (self.actions_off | OFF) - {name for name, _ in ACTIONS}

@@ -47,6 +47,8 @@ def supports(config: KVCacheConfig) -> str | None:
         "op:get_block_ids_for_computed_tokens",
         "op:estimate_cached_tokens",
         "op:record_blocks_for_zeroing",
+        "op:get_computed_blocks_for_connector",
+        "op:truncate_computed_blocks",
     },
 )
 def make(config: KVCacheConfig) -> MyAdapter:

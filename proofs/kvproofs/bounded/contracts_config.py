@@ -181,3 +181,27 @@ def _num_sink_blocks() -> Iterator[Case]:
     # exhausted it (proofs/README.md, "Determinism and time").
     for bs, sink, profile in product(range(1, 17), range(65), PROFILE_LIST):
         yield SinkFullAttention(bs, sink), profile
+
+
+KCM = "kvspec.kv_cache_manager"
+
+
+@contract(f"{KCM}.lagging_hits_allowed", "every valid configuration of the domain")
+def _lagging_hits_allowed() -> Iterator[Case]:
+    for cfg in configs():
+        yield (cfg,)
+
+
+@contract(f"{KCM}.hit_list_fits", "the kind catalog x lengths 0-4 x needs 0-4 x lagging or not")
+def _hit_list_fits() -> Iterator[Case]:
+    yield from product(KINDS, range(5), range(5), (False, True))
+
+
+@contract(
+    f"{KCM}.truncated_group",
+    "the kind catalog x lists of 0-3 blocks (with a null one) x lengths 0-10 x group 0 x every profile",
+)
+def _truncated_group() -> Iterator[Case]:
+    lists: tuple[list[int], ...] = ([], [5], [0, 5], [5, 6, 7])
+    for kind, ids, n, profile in product(KINDS, lists, range(11), PROFILE_LIST):
+        yield kind, list(ids), n, 0, profile

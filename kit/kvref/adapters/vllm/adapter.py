@@ -51,6 +51,7 @@ from kvspec.errors import (
 )
 from kvspec.events import KVCacheEvent
 from kvspec.hashing import ExtraKeySource
+from kvspec.kv_cache_manager import hit_list_fits, lagging_hits_allowed
 from kvspec.request import Request, RequestStatus
 from kvspec.stats import PrefixCacheStats
 from kvspec.view import BlockIds, KVView
@@ -338,6 +339,64 @@ class VllmAdapter:
         self._last_hits[request.request_id] = (ids, blocks)
         return ids, num_tokens
 
+    def get_computed_blocks_for_connector(
+        self, request: Request, max_cache_hit_length: int | None = None
+    ) -> tuple[BlockIds, int, bool]:
+        """A KV connector's local lookup (the 0.27 era on; no state change):
+        the hit lists, the hit length and whether a group lags behind it.
+
+        Raises:
+            Unsupported: Before the 0.27 era; a bound on a release without it.
+            InvalidTokenCountError, ContextParallelLookupError: As :meth:`get_computed_blocks`.
+        """
+        bound = max_cache_hit_length
+        bad_bound = not isinstance(bound, int) or isinstance(bound, bool) or bound < 0
+        if bound is not None and self.api.hit_length_bound and bad_bound:
+            raise InvalidTokenCountError(
+                f"get_computed_blocks_for_connector: max_cache_hit_length {bound!r} is not an int >= 0"
+            )
+        self.apply_globals()
+        vreq = self._sync(request)
+        try:
+            blocks, num_tokens, diverged = self.api.get_computed_blocks_for_connector(self.manager, vreq, bound)
+        except AssertionError as exc:
+            if not str(exc).startswith(("DCP not support", "PCP not support")):
+                raise
+            raise ContextParallelLookupError(f"get_computed_blocks_for_connector: {exc}") from exc
+        ids = group_ids(self.api, blocks)
+        self._last_hits[request.request_id] = (ids, blocks)
+        return ids, num_tokens, diverged
+
+    def truncate_computed_blocks(self, blocks: Sequence[Sequence[int]], num_computed_tokens: int) -> BlockIds:
+        """vLLM's slicing of a lookup's result (the 0.27 era on), given block
+        ids per group. Caller errors are raised before vLLM is called; where
+        vLLM asserts that the length does not fit a group (a length that is
+        not a multiple of its block size, or past its list), the assertion
+        becomes InvalidTokenCountError.
+
+        Raises:
+            Unsupported: Before the 0.27 era.
+            InvalidTokenCountError, GroupCountError, InvalidBlockIdError, StaleHitError:
+                As kvspec's ``truncate_computed_blocks``.
+        """
+        n = num_computed_tokens
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise InvalidTokenCountError(f"truncate_computed_blocks: num_computed_tokens {n!r} is not an int >= 0")
+        if len(blocks) != self._num_groups:
+            raise GroupCountError(f"truncate_computed_blocks: {len(blocks)} groups, the config has {self._num_groups}")
+        for group in blocks:
+            self._check_block_ids(group)
+        for g, kind in enumerate(self.config.groups):
+            if not prefix_cacheable(kind) and blocks[g]:
+                raise StaleHitError(f"truncate_computed_blocks: blocks for group {g}, a ring group (never cached)")
+        pool_blocks = self.api.pool_blocks(self._pool)
+        given = self.api.kv_cache_blocks([pool_blocks[i] for i in g] for g in blocks)
+        try:
+            out = self.api.truncate_computed_blocks(self.manager, given, n)
+        except AssertionError as exc:
+            raise InvalidTokenCountError(f"truncate_computed_blocks: {n} tokens do not fit a group ({exc})") from exc
+        return group_ids(self.api, out)
+
     def get_prefix_hint(self, request: Request) -> int:
         """The scheduler's prefix hint after ``request``'s lookup (:meth:`VllmApi.prefix_hint`).
 
@@ -510,9 +569,10 @@ class VllmAdapter:
                 raise StaleHitError(f"request {rid!r}: the null block in group {g}'s full-attention hit")
         # vLLM accepts hit lists that do not cover the hit tokens (it then counts tokens no block
         # holds as computed); no lookup returns one, so the protocol makes it a caller error.
+        lagging = lagging_hits_allowed(self.config)
         for g, (kind, bs) in enumerate(zip(self.config.groups, self._block_sizes, strict=True)):
             need = -(-n_hit // bs)
-            if prefix_cacheable(kind) and len(hits[g]) != need:
+            if prefix_cacheable(kind) and not hit_list_fits(kind, len(hits[g]), need, lagging):
                 raise StaleHitError(
                     f"request {rid!r}: group {g}'s hit has {len(hits[g])} blocks, but {n_hit} hit tokens take {need} "
                     f"(block size {bs}): get_computed_blocks never returns such a hit"

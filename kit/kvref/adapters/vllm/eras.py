@@ -325,6 +325,9 @@ class VllmApi:
     """``get_computed_blocks(request, max_cache_hit_length)`` exists."""
     has_num_cached_tokens: ClassVar[bool] = False
     """``get_num_cached_tokens(request)`` exists."""
+    has_connector_lookup: ClassVar[bool] = False
+    """``get_computed_blocks_for_connector(request[, max_cache_hit_length])``
+    and ``truncate_computed_blocks(blocks, num_computed_tokens)`` exist."""
     request_skip_attribute: ClassVar[str | None] = "skip_reading_prefix_cache"
     """The ``Request`` attribute the manager reads at each lookup to skip
     prefix-cache reads, which the scheduler may set (None: the release reads a
@@ -875,6 +878,38 @@ class VllmApi:
         out = self.method(manager, "get_block_ids_for_computed_tokens")(request_id, num_computed_tokens)
         return tuple(tuple(int(i) for i in g) for g in out)
 
+    def get_computed_blocks_for_connector(
+        self, manager: Any, vreq: Any, bound: int | None = None
+    ) -> tuple[Any, int, bool]:
+        """``get_computed_blocks_for_connector(request[, max_cache_hit_length])``
+        (the 0.27 era on) -> ``(KVCacheBlocks, num_computed_tokens, hit_diverged)``;
+        the shared-prefix boundary it returns is stored on the request, as the
+        scheduler does.
+
+        Raises:
+            Unsupported: Before the 0.27 era, or a ``bound`` before the 0.33 era.
+        """
+        if not self.has_connector_lookup:
+            raise self.unsupported("KVCacheManager.get_computed_blocks_for_connector")
+        if bound is not None and not self.hit_length_bound:
+            raise self.unsupported(
+                "KVCacheManager.get_computed_blocks_for_connector(max_cache_hit_length=...)", f"asked for {bound}"
+            )
+        lookup = self.method(manager, "get_computed_blocks_for_connector")
+        blocks, num_tokens, boundary, diverged = lookup(vreq) if bound is None else lookup(vreq, bound)
+        vreq.shared_prefix_boundary = boundary
+        return blocks, int(num_tokens), bool(diverged)
+
+    def truncate_computed_blocks(self, manager: Any, blocks: Any, num_computed_tokens: int) -> Any:
+        """``truncate_computed_blocks(blocks, num_computed_tokens)`` (the 0.27 era on).
+
+        Raises:
+            Unsupported: Before the 0.27 era.
+        """
+        if not self.has_connector_lookup:
+            raise self.unsupported("KVCacheManager.truncate_computed_blocks")
+        return self.method(manager, "truncate_computed_blocks")(blocks, num_computed_tokens)
+
     def get_num_cached_tokens(self, manager: Any, vreq: Any) -> int:
         """``get_num_cached_tokens(request)`` (the 0.34 era on).
 
@@ -1078,12 +1113,15 @@ class VllmApi026(VllmApi):
 
 class VllmApi027(VllmApi026):
     """vLLM 0.27 era (0.27.0 to 0.28.x): the lookup no longer records prefix-cache
-    statistics; the caller records them with ``record_prefix_cache_stats``."""
+    statistics; the caller records them with ``record_prefix_cache_stats``; a
+    KV connector's lookup (``get_computed_blocks_for_connector``) and
+    ``truncate_computed_blocks`` are new."""
 
     era = "0.27"
     since = (0, 27, 0)
     verified: ClassVar[tuple[str, ...]] = ("0.27.1", "0.28.0")
     caller_records_stats = True
+    has_connector_lookup = True
 
 
 class VllmApi029(VllmApi027):

@@ -1,0 +1,134 @@
+"""The content oracle on Mamba groups (kvref.content, kvref.safety; docs/safety.md).
+
+A Mamba block holds one recurrent state, the state after a prefix of the
+request's inputs. The oracle checks that a hit serves, and a step reads where
+the ``mamba_cache_mode`` says, the state of the request's own prefix at that
+length, and writes its states where the mode says.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvref.adapters import load_factory
+from kvref.content import STALE, UNWRITTEN, stale_index, state_hit_index, state_read_index, state_writes
+from kvref.lockstep import Lockstep, LockstepFailure, RunStats
+from kvref.safety import SafetyMonitor, safety_monitor
+from kvspec.config import FullAttention, KVCacheConfig, Mamba, MambaMode
+from kvspec.profiles import VLLM_0_25_1
+
+
+def _solo(cfg: KVCacheConfig, tmp_path: Path) -> tuple[Lockstep, SafetyMonitor]:
+    stats = RunStats()
+    lock = Lockstep(cfg, [load_factory("spec")], stats, tmp_path)
+    lock.monitor = safety_monitor(cfg, lock.book, stats.safety)
+    return lock, lock.monitor
+
+
+def _admit(lock: Lockstep, rid: str, prompt: list[int], chunk: int | None = None) -> None:
+    """Add ``rid`` and compute its prompt after its hit, in chunks of ``chunk`` tokens."""
+    lock.request_op({"op": "add_request", "rid": rid, "prompt": prompt})
+    found = lock.call({"op": "get_computed_blocks", "rid": rid})
+    done = found["num_tokens"]
+    op: dict[str, Any] = {"op": "allocate_slots", "rid": rid, "num_new_computed_tokens": done}
+    if any(found["blocks"]):
+        op["new_computed_blocks"] = found["blocks"]
+    while done < len(prompt):
+        n = min(chunk or len(prompt), len(prompt) - done)
+        assert lock.call({**op, "num_new_tokens": n}) is not None
+        done += n
+        lock.call({"op": "cache_blocks", "rid": rid, "num_computed_tokens": done})
+        lock.request_op({"op": "set_request", "rid": rid, "num_computed_tokens": done, "status": "RUNNING"})
+        op = {"op": "allocate_slots", "rid": rid}
+
+
+def _decode(lock: Lockstep, rid: str, tokens: list[int]) -> None:
+    for token in tokens:
+        done = lock.book.requests[rid].num_tokens
+        lock.request_op({"op": "append_tokens", "rid": rid, "tokens": [token]})
+        assert lock.call({"op": "allocate_slots", "rid": rid, "num_new_tokens": 1}) is not None
+        lock.request_op({"op": "set_request", "rid": rid, "num_computed_tokens": done + 1})
+
+
+def test_where_each_mode_reads_and_writes_its_states() -> None:
+    none, every, align = Mamba(4, "none"), Mamba(4, "all"), Mamba(4, "align")
+    assert state_read_index(every, 0) is None and state_read_index(align, 0) is None
+    assert state_read_index(none, 9) == 0 and state_read_index(every, 8) == 1 and state_read_index(align, 9) == 2
+    assert state_writes(none, 3, 9) == [(0, 9)]
+    assert state_writes(every, 3, 13) == [(0, 4), (1, 8), (2, 12), (3, 13)]  # every boundary crossed, then the end
+    assert state_writes(every, 4, 8) == [(1, 8)]
+    assert state_writes(align, 3, 13) == [(3, 13)]  # the running state only
+    assert state_hit_index(align, 8) == 1 and state_hit_index(align, 6) == 1
+    assert stale_index(align, 6, 9) == 1 and stale_index(align, 4, 9) is None and stale_index(align, 5, 7) is None
+    assert stale_index(every, 6, 9) is None
+
+
+@pytest.mark.parametrize("mode", ["all", "align"])
+def test_a_cached_mamba_state_is_served_to_its_own_prefix(mode: Any, tmp_path: Path) -> None:
+    """A prompt computed in block-aligned chunks, decoded, then another request
+    hits its states and continues: no alarm, and the states were compared."""
+    cfg = KVCacheConfig(num_blocks=24, groups=(FullAttention(2), Mamba(2, mode)), max_model_len=32,
+                        profile=VLLM_0_25_1)  # fmt: skip
+    lock, monitor = _solo(cfg, tmp_path)
+    _admit(lock, "a", [1, 2, 3, 4, 5, 6, 7], chunk=2)
+    _decode(lock, "a", [8, 9])
+    lock.call({"op": "new_step_starts"})  # a state cached in this step is not hit before the next
+    _admit(lock, "b", [1, 2, 3, 4, 5, 6, 9, 9])
+    assert lock.stats.unexplained == 0 and monitor.counts["states compared"] >= 4
+    assert monitor.counts["groups not checked"] == 0
+
+
+def test_a_hit_on_a_state_of_another_prefix_fails(tmp_path: Path) -> None:
+    """The state block a hit serves holds another prefix's state (as a hash
+    collision or a stale block would leave it): the hit fails, naming it."""
+    cfg = KVCacheConfig(num_blocks=16, groups=(Mamba(2, "align"),), max_model_len=32)
+    lock, monitor = _solo(cfg, tmp_path)
+    _admit(lock, "a", [1, 2, 3, 4, 5], chunk=2)
+    table = lock.adapters[0].get_block_ids("a")[0]
+    monitor.contents.write(table[1], 0, 0, monitor.prefixes.of(lock.book.requests["a"], 3)[-1])  # the state at 3
+    lock.request_op({"op": "add_request", "rid": "b", "prompt": [1, 2, 3, 4, 9]})
+    with pytest.raises(LockstepFailure, match=r"request b hit block \d+ \(group 0\) for the state at 4 tokens, but the "
+                                              r"block holds the state of another prefix"):  # fmt: skip
+        lock.call({"op": "get_computed_blocks", "rid": "b"})
+
+
+def test_a_step_that_reads_a_state_never_written_fails(tmp_path: Path) -> None:
+    """A decode step reads the state at its computed length from the block of
+    its last computed token; one the oracle never saw written fails."""
+    cfg = KVCacheConfig(num_blocks=16, groups=(Mamba(2, "all"),), max_model_len=32, enable_caching=False)
+    lock, monitor = _solo(cfg, tmp_path)
+    _admit(lock, "a", [1, 2, 3, 4, 5])
+    monitor.contents = type(monitor.contents)(cfg)  # forget what a's prefill wrote
+    with pytest.raises(LockstepFailure, match=r"request a reads block \d+ \(group 0\) for the state at 5 tokens, but "
+                                              r"the block holds never written"):  # fmt: skip
+        _decode(lock, "a", [6])
+
+
+def test_a_step_writes_the_states_its_mode_says(tmp_path: Path) -> None:
+    """``all`` writes the state at every boundary a step crosses; ``align``
+    only the state at the step's end, in the block of its last token."""
+    modes: tuple[tuple[MambaMode, dict[int, int]], ...] = (("all", {0: 2, 1: 4, 2: 5}), ("align", {2: 5}))
+    for mode, written in modes:
+        cfg = KVCacheConfig(num_blocks=16, groups=(Mamba(2, mode),), max_model_len=32, enable_caching=False)
+        lock, monitor = _solo(cfg, tmp_path / mode)
+        _admit(lock, "a", [1, 2, 3, 4, 5])
+        ids = monitor.prefixes.of(lock.book.requests["a"], 5)
+        table = lock.adapters[0].get_block_ids("a")[0]
+        got = {i: monitor.contents.value(b, 0, 0) for i, b in enumerate(table) if b}
+        assert got == {i: ids[n - 1] for i, n in written.items()} | {
+            i: UNWRITTEN for i, b in enumerate(table) if b and i not in written
+        }, mode
+
+
+def test_a_state_left_behind_a_boundary_is_not_checked(tmp_path: Path) -> None:
+    """An ``align`` step that starts inside a block and ends past it leaves that
+    block holding the state at its start: marked, and a read of it not checked."""
+    cfg = KVCacheConfig(num_blocks=16, groups=(Mamba(2, "align"),), max_model_len=32, profile=VLLM_0_25_1)
+    lock, monitor = _solo(cfg, tmp_path)
+    _admit(lock, "a", [1, 2, 3, 4, 5, 6], chunk=3)
+    table = lock.adapters[0].get_block_ids("a")[0]
+    assert monitor.contents.value(table[1], 0, 0) == STALE
+    assert lock.stats.unexplained == 0
