@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -322,22 +322,40 @@ class VllmAdapter:
                 block size (before any change).
         """
         bound = max_cache_hit_length
+        ids, (num_tokens,) = self._look_up(
+            "get_computed_blocks", request, bound, lambda vreq: self.api.get_computed_blocks(self.manager, vreq, bound)
+        )
+        return ids, int(num_tokens)
+
+    def _look_up(
+        self, op: str, request: Request, bound: int | None, call: Callable[[Any], tuple[Any, ...]]
+    ) -> tuple[BlockIds, tuple[Any, ...]]:
+        """One of vLLM's lookups (``call`` on the request's vLLM request, which
+        answers its blocks first): the bound checked before vLLM is called (a
+        release that takes one would take a bad one), vLLM's assertions of a
+        lookup it refuses turned into the protocol's errors, the hit blocks
+        kept for the allocation that takes them. The hit's block ids and the
+        rest of vLLM's answer.
+
+        Raises:
+            InvalidTokenCountError: ``bound`` is not None or an int >= 0.
+            EagleAlignmentLookupError, ContextParallelLookupError: As :meth:`get_computed_blocks`.
+        """
         bad_bound = not isinstance(bound, int) or isinstance(bound, bool) or bound < 0
         if bound is not None and self.api.hit_length_bound and bad_bound:
-            raise InvalidTokenCountError(f"get_computed_blocks: max_cache_hit_length {bound!r} is not an int >= 0")
+            raise InvalidTokenCountError(f"{op}: max_cache_hit_length {bound!r} is not an int >= 0")
         self.apply_globals()
-        vreq = self._sync(request)
         try:
-            blocks, num_tokens = self.api.get_computed_blocks(self.manager, vreq, bound)
+            blocks, *rest = call(self._sync(request))
         except AssertionError as exc:
             if str(exc).startswith("aligned_length is not compatible with eagle"):
-                raise EagleAlignmentLookupError(f"get_computed_blocks: {exc}") from exc
+                raise EagleAlignmentLookupError(f"{op}: {exc}") from exc
             if not str(exc).startswith(("DCP not support", "PCP not support")):
                 raise
-            raise ContextParallelLookupError(f"get_computed_blocks: {exc}") from exc
+            raise ContextParallelLookupError(f"{op}: {exc}") from exc
         ids = group_ids(self.api, blocks)
         self._last_hits[request.request_id] = (ids, blocks)
-        return ids, num_tokens
+        return ids, tuple(rest)
 
     def get_computed_blocks_for_connector(
         self, request: Request, max_cache_hit_length: int | None = None
@@ -350,22 +368,11 @@ class VllmAdapter:
             InvalidTokenCountError, ContextParallelLookupError: As :meth:`get_computed_blocks`.
         """
         bound = max_cache_hit_length
-        bad_bound = not isinstance(bound, int) or isinstance(bound, bool) or bound < 0
-        if bound is not None and self.api.hit_length_bound and bad_bound:
-            raise InvalidTokenCountError(
-                f"get_computed_blocks_for_connector: max_cache_hit_length {bound!r} is not an int >= 0"
-            )
-        self.apply_globals()
-        vreq = self._sync(request)
-        try:
-            blocks, num_tokens, diverged = self.api.get_computed_blocks_for_connector(self.manager, vreq, bound)
-        except AssertionError as exc:
-            if not str(exc).startswith(("DCP not support", "PCP not support")):
-                raise
-            raise ContextParallelLookupError(f"get_computed_blocks_for_connector: {exc}") from exc
-        ids = group_ids(self.api, blocks)
-        self._last_hits[request.request_id] = (ids, blocks)
-        return ids, num_tokens, diverged
+        ids, (num_tokens, diverged) = self._look_up(
+            "get_computed_blocks_for_connector", request, bound,
+            lambda vreq: self.api.get_computed_blocks_for_connector(self.manager, vreq, bound),
+        )  # fmt: skip
+        return ids, int(num_tokens), bool(diverged)
 
     def truncate_computed_blocks(self, blocks: Sequence[Sequence[int]], num_computed_tokens: int) -> BlockIds:
         """vLLM's slicing of a lookup's result (the 0.27 era on), given block
