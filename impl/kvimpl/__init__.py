@@ -54,6 +54,8 @@ PROFILE_SWITCHES = frozenset(
         "lookup_returns_boundary",  # kv_cache_manager.get_prefix_hint
         "skip_on_processed_tokens",  # kv_cache_manager.skip_basis (and StepAPI._running_step)
         "num_cached_tokens_op", "record_zeroing_op",  # kv_cache_manager.require_operation
+        "zeroing_range_op",  # kv_cache_manager.require_operation (get_zeroing_block_ids_in_range)
+        "skip_zeroing_arg",  # checks.check_skip_zeroing
         "connector_lookup_op",  # kv_cache_manager: require_operation, KVCacheManager.lagging_hits
         "truncate_mamba_lagging",  # kv_cache_manager.truncated_group
         "per_group_eagle_margin",  # kv_cache_coordinator.HybridCoordinator.find_longest_cache_hit_per_group

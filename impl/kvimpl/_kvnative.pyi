@@ -74,6 +74,7 @@ class Core:
         full_sequence_must_fit: bool = False,
         reserved_blocks: int = 0,
         has_scheduled_reqs: bool = True,
+        skip_zeroing_group_ids: Iterable[int] = (),
     ) -> BlockIds | None: ...
     def allocate_slots_batch(
         self, requests: Sequence[Any], num_new_tokens: Sequence[int], num_lookahead_tokens: int | Sequence[int] = 0

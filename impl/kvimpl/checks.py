@@ -20,7 +20,14 @@ from typing import TypeGuard
 
 from kvimpl.request import Request as MutableRequest
 from kvspec.config import KVCacheConfig
-from kvspec.errors import ConfigError, InvalidRequestError, InvalidTokenCountError
+from kvspec.errors import (
+    ConfigError,
+    GroupCountError,
+    InvalidRequestError,
+    InvalidTokenCountError,
+    UnsupportedOperationError,
+)
+from kvspec.profiles import SemanticsProfile
 from kvspec.request import Request
 
 REQUEST_TYPES: tuple[type, ...] = (Request, MutableRequest)
@@ -104,3 +111,39 @@ def check_zeroing_start(start_token: object, groups: Iterable[tuple[int, int]]) 
                 f"{group}'s block size {block_size}"
             )
     return start_token
+
+
+def check_zeroing_range(start_token: object, end_token: object) -> tuple[int, int]:
+    """``start_token`` and ``end_token`` of ``get_zeroing_block_ids_in_range``,
+    checked: ints with ``0 <= start_token <= end_token``.
+
+    Raises:
+        InvalidTokenCountError: Naming the first condition it breaks.
+    """
+    op = "get_zeroing_block_ids_in_range"
+    if not is_int(start_token) or start_token < 0:
+        raise InvalidTokenCountError(f"{op}: start_token {start_token!r} is not an int >= 0")
+    if not is_int(end_token) or end_token < start_token:
+        raise InvalidTokenCountError(f"{op}: end_token {end_token!r} is not an int >= start_token {start_token}")
+    return start_token, end_token
+
+
+def check_skip_zeroing(profile: SemanticsProfile, num_groups: int, group_ids: object) -> frozenset[int]:
+    """``skip_zeroing_group_ids`` of ``allocate_slots``, checked: the group ids
+    as a set; before vLLM 0.32.0 (``skip_zeroing_arg``) only an empty one.
+
+    Raises:
+        GroupCountError: Not a collection, or an entry that is no group id.
+        UnsupportedOperationError: A non-empty one before vLLM 0.32.0.
+    """
+    if isinstance(group_ids, str | bytes) or not isinstance(group_ids, Iterable):
+        raise GroupCountError(f"allocate_slots: skip_zeroing_group_ids {group_ids!r} is not a collection of group ids")
+    ids = list(group_ids)
+    if ids and not profile.skip_zeroing_arg:
+        raise UnsupportedOperationError(f"allocate_slots: {profile.name} has no skip_zeroing_group_ids")
+    for g in ids:
+        if not is_int(g) or not 0 <= g < num_groups:
+            raise GroupCountError(
+                f"allocate_slots: skip_zeroing_group_ids names {g!r}, not a group of this model (0 to {num_groups - 1})"
+            )
+    return frozenset(ids)

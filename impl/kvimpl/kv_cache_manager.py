@@ -33,6 +33,8 @@ from kvimpl.checks import (
     check_manager_arguments,
     check_request,
     check_request_id,
+    check_skip_zeroing,
+    check_zeroing_range,
     check_zeroing_start,
     is_int,
     out_of_memory,
@@ -81,6 +83,10 @@ from kvspec.profiles import SemanticsProfile
 from kvspec.request import Request
 from kvspec.stats import PrefixCacheStats
 from kvspec.view import BlockIds, KVView
+
+_NO_GROUPS: tuple[int, ...] = ()
+"""The default ``skip_zeroing_group_ids`` (told apart by identity: the common call checks nothing)."""
+_NO_SKIP: frozenset[int] = frozenset()
 
 
 class KVCacheManager(StepAPI):
@@ -321,6 +327,7 @@ class KVCacheManager(StepAPI):
         full_sequence_must_fit: bool = False,
         reserved_blocks: int = 0,
         has_scheduled_reqs: bool = True,
+        skip_zeroing_group_ids: Iterable[int] = _NO_GROUPS,
     ) -> BlockIds | None:
         """Give the request slots for its new tokens; None if they do not fit.
 
@@ -331,7 +338,9 @@ class KVCacheManager(StepAPI):
         ``has_scheduled_reqs``; the main check also leaves ``reserved_blocks``.
         With ``full_sequence_must_fit`` the whole request (SWA and chunked
         local capped per request) must fit first. Blocks outside the attention
-        window are freed *before* the capacity check, even when it fails.
+        window are freed *before* the capacity check, even when it fails. The
+        groups of ``skip_zeroing_group_ids`` (vLLM 0.32.0 on) do not list the
+        blocks they take for external tokens for zeroing.
 
         Returns:
             The blocks newly taken from the free queue per group (not the hit
@@ -343,10 +352,16 @@ class KVCacheManager(StepAPI):
             this order of checking; nothing has changed when they are raised.
             UnsupportedOperationError: Before vLLM 0.25.1, for a non-default
                 ``full_sequence_must_fit``, ``reserved_blocks`` or
-                ``has_scheduled_reqs`` (first of all).
+                ``has_scheduled_reqs``, and before 0.32.0 for any
+                ``skip_zeroing_group_ids`` (first of all).
+            GroupCountError: ``skip_zeroing_group_ids`` holds something that
+                is not a group id of the model (checked next).
         """
         if not self.admission_controls:
             check_admission_args(self.config.profile, full_sequence_must_fit, reserved_blocks, has_scheduled_reqs)
+        quiet = _NO_SKIP
+        if skip_zeroing_group_ids is not _NO_GROUPS:
+            quiet = check_skip_zeroing(self.config.profile, len(self.kinds), skip_zeroing_group_ids)
         if (
             type(request) in REQUEST_TYPES
             and new_computed_blocks is None
@@ -411,7 +426,7 @@ class KVCacheManager(StepAPI):
             self._sync_device_row(rid)
             return None
         if any(hits) or num_external_computed_tokens > 0:
-            coord.allocate_new_computed_blocks(rid, hits, local, num_external_computed_tokens)
+            coord.allocate_new_computed_blocks(rid, hits, local, num_external_computed_tokens, quiet)
         new = coord.allocate_new_blocks(rid, slots, main, num_encoder_tokens)
         self.requests[rid] = request
         if self.enable_caching and not delay_cache_blocks:
@@ -627,6 +642,27 @@ class KVCacheManager(StepAPI):
         check_zeroing_start(start_token, [(m.group_id, m.block_size) for m in listing])
         for m in listing:
             m.record_for_zeroing(request_id, start_token // m.block_size)
+
+    def get_zeroing_block_ids_in_range(self, request_id: str, start_token: int, end_token: int) -> list[BlockId]:
+        """The request's table entries covering tokens ``[start_token,
+        end_token)`` in the groups that list fresh blocks, group order then
+        table order, nulls included (vLLM 0.26.0 to 0.31.0; kvspec's
+        ``KVCacheManager.get_zeroing_block_ids_in_range``). Nothing changes.
+
+        Raises:
+            UnsupportedOperationError: Outside vLLM 0.26.0 to 0.31.0.
+            InvalidRequestError: ``request_id`` is not a str.
+            InvalidTokenCountError: ``start_token`` is not an int >= 0, or
+                ``end_token`` not an int >= ``start_token``.
+        """
+        require_operation(self.config.profile, "get_zeroing_block_ids_in_range")
+        check_request_id("get_zeroing_block_ids_in_range", request_id)
+        start, end = check_zeroing_range(start_token, end_token)
+        ids: list[BlockId] = []
+        for m in self.coordinator.managers:
+            if m.records_new_ids:
+                ids += m.req_to_blocks.get(request_id, [])[start // m.block_size : -(-end // m.block_size)]
+        return ids
 
     def take_kv_cache_block_copies(self) -> tuple[list[tuple[BlockId, BlockId]], list[BlockId]]:
         """Drain the copy-on-write copies of fine-grained hits (vLLM 0.26.0 on;
@@ -885,6 +921,7 @@ _OPERATION_SWITCHES = {
     "get_prefix_hint": "prefix_hint_op",
     "get_num_cached_tokens": "num_cached_tokens_op",
     "record_blocks_for_zeroing": "record_zeroing_op",
+    "get_zeroing_block_ids_in_range": "zeroing_range_op",
     "get_computed_blocks_for_connector": "connector_lookup_op",
     "truncate_computed_blocks": "connector_lookup_op",
 }

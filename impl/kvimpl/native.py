@@ -37,7 +37,15 @@ from collections.abc import Iterable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
 
-from kvimpl.checks import check_manager_arguments, check_request, check_zeroing_start, is_int, out_of_memory
+from kvimpl.checks import (
+    check_manager_arguments,
+    check_request,
+    check_skip_zeroing,
+    check_zeroing_range,
+    check_zeroing_start,
+    is_int,
+    out_of_memory,
+)
 from kvimpl.config_rules import (
     clip_block_sizes,
     cp_lookup_refusal,
@@ -113,6 +121,8 @@ NATIVE_SWITCHES = frozenset(
         "prefix_hint_op",  # NativeKVCacheManager.get_prefix_hint (in Python)
         "estimate_cached_tokens_op", "estimate_skips_uncacheable",  # NativeKVCacheManager.estimate_cached_tokens
         "record_zeroing_op",  # NativeKVCacheManager.record_blocks_for_zeroing (in Python)
+        "zeroing_range_op",  # NativeKVCacheManager.get_zeroing_block_ids_in_range (in Python)
+        "skip_zeroing_arg",  # the core's allocate_slots calls core parameter skip_zeroing_check
         # NativeKVCacheManager.get_computed_blocks_for_connector and truncate_computed_blocks (in Python);
         # the core takes the lists a connector's lookup returns (core parameter lagging_hits).
         "connector_lookup_op", "truncate_mamba_lagging", "per_group_eagle_margin",
@@ -290,10 +300,21 @@ def core_params(config: KVCacheConfig) -> dict[str, Any]:
         "lagging_hits": int(p.connector_lookup_op and hybrid and any(isinstance(k, Mamba) for k in config.groups)),
         "stats_at_lookup": int(p.stats_at_lookup),
         "skip_on_processed_tokens": int(p.skip_on_processed_tokens),
+        "skip_zeroing_check": _skip_zeroing_check(p, len(config.groups)),
         "enable_kv_cache_events": int(config.enable_kv_cache_events),
         "groups": groups,
         "spec_groups": spec_groups,
     }
+
+
+def _skip_zeroing_check(profile: Any, num_groups: int) -> Any:
+    """The core's check of ``allocate_slots(skip_zeroing_group_ids=...)``: the
+    ids checked as kvimpl's manager checks them, as a mask of groups."""
+
+    def mask(group_ids: object) -> int:
+        return sum(1 << g for g in check_skip_zeroing(profile, num_groups, group_ids))
+
+    return mask
 
 
 def _eagle_group_ids(config: KVCacheConfig) -> frozenset[int]:
@@ -572,6 +593,19 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
         for g, bs in self._zeroing_groups:
             self.list_new_block_ids(g, list(tables[g][start_token // bs :]))
 
+    def get_zeroing_block_ids_in_range(self, request_id: str, start_token: int, end_token: int) -> list[int]:
+        """The request's table entries covering ``[start_token, end_token)`` in
+        the groups that list fresh blocks (the Python manager's method).
+
+        Raises:
+            UnsupportedOperationError, InvalidRequestError, InvalidTokenCountError:
+                As the Python manager's method.
+        """
+        require_operation(self.config.profile, "get_zeroing_block_ids_in_range")
+        tables = self.get_blocks(request_id)  # raises InvalidRequestError for a non-str id
+        start, end = check_zeroing_range(start_token, end_token)
+        return [b for g, bs in self._zeroing_groups for b in tables[g][start // bs : -(-end // bs)]]
+
     def estimate_cached_tokens(self, request: Any) -> int:
         """How many leading tokens the request's cached blocks stand for (see
         the Python manager's method; the core runs no tail entries, so a
@@ -590,9 +624,7 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
         check_request(request)
         tables = self.get_blocks(request.request_id)
         keys = self._block_keys()
-        found = [
-            table_cached_tokens(tables[g], keys, None, self._kinds[g].block_size) for g in self._estimate_groups
-        ]
+        found = [table_cached_tokens(tables[g], keys, None, self._kinds[g].block_size) for g in self._estimate_groups]
         return min(found, default=0)
 
     def get_prefix_hint(self, request: Any) -> int:

@@ -171,8 +171,11 @@ class SingleTypeKVCacheManager:
         if has_partial_local_hit(hits, num_local, self.block_size):
             record_partial_hit(self, request_id, num_local // self.block_size, hits[-1])
 
-    def allocate_external_computed_blocks(self, request_id: str, num_local: int, num_external: int) -> None:
-        """Fresh blocks for connector-loaded tokens that attention still reads."""
+    def allocate_external_computed_blocks(
+        self, request_id: str, num_local: int, num_external: int, record: bool = True
+    ) -> None:
+        """Fresh blocks for connector-loaded tokens that attention still reads,
+        listed for zeroing only with ``record``."""
         total = num_local + num_external
         skipped = self.get_num_skipped_tokens(total)
         if skipped > 0:
@@ -180,7 +183,7 @@ class SingleTypeKVCacheManager:
         if num_external <= 0:
             return
         table = self.req_to_blocks.setdefault(request_id, [])
-        self._extend(table, cdiv(total, self.block_size) - len(table))
+        self._extend(table, cdiv(total, self.block_size) - len(table), record)
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[BlockId]:
         """Privatise a partially hit block first (its copy comes first in the
@@ -287,7 +290,7 @@ class SingleTypeKVCacheManager:
                 h[b] -= 1
         return table
 
-    def _extend(self, table: list[BlockId], n: int) -> list[BlockId]:
+    def _extend(self, table: list[BlockId], n: int, record: bool = True) -> list[BlockId]:
         if n <= 0:
             return []
         new = self.pool.get_new_blocks(n)
@@ -296,7 +299,7 @@ class SingleTypeKVCacheManager:
             h = self.holders
             for b in new:
                 h[b] += 1
-        if self.records_new_ids:
+        if self.records_new_ids and record:
             self.new_block_ids += new
         return new
 
@@ -329,7 +332,9 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
         """Cross attention never has prefix hits."""
         assert not new_computed_blocks
 
-    def allocate_external_computed_blocks(self, request_id: str, num_local: int, num_external: int) -> None:
+    def allocate_external_computed_blocks(
+        self, request_id: str, num_local: int, num_external: int, record: bool = True
+    ) -> None:
         """Connector tokens never need encoder blocks."""
 
 
@@ -362,9 +367,11 @@ class CircularBufferManager(SingleTypeKVCacheManager):
     ) -> None:
         """A ring never has hits, and nothing is recorded for it here."""
 
-    def allocate_external_computed_blocks(self, request_id: str, num_local: int, num_external: int) -> None:
+    def allocate_external_computed_blocks(
+        self, request_id: str, num_local: int, num_external: int, record: bool = True
+    ) -> None:
         """Claim the ring (the allocation does not return it)."""
-        self._claim(request_id)
+        self._claim(request_id, record)
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[BlockId]:
         """The ring, on the call that claims it; afterwards nothing."""
@@ -385,9 +392,9 @@ class CircularBufferManager(SingleTypeKVCacheManager):
         super().check_invariants()
         require(inv_ring_tables(self), f"group {self.group_id}: a ring table that is not one real block")
 
-    def _claim(self, request_id: str) -> list[BlockId]:
+    def _claim(self, request_id: str, record: bool = True) -> list[BlockId]:
         table = self.req_to_blocks.setdefault(request_id, [])
-        return [] if table else self._extend(table, 1)
+        return [] if table else self._extend(table, 1, record)
 
 
 class MambaManager(SingleTypeKVCacheManager):

@@ -113,6 +113,7 @@ ALLOCATE_FEATURES = {
     "full_sequence_must_fit": "full_sequence_must_fit",
     "reserved_blocks": "reserved_blocks",
     "has_scheduled_reqs": "has_scheduled_reqs",
+    "skip_zeroing_group_ids": "skip_zeroing_group_ids",
 }
 """``allocate_slots`` keyword -> the feature a non-default value of it uses."""
 _ALLOCATE_DEFAULTS: dict[str, Json] = {
@@ -123,6 +124,7 @@ _ALLOCATE_DEFAULTS: dict[str, Json] = {
     "full_sequence_must_fit": False,
     "reserved_blocks": 0,
     "has_scheduled_reqs": True,
+    "skip_zeroing_group_ids": [],
 }
 
 
@@ -159,6 +161,8 @@ RELEASE_OPERATIONS: tuple[tuple[str, Callable[[SemanticsProfile], bool]], ...] =
     ("max_cache_hit_length", lambda p: p.hit_length_bound != "absent"),
     ("op:get_num_cached_tokens", lambda p: p.num_cached_tokens_op),
     ("op:record_blocks_for_zeroing", lambda p: p.record_zeroing_op),
+    ("op:get_zeroing_block_ids_in_range", lambda p: p.zeroing_range_op),
+    ("skip_zeroing_group_ids", lambda p: p.skip_zeroing_arg),
     ("op:get_computed_blocks_for_connector", lambda p: p.connector_lookup_op),
     ("op:truncate_computed_blocks", lambda p: p.connector_lookup_op),
 )
@@ -173,7 +177,9 @@ it (vLLM 0.16.0 has none of the first three nor the admission arguments;
 ``take_kv_cache_block_copies`` and ``record_blocks_for_zeroing`` with 0.26.0,
 ``get_computed_blocks_for_connector`` and ``truncate_computed_blocks`` with 0.27.0, ``get_computed_blocks``'s
 ``max_cache_hit_length`` with 0.33.0, ``get_num_cached_tokens`` with 0.34.0;
-``get_num_common_prefix_blocks`` is gone from 0.34.0 on)."""
+``get_num_common_prefix_blocks`` is gone from 0.34.0 on;
+``get_zeroing_block_ids_in_range`` exists from 0.26.0 to 0.31.0 and
+``allocate_slots``' ``skip_zeroing_group_ids`` from 0.32.0 on)."""
 
 
 UNPROBED_ABSENT: tuple[tuple[str, Callable[[SemanticsProfile], bool]], ...] = ()
@@ -405,6 +411,8 @@ def feature_of(exc: BaseException, op: Json | None) -> str:
         return "config"
     if op["op"] == "get_computed_blocks" and op.get("max_cache_hit_length") is not None:
         return "max_cache_hit_length"
+    if op["op"] == "allocate_slots" and "skip_zeroing_group_ids" in op:
+        return "skip_zeroing_group_ids"
     return f"op:{op['op']}"
 
 

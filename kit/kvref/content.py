@@ -53,18 +53,18 @@ UNWRITTEN = -1
 ZERO = -2
 """A slot zeroed (a block listed for zeroing by ``take_new_block_ids``)."""
 GARBAGE = -3
-"""A slot a failed connector load left in an unknown state."""
+"""A slot, or a Mamba state, that a connector load failing part-way was to fill and left in an unknown state."""
 FOREIGN = -4
 """A slot of a block another KV-cache group wrote last (its bytes are another layer's KV)."""
 STALE = -5
 """A Mamba state the oracle does not check: left behind a boundary (a step or
 load of an ``align`` group started inside the block and ended past it, so
 the block holds the state at that start while its tokens fill the block,
-:func:`stale_index`), or one a connector load that failed part-way was to
-fill."""
+:func:`stale_index`) by a chunk the release's scheduler never schedules
+(vLLM 0.26.0 on; see :func:`stale_index`)."""
 MARKERS = {
     UNWRITTEN: "never written", ZERO: "zeroed", GARBAGE: "left by a failed load", FOREIGN: "another group's KV",
-    STALE: "a state not checked (left behind a boundary, or by a failed load)",
+    STALE: "a state not checked (left behind a boundary)",
 }
 
 
@@ -136,13 +136,22 @@ def stale_index(kind: Mamba, start: int, end: int) -> int | None:
     tokens now fill it: the step starts inside that block and ends past it
     (None when it does not).
 
-    NOTE: vLLM's scheduler ends prefill chunks on block boundaries in
-    ``align`` mode, so only a start inside a block leads here: a connector
-    load that ends inside a block (the kit draws any count), or a
-    fine-grained hit inside a coarser Mamba block. The manager then caches
-    the block as the state at its end. Whether vLLM's own scheduler and
-    connectors reach that is not settled, so a read of such a block is left
-    unchecked (:data:`STALE`) rather than reported.
+    NOTE: a start inside a block comes from a connector load that ends
+    inside one (vLLM's scheduler does not align ``num_external_computed_tokens``
+    in ``align`` mode: NIXL's transfer from a decode instance back to a
+    prefill one, for one, loads the decoder's computed tokens), or from a
+    fine-grained hit inside a coarser Mamba block (0.29.0 on). The manager
+    then caches the block as the state at its end. Up to 0.25.x the
+    scheduler keeps such a chunk a whole number of blocks long
+    (``_mamba_block_aligned_split`` in vllm/v1/core/sched/scheduler.py), so
+    it runs past the block's end: the registered defect
+    ``mamba-align-midblock`` (:mod:`kvref.safety_defects`). From 0.26.0 the
+    same function stops a chunk that starts inside a block at that block's
+    end (0.26.0: where that end is cacheable; 0.30.0 on: unless the backend
+    saves the checkpoint inside the chunk, which kvref does not model), so
+    such a chunk is the kit's own (:func:`kvref.scheduler_chunks.schedule_chunk`
+    does not stop it) and the monitor leaves the block unchecked
+    (:data:`STALE`; ``SafetyMonitor.midblock_stops``).
 
     pre: 0 <= start < end
     post: __return__ is None or kind.mode == "align"

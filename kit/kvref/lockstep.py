@@ -245,11 +245,12 @@ def without_arguments(op: Json, excluded: frozenset[str]) -> Json:
     return out
 
 
-_ARGUMENTS = (
+_ARGUMENTS: tuple[tuple[str, str, Json], ...] = (
     ("num_lookahead_tokens", "lookahead", 0),
     ("full_sequence_must_fit", "full_sequence_must_fit", False),
     ("reserved_blocks", "reserved_blocks", 0),
     ("has_scheduled_reqs", "has_scheduled_reqs", True),
+    ("skip_zeroing_group_ids", "skip_zeroing_group_ids", []),
 )
 
 
@@ -261,6 +262,7 @@ def neutral_output(op: str, num_groups: int) -> Json:
         "get_computed_blocks": {"blocks": empty, "num_tokens": 0},
         "get_computed_blocks_for_connector": {"blocks": empty, "num_tokens": 0, "hit_diverged": False},
         "truncate_computed_blocks": empty,
+        "get_zeroing_block_ids_in_range": [],
         "pop_blocks_for_free": [],
         "get_block_ids": empty,
         "get_num_common_prefix_blocks": [0] * num_groups,

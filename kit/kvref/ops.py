@@ -82,6 +82,7 @@ FACADE_OPS = (
     "take_events",
     "take_new_block_ids",
     "record_blocks_for_zeroing",
+    "get_zeroing_block_ids_in_range",
     "take_kv_cache_block_copies",
     "new_step_starts",
     "get_block_ids",
@@ -92,6 +93,8 @@ FACADE_OPS = (
     "make_prefix_cache_stats",
 )
 """Every facade operation :func:`execute` runs."""
+ZEROING_RANGE = "get_zeroing_block_ids_in_range"
+"""The operation that lists a delayed load's destinations (vLLM 0.26.0 to 0.31.0)."""
 ALLOCATE_KEYS = (
     "num_new_computed_tokens",
     "new_computed_blocks",
@@ -102,6 +105,7 @@ ALLOCATE_KEYS = (
     "full_sequence_must_fit",
     "reserved_blocks",
     "has_scheduled_reqs",
+    "skip_zeroing_group_ids",
 )
 """Optional keyword arguments of ``allocate_slots``, in the protocol's order."""
 KIND_CLASSES: dict[str, type] = {
@@ -254,7 +258,12 @@ def _execute(a: KVCacheAdapter, book: RequestBook, op: Json) -> Json:
         kwargs = {k: op[k] for k in ALLOCATE_KEYS if k in op}
         if kwargs.get("new_computed_blocks") is not None:
             kwargs["new_computed_blocks"] = tuple(tuple(g) for g in kwargs["new_computed_blocks"])
-        out = a.allocate_slots(req, op["num_new_tokens"], **kwargs)
+        if isinstance(kwargs.get("skip_zeroing_group_ids"), list):
+            kwargs["skip_zeroing_group_ids"] = tuple(kwargs["skip_zeroing_group_ids"])
+        allocate = a.allocate_slots
+        if "skip_zeroing_group_ids" in kwargs:  # only then: adapters older than the argument keep working
+            allocate = _with_keyword(a, "allocate_slots", "skip_zeroing_group_ids")
+        out = allocate(req, op["num_new_tokens"], **kwargs)
         return None if out is None else ids_to_json(out)
     if name == "allocate_slots_batch":
         return _allocate_batch(a, book, op)
@@ -306,6 +315,9 @@ def _execute_by_id(a: KVCacheAdapter, op: Json) -> Json:
     if name == "record_blocks_for_zeroing":
         _optional(a, "record_blocks_for_zeroing")(op["rid"], op["start_token"])
         return None
+    if name == "get_zeroing_block_ids_in_range":
+        in_range = _optional(a, "get_zeroing_block_ids_in_range")
+        return list(in_range(op["rid"], op["start_token"], op["end_token"]))
     if name == "new_step_starts":
         a.new_step_starts()
         return None
@@ -404,7 +416,7 @@ def output_problem(op: str, out: Json) -> str | None:
         if not isinstance(out, list):
             return f"allocate_slots_batch must return one output per request, got {out!r}"
         return next((p for p in (_block_lists_problem(o) for o in out if o is not None) if p), None)
-    if op in ("pop_blocks_for_free", "take_new_block_ids", "get_num_common_prefix_blocks"):
+    if op in ("pop_blocks_for_free", "take_new_block_ids", "get_num_common_prefix_blocks") or op == ZEROING_RANGE:
         ok = isinstance(out, list) and all(_int(x) for x in out)
         return None if ok else f"{op} must return a sequence of ints, got {out!r}"
     if op in ("get_prefix_hint", "estimate_cached_tokens", "get_num_cached_tokens"):

@@ -47,6 +47,7 @@ from typing import Any
 
 from kvref.adapters import KVCacheAdapter
 from kvref.content import (
+    GARBAGE,
     STALE,
     BlockContents,
     PrefixIds,
@@ -61,8 +62,14 @@ from kvref.content import (
     state_writes,
 )
 from kvref.divergences import release_key
-from kvref.ops import REQUEST_OPS, STEP_EVENTS, RequestBook, execute
-from kvref.safety_defects import EARLY_FREE, FAILED_LOAD_WINDOW, LOAD_ZEROING
+from kvref.ops import REQUEST_OPS, STEP_EVENTS, ZEROING_RANGE, RequestBook, execute
+from kvref.safety_defects import (
+    EARLY_FREE,
+    FAILED_LOAD_WINDOW,
+    LOAD_ZEROING,
+    MAMBA_ALIGN_MIDBLOCK,
+    MAMBA_FAILED_LOAD,
+)
 from kvref.traces import Trace
 from kvspec.config import KVCacheConfig, Mamba
 from kvspec.view import KVView
@@ -74,9 +81,11 @@ Tables = tuple[tuple[int, ...], ...]
 def safety_monitor(config: KVCacheConfig, book: RequestBook, counts: Counter[str] | None = None) -> SafetyMonitor:
     """The monitor a scheduler playing ``config.profile``'s release needs:
     from vLLM 0.26.0 on its scheduler leaves the destinations of connector
-    loads out of the zeroing (it asks the manager for them), before it does not."""
-    skip = release_key(config.profile.release) >= (0, 26, 0)
-    return SafetyMonitor(config, book, skip_load_zeroing=skip, counts=counts)
+    loads out of the zeroing (it asks the manager for them), and stops a
+    Mamba ``align`` chunk that starts inside a block at that block's end;
+    before it does neither."""
+    newer = release_key(config.profile.release) >= (0, 26, 0)
+    return SafetyMonitor(config, book, skip_load_zeroing=newer, midblock_stops=newer, counts=counts)
 
 
 class SafetyViolation(Exception):
@@ -147,8 +156,17 @@ class SafetyMonitor:
         book: The lockstep's request values (read, never changed).
         zeroing: Whether blocks ``take_new_block_ids`` lists are zeroed (vLLM
             zeroes them when the model needs it: a Mamba group).
-        skip_load_zeroing: Whether the scheduler leaves the destinations of
-            connector loads out of the zeroing (vLLM's scheduler from 0.26.0 on).
+        skip_load_zeroing: Whether to take the destinations of connector loads
+            as left out of the zeroing (vLLM's scheduler from 0.26.0 on) when the
+            operations say nothing of it; a scheduler model that asks
+            ``get_zeroing_block_ids_in_range`` (0.26.0 to 0.31.0) or passes
+            ``skip_zeroing_group_ids`` (0.32.0 on) clears it: the monitor then
+            zeroes exactly what the scheduler's list holds.
+        midblock_stops: Whether the scheduler stops a Mamba ``align`` chunk
+            that starts inside a block at that block's end (vLLM's
+            ``_mamba_block_aligned_split`` from 0.26.0 on): a block left
+            behind a boundary then comes from a chunk that release never
+            schedules, and is not checked (:meth:`_stale`).
     """
 
     def __init__(
@@ -158,6 +176,7 @@ class SafetyMonitor:
         zeroing: bool | None = None,
         skip_load_zeroing: bool = True,
         counts: Counter[str] | None = None,
+        midblock_stops: bool = True,
     ) -> None:
         """Nothing written yet."""
         self.config = config
@@ -171,6 +190,16 @@ class SafetyMonitor:
         states are not checked (:meth:`_run_states`)."""
         self.zeroing = any(isinstance(k, Mamba) for k in config.groups) if zeroing is None else zeroing
         self.skip_load_zeroing = skip_load_zeroing
+        self.range_skip: set[int] = set()
+        """Block ids ``get_zeroing_block_ids_in_range`` answered since the last ``take_new_block_ids``:
+        vLLM's scheduler (0.26.0 to 0.31.0) leaves them out of the zeroing list it drains next."""
+        self.midblock_stops = midblock_stops
+        self.behind: dict[int, tuple[str, int, int, int]] = {}
+        """Mamba ``align`` blocks a chunk starting inside them left behind (they keep the state at the
+        chunk's start while the manager caches them as the state at their end), under a release that
+        schedules such chunks: block -> (request, the chunk's start, its end, the clock then). Read by a
+        step or a hit before anything writes it again, it meets
+        :data:`kvref.safety_defects.MAMBA_ALIGN_MIDBLOCK` (:meth:`_attributed`)."""
         self.contents = BlockContents(config)
         self.prefixes = RequestPrefixes(PrefixIds())
         self.writers: dict[int, str] = {}
@@ -192,7 +221,13 @@ class SafetyMonitor:
         """Null table entries of a request whose connector load failed part-way, as the failure
         left them: (request, group, table index) -> (the load's end, the valid prefix). The
         admission skipped them for the window of the load's end; a step that recomputes from the
-        valid prefix and reads one meets :data:`kvref.safety_defects.FAILED_LOAD_WINDOW`."""
+        valid prefix and reads one meets :data:`kvref.safety_defects.FAILED_LOAD_WINDOW` (an attention
+        group) or :data:`kvref.safety_defects.MAMBA_FAILED_LOAD` (the state a Mamba group starts from)."""
+        self.failed_states: dict[int, tuple[str, int, int]] = {}
+        """Mamba blocks a connector load that failed part-way was to fill a state into (past the
+        valid prefix), holding :data:`kvref.content.GARBAGE` since: block -> (request, the valid
+        prefix, the clock of that mark). Read by a step or a hit before anything writes it again,
+        it meets :data:`kvref.safety_defects.MAMBA_FAILED_LOAD` (:meth:`_failed_state`)."""
         self.freed: set[str] = set()
         """Requests freed since their latest allocation: the next one starts a new table."""
         self.last_tables: dict[str, Tables] = {}
@@ -222,8 +257,12 @@ class SafetyMonitor:
             for item, blocks in zip(op["items"], out, strict=False):
                 if isinstance(blocks, list):  # one running request's step of the batch
                     self._allocated({"op": "allocate_slots", **item}, blocks, view)
-        elif name == "take_new_block_ids" and isinstance(out, list) and self.zeroing:
-            self._zero(out)
+        elif name == ZEROING_RANGE and isinstance(out, list):
+            self.range_skip.update(b for b in out if b)
+        elif name == "take_new_block_ids" and isinstance(out, list):
+            skip, self.range_skip = self.range_skip, set()
+            if self.zeroing:  # the scheduler leaves out what it asked for since its last drain
+                self._zero([b for b in out if b not in skip])
         elif name == "record_blocks_for_zeroing":
             self.contents.relisted()
         elif name == "take_kv_cache_block_copies" and isinstance(out, dict):
@@ -463,36 +502,70 @@ class SafetyMonitor:
                 self.contents.write(b, g, 0, STALE)
             return
         i = state_read_index(kind, entry.start)
-        if i is not None and i < len(table) and not table[i] and (g, i) in entry.failed_skips:
-            # the load's admission skipped the state of the valid prefix: not modelled (see the docstring)
-            self.counts["states not checked"] += 1
-        elif i is not None:
-            b = self._entry(table, i, f"{where} reads the state at {entry.start} tokens (group {g})")
+        if i is not None:
+            # a recomputation after a failed load may start from an entry its admission skipped (_entry names it)
+            reads = f"{where} reads the state at {entry.start} tokens (group {g})"
+            b = self._entry(table, i, reads, (entry.rid, g), entry)
             self._loading(b, f"{where} reads its state at {entry.start} tokens in it")
             what = f"{where} reads block {b} (group {g}) for the state at {entry.start} tokens"
             self._compare_state(b, g, want[entry.start - 1], what)
         for i, n in state_writes(kind, entry.start, entry.end):
-            if i < len(table) and not table[i] and (g, i) in entry.failed_skips:
-                continue  # a skipped entry of a failed load: the state is lost, and a read of it is not checked
-            b = self._entry(table, i, f"{where} writes the state at {n} tokens (group {g})")
+            b = self._entry(table, i, f"{where} writes the state at {n} tokens (group {g})", (entry.rid, g), entry)
             self._loading(b, f"{where} writes its state at {n} tokens into it")
             self.contents.write(b, g, 0, want[n - 1])
             self.writers.setdefault(want[n - 1], f"request {entry.rid} at position {n - 1}")
-        self._stale(kind, g, table, entry.start, entry.end)
+        self._stale(kind, g, table, entry.start, entry.end, entry.rid)
 
-    def _stale(self, kind: Mamba, g: int, table: Sequence[int], start: int, end: int) -> None:
-        """Mark the block a step or load of ``[start, end)`` leaves behind a
-        boundary (:func:`kvref.content.stale_index`)."""
+    def _stale(self, kind: Mamba, g: int, table: Sequence[int], start: int, end: int, rid: str) -> None:
+        """The block a step or load of ``[start, end)`` leaves behind a boundary
+        (:func:`kvref.content.stale_index`): it keeps the state at ``start``.
+        Under a release whose scheduler stops such a chunk at the block's end
+        (:attr:`midblock_stops`) the chunk is the kit's, not the release's, and
+        the block is marked not checked (:data:`kvref.content.STALE`); else it
+        is remembered for the defect's rule (:attr:`behind`)."""
         i = stale_index(kind, start, end) if end > start else None
-        if i is not None and i < len(table) and table[i]:
-            self.contents.write(table[i], g, 0, STALE)
+        if i is None or i >= len(table) or not table[i]:
+            return
+        b = table[i]
+        if self.midblock_stops:
+            self.contents.write(b, g, 0, STALE)
+        elif self.contents.owner.get(b) == g:
+            self.behind[b] = (rid, start, end, self.contents.writes)
 
     def _compare_state(self, b: int, g: int, want: int, what: str) -> None:
         """Compare the state ``b`` holds; a block left behind a boundary is not checked."""
         if self.contents.value(b, g, 0) == STALE:
             self.counts["states not checked"] += 1
             return
-        self._compare(b, g, 0, want, what, of="state")
+        defect, detail = self._attributed(b, g)
+        self._compare(b, g, 0, want, what, of="state", defect=defect, detail=detail)
+
+    def _attributed(self, b: int, g: int) -> tuple[str | None, str]:
+        """The registered defect a wrong state in the Mamba block ``b`` comes
+        from, by its rule, and the words that say why: a failed load was to
+        fill it (:attr:`failed_states`), or a chunk that started inside it
+        left it behind (:attr:`behind`), and since then nothing wrote it
+        (zeroing aside) and nothing handed it out anew."""
+        if self.contents.owner.get(b) == g:
+            failed = self.failed_states.get(b)
+            if failed is not None and self._untouched(b, failed[2]):
+                rid, valid, _ = failed
+                return MAMBA_FAILED_LOAD, (
+                    f" (request {rid}'s connector load was to fill it and failed past {valid} tokens; nothing wrote "
+                    "a state into it since)"
+                )
+            behind = self.behind.get(b)
+            if behind is not None and self._untouched(b, behind[3]):
+                rid, start, end, _ = behind
+                return MAMBA_ALIGN_MIDBLOCK, (
+                    f" (request {rid}'s chunk of positions {start}-{end - 1} started inside the block and ran past "
+                    f"its end, so the block kept the state at {start} tokens and was cached as the state at its end)"
+                )
+        return None, ""
+
+    def _untouched(self, b: int, since: int) -> bool:
+        """Whether nothing wrote ``b`` (zeroing aside) or handed it out after the clock ``since``."""
+        return self.contents.written_at[b][0] <= since and self.contents.handed.get(b, 0) <= since
 
     def _mamba(self, g: int) -> Mamba:
         """The kind of the Mamba group ``g``."""
@@ -531,6 +604,14 @@ class SafetyMonitor:
                     defect=EARLY_FREE,
                 )
             failed = None if at is None or step is None else step.failed_skips.get((at[1], index))
+            if failed is not None and step is not None and at is not None and isinstance(self.kinds[at[1]], Mamba):
+                raise SafetyViolation(
+                    "content",
+                    f"{what}: the table holds the null block there, skipped when request {step.rid}'s connector load "
+                    f"was admitted (only the state at the load's end, {failed[0]} tokens, was to be filled); the load "
+                    f"failed past {failed[1]} tokens and the recomputation from there starts from it",
+                    defect=MAMBA_FAILED_LOAD,
+                )
             if failed is not None and step is not None:
                 raise SafetyViolation(
                     "content",
@@ -542,11 +623,15 @@ class SafetyMonitor:
             raise SafetyViolation("content", f"{what}: the table holds the null block there")
         return table[index]
 
-    def _compare(self, b: int, g: int, p: int, want: int, what: str, of: str = "KV") -> None:
+    def _compare(
+        self, b: int, g: int, p: int, want: int, what: str, of: str = "KV", defect: str | None = None,
+        detail: str = "",
+    ) -> None:
         self.counts["slots compared" if of == "KV" else "states compared"] += 1
         got = self.contents.value(b, g, p % self.contents.block_size(g))
         if got != want:
-            raise SafetyViolation("content", f"{what}, but the block holds {describe(got, self.writers, of)} there")
+            message = f"{what}, but the block holds {describe(got, self.writers, of)} there{detail}"
+            raise SafetyViolation("content", message, defect=defect)
 
     # -- connector loads and zeroing -----------------------------------------
 
@@ -590,17 +675,18 @@ class SafetyMonitor:
             for b, n in self._state_blocks(self._mamba(g), load.tables[g], load.start, end):
                 self.contents.write(b, g, 0, want[n - 1])
                 self.writers.setdefault(want[n - 1], f"request {load.rid} at position {n - 1} (connector)")
-            self._stale(self._mamba(g), g, load.tables[g], load.start, end)
+            self._stale(self._mamba(g), g, load.tables[g], load.start, end, load.rid)
 
     def _failed(self, load: Load, valid: int) -> None:
         """``load`` failed past ``valid`` tokens: remember the request's null entries then."""
         tables = self.last_tables.get(load.rid)
         if tables is None or valid >= load.end:
             return
-        for g in self.mamba:  # the states past the valid prefix are not checked (see _run_states)
+        for g in self.mamba:  # the states past the valid prefix were never filled: what the failure left
             for b, n in self._state_blocks(self._mamba(g), load.tables[g], load.start, load.end):
                 if n > valid:
-                    self.contents.write(b, g, 0, STALE)
+                    self.contents.write(b, g, 0, GARBAGE)
+                    self.failed_states[b] = (load.rid, valid, self.contents.writes)
         for g in (*self.checked, *self.mamba):
             for i, b in enumerate(tables[g]):
                 if b == 0:

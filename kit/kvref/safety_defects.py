@@ -13,8 +13,14 @@ the allocation freed below the window on the computed tokens while a step in
 flight still read it (:attr:`kvref.safety.SafetyMonitor.early`); for
 :data:`LOAD_ZEROING`, a block ``take_new_block_ids`` lists while a connector
 load fills it, where the release's scheduler does not leave the loads out; for
-:data:`FAILED_LOAD_WINDOW`, a null entry a step reads that was already null when
-the request's connector load failed part-way.
+:data:`FAILED_LOAD_WINDOW`, a null entry of an attention group a step reads that
+was already null when the request's connector load failed part-way; for
+:data:`MAMBA_FAILED_LOAD`, the same in a Mamba group (the state a step starts
+from), or a Mamba block that such a load was to fill a state into, read
+(by a step or a hit) before anything wrote it again; for
+:data:`MAMBA_ALIGN_MIDBLOCK`, a Mamba ``align`` block that a chunk starting inside
+it left behind (holding the state at the chunk's start), read before anything
+wrote it again, under a release whose scheduler does not stop such chunks.
 :func:`registered` then checks that the entry applies to the run's release;
 the lockstep counts the run as meeting a known defect and stops it
 (``kvref check`` lists it among the known divergences as ``safety defect
@@ -39,6 +45,17 @@ FAILED_LOAD_WINDOW = "swa-failed-load"
 """A connector load that fails part-way in a one-group model with a sliding or chunked window: the
 recomputation from the valid prefix reads window blocks the admission skipped for the load's end
 (:attr:`kvref.safety.SafetyMonitor.failed_skips`). Not reported upstream when found."""
+MAMBA_FAILED_LOAD = "mamba-failed-load"
+"""A connector load that fails part-way in a one-group Mamba model (``align`` or ``all`` mode): the
+recomputation from the valid prefix starts from the state in a table entry the admission skipped (the
+null block), and the block the load was to fill its state into is later served as that state
+(:attr:`kvref.safety.SafetyMonitor.failed_skips`, :attr:`kvref.safety.SafetyMonitor.failed_states`).
+Not reported upstream when found."""
+MAMBA_ALIGN_MIDBLOCK = "mamba-align-midblock"
+"""A Mamba ``align`` chunk that starts inside a block (after a connector load that ended there) and runs
+past its end: the block keeps the state at the chunk's start, and the manager caches it as the state at
+its end, which a later hit is served (:attr:`kvref.safety.SafetyMonitor.behind`). vLLM 0.26.0's scheduler
+stops such a chunk at the block's end. Not reported upstream when found."""
 REGISTRY = Path(__file__).with_name("safety_defects.toml")
 
 

@@ -52,9 +52,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvref.ops import RequestBook
+from kvref.ops import ZEROING_RANGE, RequestBook
 from kvref.scheduler_chunks import cap_at_junction, schedule_chunk, tail_eagle
-from kvspec.config import KVCacheConfig
+from kvspec.config import KVCacheConfig, prefix_cacheable
 from kvspec.mamba_tail import mamba_tail_boundary
 from kvspec.profiles import features_used
 
@@ -130,6 +130,12 @@ class Scheduler:
         """Whether allocations may queue copy-on-write copies (:meth:`hand_off_copies`)."""
         self.whole_prefill = False
         """Whether every chunk is the whole rest of the request (an engine without chunked prefill)."""
+        self.zeroing_skip = ""
+        """How the scheduler keeps a delayed connector load's blocks off the zeroing list: ``range``
+        (vLLM 0.26.0 to 0.31.0, in a model that zeroes fresh blocks: it asks
+        ``get_zeroing_block_ids_in_range`` after the admission and leaves those ids out),
+        ``groups`` (0.32.0 on: ``allocate_slots(skip_zeroing_group_ids=...)`` names the groups the
+        connector loads, its prefix-cacheable ones) or ``""`` (not asked)."""
 
     # -- requests ----------------------------------------------------------
 
@@ -224,10 +230,16 @@ class Scheduler:
         From vLLM 0.27.0 on, a successful admission that did a prefix lookup
         records it in the statistics (``record_prefix_cache_stats``), as the
         scheduler does."""
+        if delay and self.zeroing_skip == "groups":
+            loaded = [g for g, kind in enumerate(self.config.groups) if prefix_cacheable(kind)]
+            op = {**op, "skip_zeroing_group_ids": loaded}
         if not allocated(self.call(op)):
             return False
         self.hand_off_copies()
         rid = op["rid"]
+        if delay and external > 0 and self.zeroing_skip == "range":
+            start = self.reqs[rid].computed + hit
+            self.call({"op": ZEROING_RANGE, "rid": rid, "start_token": start, "end_token": start + external})
         if looked_up and not self.config.profile.stats_at_lookup:
             self.call({"op": "record_prefix_cache_stats", "rid": rid, "num_hits": hit})
         st = self.reqs[rid]

@@ -71,7 +71,8 @@ class StaleHitError(KVCacheError):
 
 
 class GroupCountError(KVCacheError, ValueError):
-    """A per-group value has a different number of groups than the config."""
+    """A per-group value has a different number of groups than the config, or
+    a group id names a group the config does not have."""
 
 
 class InvalidBlockIdError(KVCacheError, ValueError):

@@ -134,9 +134,15 @@ class KVCacheCoordinator:
         return total
 
     def allocate_new_computed_blocks(
-        self, request_id: str, new_computed_blocks: Sequence[Sequence[BlockId]], num_local: int, num_external: int
+        self,
+        request_id: str,
+        new_computed_blocks: Sequence[Sequence[BlockId]],
+        num_local: int,
+        num_external: int,
+        skip_zeroing: frozenset[int] = frozenset(),
     ) -> None:
-        """Add hits (all groups touched first), then external-token blocks.
+        """Add hits (all groups touched first), then external-token blocks
+        (not listed for zeroing in the groups of ``skip_zeroing``).
 
         Touching every group's hits before any group takes fresh blocks keeps
         one group's allocation from evicting another group's hit (vLLM issue
@@ -147,8 +153,8 @@ class KVCacheCoordinator:
         for m, hits in zip(self.managers, new_computed_blocks, strict=True):
             m.add_local_computed_blocks(request_id, hits, num_local, num_external)
         if num_external > 0:
-            for m in self.managers:
-                m.allocate_external_computed_blocks(request_id, num_local, num_external)
+            for g, m in enumerate(self.managers):
+                m.allocate_external_computed_blocks(request_id, num_local, num_external, g not in skip_zeroing)
 
     def allocate_new_blocks(
         self, request_id: str, num_tokens: int, num_tokens_main_model: int, num_encoder_tokens: int

@@ -54,6 +54,7 @@ from kvspec.invariants import require
 from kvspec.kv_cache_coordinator import GroupBlocks, HybridCoordinator, make_coordinator
 from kvspec.profiles import SemanticsProfile
 from kvspec.request import Request, RequestStatus
+from kvspec.single_type_kv_cache_manager import cdiv
 from kvspec.stats import PrefixCacheStats
 from kvspec.view import BlockIds, KVView
 
@@ -289,6 +290,7 @@ class KVCacheManager:
         full_sequence_must_fit: bool = False,
         reserved_blocks: int = 0,
         has_scheduled_reqs: bool = True,
+        skip_zeroing_group_ids: Iterable[int] = (),
     ) -> BlockIds | None:
         """Give the request slots for its new tokens; None if they do not fit.
 
@@ -297,6 +299,9 @@ class KVCacheManager:
         Slots are needed for ``min(C+H+E+N+K, L)`` tokens. A waiting or
         preempted request must also leave ``watermark_blocks`` free when
         ``has_scheduled_reqs``; the main check also leaves ``reserved_blocks``.
+        The groups of ``skip_zeroing_group_ids`` (vLLM 0.32.0 on) do not list
+        the blocks they take for external tokens for zeroing (the connector
+        load fills them).
         With ``full_sequence_must_fit`` the whole request (SWA and chunked
         local capped per request) must fit first. Blocks outside the attention
         window are freed *before* the capacity check, even when it fails (from
@@ -313,9 +318,13 @@ class KVCacheManager:
             this order of checking; nothing has changed when they are raised.
             UnsupportedOperationError: Before vLLM 0.25.1, for a non-default
                 ``full_sequence_must_fit``, ``reserved_blocks`` or
-                ``has_scheduled_reqs`` (first of all).
+                ``has_scheduled_reqs``, and before 0.32.0 for any
+                ``skip_zeroing_group_ids`` (first of all).
+            GroupCountError: ``skip_zeroing_group_ids`` holds something that
+                is not a group id of the model (checked next).
         """
         check_admission_args(self.config.profile, full_sequence_must_fit, reserved_blocks, has_scheduled_reqs)
+        quiet = check_skip_zeroing(self.config.profile, len(self.kinds), skip_zeroing_group_ids)
         hits = self._validate_allocation(
             request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, num_lookahead_tokens,
             num_external_computed_tokens, num_encoder_tokens, reserved_blocks,
@@ -342,7 +351,7 @@ class KVCacheManager:
         if need + wm > self.block_pool.get_num_free_blocks() - reserved_blocks:
             return None
         if any(hits) or num_external_computed_tokens > 0:
-            coord.allocate_new_computed_blocks(rid, hits, local, num_external_computed_tokens)
+            coord.allocate_new_computed_blocks(rid, hits, local, num_external_computed_tokens, quiet)
         new = coord.allocate_new_blocks(rid, slots, main, num_encoder_tokens)
         self.requests[rid] = request
         require(tables_cover_slots(self, rid, slots), f"request {rid}: tables shorter than {slots} slots")
@@ -555,6 +564,38 @@ class KVCacheManager:
                 )
         for m in listing:
             m.record_for_zeroing(request_id, start_token // m.block_size)
+
+    def get_zeroing_block_ids_in_range(self, request_id: str, start_token: int, end_token: int) -> list[BlockId]:
+        """The request's table entries covering tokens ``[start_token,
+        end_token)`` in every group that lists fresh blocks for zeroing
+        (:func:`kvspec.single_type_kv_cache_manager.records_new_block_ids`):
+        per group the entries from ``start_token // block_size`` up to
+        ``cdiv(end_token, block_size)``, in group order and table order, null
+        entries included. vLLM's scheduler (0.26.0 to 0.31.0: switch
+        ``zeroing_range_op``) asks for the range a delayed connector load
+        fills right after the admission and leaves those ids out of the next
+        zeroing list, which the load would otherwise race. An unknown request
+        has empty tables. Nothing changes.
+
+        Raises:
+            UnsupportedOperationError: Before vLLM 0.26.0 and from 0.32.0 on.
+            InvalidRequestError: ``request_id`` is not a str.
+            InvalidTokenCountError: ``start_token`` is not an int >= 0, or
+                ``end_token`` not an int >= ``start_token``.
+        """
+        op = "get_zeroing_block_ids_in_range"
+        require_operation(self.config.profile, op)
+        check_request_id(op, request_id)
+        if not is_int(start_token) or start_token < 0:
+            raise InvalidTokenCountError(f"{op}: start_token {start_token!r} is not an int >= 0")
+        if not is_int(end_token) or end_token < start_token:
+            raise InvalidTokenCountError(f"{op}: end_token {end_token!r} is not an int >= start_token {start_token}")
+        ids: list[BlockId] = []
+        for m in self.coordinator.managers:
+            if m.records_new_ids:
+                table = m.req_to_blocks.get(request_id, [])
+                ids += table[start_token // m.block_size : cdiv(end_token, m.block_size)]
+        return ids
 
     def take_kv_cache_block_copies(self) -> tuple[list[tuple[BlockId, BlockId]], list[BlockId]]:
         """Drain the copy-on-write copies of fine-grained hits (vLLM 0.26.0 on;
@@ -799,6 +840,8 @@ def skip_basis(profile: SemanticsProfile, total_computed_tokens: int, num_in_fli
     if not profile.skip_on_processed_tokens:
         return total_computed_tokens
     return max(0, total_computed_tokens - num_in_flight_tokens)
+
+
 def reads_prefix_cache(profile: SemanticsProfile, request: Request) -> bool:
     """Whether ``request`` may read the prefix cache (caching on aside): from
     vLLM 0.34.0 on its ``prefix_cache_hit_limit`` is not 0, a value fixed
@@ -883,6 +926,7 @@ OPERATION_SWITCHES = {
     "get_prefix_hint": "prefix_hint_op",
     "get_num_cached_tokens": "num_cached_tokens_op",
     "record_blocks_for_zeroing": "record_zeroing_op",
+    "get_zeroing_block_ids_in_range": "zeroing_range_op",
     "get_computed_blocks_for_connector": "connector_lookup_op",
     "truncate_computed_blocks": "connector_lookup_op",
 }
@@ -899,7 +943,9 @@ def require_operation(profile: SemanticsProfile, op: str) -> None:
     needs ``estimate_cached_tokens_op`` (from 0.26.0), ``get_prefix_hint``
     needs ``prefix_hint_op`` (0.25.1 on), ``get_num_cached_tokens`` needs
     ``num_cached_tokens_op`` (0.34.0 on), ``record_blocks_for_zeroing`` needs
-    ``record_zeroing_op`` (0.26.0 on).
+    ``record_zeroing_op`` (0.26.0 on), ``get_zeroing_block_ids_in_range``
+    needs ``zeroing_range_op`` (0.26.0 to 0.31.0), the connector lookups need
+    ``connector_lookup_op`` (0.27.0 on).
 
     pre: op in OPERATION_SWITCHES
     raises: UnsupportedOperationError
@@ -973,6 +1019,28 @@ def check_admission_args(profile: SemanticsProfile, must_fit: bool, reserved: in
     given = [f"{k}={v!r}" for k, v, d, has in args if v != d and not has]
     if given:
         raise UnsupportedOperationError(f"allocate_slots: {profile.name} has no {', '.join(given)}")
+
+
+def check_skip_zeroing(profile: SemanticsProfile, num_groups: int, group_ids: object) -> frozenset[int]:
+    """``skip_zeroing_group_ids`` of ``allocate_slots``, checked: the group
+    ids as a set. The argument exists from vLLM 0.32.0 on
+    (``skip_zeroing_arg``); before, only an empty one is accepted.
+
+    raises: UnsupportedOperationError, GroupCountError
+    post: all(0 <= g < num_groups for g in __return__)
+    post: profile.skip_zeroing_arg or not __return__
+    """
+    if isinstance(group_ids, str | bytes) or not isinstance(group_ids, Iterable):
+        raise GroupCountError(f"allocate_slots: skip_zeroing_group_ids {group_ids!r} is not a collection of group ids")
+    ids = list(group_ids)
+    if ids and not profile.skip_zeroing_arg:
+        raise UnsupportedOperationError(f"allocate_slots: {profile.name} has no skip_zeroing_group_ids")
+    for g in ids:
+        if not is_int(g) or not 0 <= g < num_groups:
+            raise GroupCountError(
+                f"allocate_slots: skip_zeroing_group_ids names {g!r}, not a group of this model (0 to {num_groups - 1})"
+            )
+    return frozenset(ids)
 
 
 def allocation_without_tokens(profile: SemanticsProfile, n_new: int, n_hit: int, n_external: int) -> bool:

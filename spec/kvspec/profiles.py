@@ -207,6 +207,15 @@ class SemanticsProfile:
     scheduler lists the request's blocks from the first token the load did not
     deliver for zeroing again; new in 0.26.0):
     :func:`kvspec.kv_cache_manager.require_operation`."""
+    zeroing_range_op: bool = False
+    """``get_zeroing_block_ids_in_range`` exists (the scheduler asks for the
+    blocks a delayed connector load will fill and leaves them out of the next
+    zeroing list; 0.26.0 to 0.31.0, replaced by ``skip_zeroing_arg``):
+    :func:`kvspec.kv_cache_manager.require_operation`."""
+    skip_zeroing_arg: bool = False
+    """``allocate_slots(skip_zeroing_group_ids=...)`` exists: the listed groups
+    do not list the blocks they take for external (connector) tokens for
+    zeroing (new in 0.32.0): :func:`kvspec.kv_cache_manager.check_admission_args`."""
     estimate_skips_uncacheable: bool = False
     """``estimate_cached_tokens`` leaves out groups that are not prefix
     cacheable (the ring kinds; before 0.30.0 a ring group, never hashed,
@@ -511,6 +520,7 @@ VLLM_0_26_0 = replace(
     cp_block_scaling="dcp",
     estimate_cached_tokens_op=True,
     record_zeroing_op=True,
+    zeroing_range_op=True,
     skip_on_processed_tokens=True,
 )
 """0.26.0: fresh-block ids are recorded only for models with a Mamba group;
@@ -613,12 +623,15 @@ VLLM_0_32_0 = replace(
     fa_tail_below_last_token=True,
     mamba_tail_entries=True,
     kpool_tail_kind=False,
+    zeroing_range_op=False,
+    skip_zeroing_arg=True,
 )
 """0.32.0: ``get_num_common_prefix_blocks`` always answers zeros; the hybrid
 EAGLE look-ahead is capped by hashed tokens, and the connector's per-group
 lookup takes it too; the full-attention partial tail
 moves to the last hash boundary below the prompt's last token; Mamba align
-tail entries; ``KpoolTailSpec`` is gone."""
+tail entries; ``KpoolTailSpec`` is gone; ``allocate_slots`` takes
+``skip_zeroing_group_ids`` where ``get_zeroing_block_ids_in_range`` was."""
 
 VLLM_0_33_0 = replace(
     VLLM_0_32_0,

@@ -147,8 +147,12 @@ class SingleTypeKVCacheManager:
         if has_partial_local_hit(hits, num_local, self.block_size):
             record_partial_hit(self, request_id, num_local // self.block_size, hits[-1])
 
-    def allocate_external_computed_blocks(self, request_id: str, num_local: int, num_external: int) -> None:
-        """Fresh blocks for connector-loaded tokens that attention still reads."""
+    def allocate_external_computed_blocks(
+        self, request_id: str, num_local: int, num_external: int, record: bool = True
+    ) -> None:
+        """Fresh blocks for connector-loaded tokens that attention still reads,
+        listed for zeroing only with ``record`` (vLLM 0.32.0's
+        ``skip_zeroing_group_ids`` clears it for the groups a load fills)."""
         total = num_local + num_external
         skipped = self.get_num_skipped_tokens(total)
         if skipped > 0:
@@ -156,7 +160,7 @@ class SingleTypeKVCacheManager:
         if num_external <= 0:
             return
         table = self.req_to_blocks.setdefault(request_id, [])
-        self._extend(table, cdiv(total, self.block_size) - len(table))
+        self._extend(table, cdiv(total, self.block_size) - len(table), record)
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[BlockId]:
         """Privatise a partially hit block first (its copy comes first in the
@@ -249,12 +253,12 @@ class SingleTypeKVCacheManager:
         self.tail_owners.discard(request_id)
         return self.req_to_blocks.pop(request_id, [])
 
-    def _extend(self, table: list[BlockId], n: int) -> list[BlockId]:
+    def _extend(self, table: list[BlockId], n: int, record: bool = True) -> list[BlockId]:
         if n <= 0:
             return []
         new = self.pool.get_new_blocks(n)
         table += new
-        if self.records_new_ids:
+        if self.records_new_ids and record:
             self.new_block_ids += new
         return new
 
@@ -284,7 +288,9 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
         """Cross attention never has prefix hits."""
         assert not new_computed_blocks
 
-    def allocate_external_computed_blocks(self, request_id: str, num_local: int, num_external: int) -> None:
+    def allocate_external_computed_blocks(
+        self, request_id: str, num_local: int, num_external: int, record: bool = True
+    ) -> None:
         """Connector tokens never need encoder blocks."""
 
 
@@ -313,9 +319,11 @@ class CircularBufferManager(SingleTypeKVCacheManager):
     ) -> None:
         """A ring group never has hits; nothing is recorded."""
 
-    def allocate_external_computed_blocks(self, request_id: str, num_local: int, num_external: int) -> None:
+    def allocate_external_computed_blocks(
+        self, request_id: str, num_local: int, num_external: int, record: bool = True
+    ) -> None:
         """Claim the ring (the caller returns no external-phase block)."""
-        self._claim_ring(request_id)
+        self._claim_ring(request_id, record)
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[BlockId]:
         """The ring on the call that claims it, else nothing."""
@@ -331,9 +339,9 @@ class CircularBufferManager(SingleTypeKVCacheManager):
         """Always 0."""
         return 0
 
-    def _claim_ring(self, request_id: str) -> list[BlockId]:
+    def _claim_ring(self, request_id: str, record: bool = True) -> list[BlockId]:
         table = self.req_to_blocks.setdefault(request_id, [])
-        return [] if table else self._extend(table, 1)
+        return [] if table else self._extend(table, 1, record)
 
 
 class MambaManager(SingleTypeKVCacheManager):

@@ -414,6 +414,23 @@ def rezero(mgr: Any, h: RequestBlockHasher) -> object:
     return mgr.record_blocks_for_zeroing("a", 4)
 
 
+def zeroing_range(mgr: Any, h: RequestBlockHasher) -> object:
+    """``a`` is admitted with 8 tokens a connector loads later; the scheduler
+    asks which block ids the load fills (vLLM 0.26.0 to 0.31.0)."""
+    mgr.allocate_slots(h.new_request("a", list(range(13))), 5, num_external_computed_tokens=8, delay_cache_blocks=True)
+    return mgr.get_zeroing_block_ids_in_range("a", 0, 8)
+
+
+def skip_zeroing(mgr: Any, h: RequestBlockHasher) -> object:
+    """``a`` is admitted with 8 tokens a connector loads later, its full-attention
+    group's load destinations kept off the zeroing list (vLLM 0.32.0 on;
+    ``take_new_block_ids`` in :func:`outcome` shows what is listed)."""
+    request = h.new_request("a", list(range(13)))
+    return mgr.allocate_slots(
+        request, 5, num_external_computed_tokens=8, delay_cache_blocks=True, skip_zeroing_group_ids=(0,)
+    )
+
+
 CONNECTOR_HYBRID = (FullAttention(4), Mamba(4, "align"))
 """The hybrid of the connector lookup's cases."""
 
@@ -587,6 +604,11 @@ CASES = [
     Case("circular_buffer_kind", VLLM_0_29_0, False, hybrid_hit, {"groups": (FullAttention(4), CircularBuffer(2))}),
     Case("estimate_cached_tokens_op", VLLM_0_26_0, False, estimate, {"groups": (FullAttention(4),)}),
     Case("record_zeroing_op", VLLM_0_26_0, False, rezero, {"groups": (FullAttention(4), Mamba(4, "align"))}),
+    Case("zeroing_range_op", VLLM_0_26_0, False, zeroing_range, {"groups": (FullAttention(4), Mamba(4, "align"))}),
+    Case(
+        "skip_zeroing_arg", VLLM_0_32_0, False, skip_zeroing,
+        {"groups": (FullAttention(4), Mamba(4, "align")), "enable_caching": False},
+    ),
     Case("connector_lookup_op", VLLM_0_27_0, False, connector_lookup, {"groups": CONNECTOR_HYBRID}),
     Case("truncate_mamba_lagging", VLLM_0_28_0, False, truncate_lagging, {"groups": CONNECTOR_HYBRID}),
     Case(

@@ -15,9 +15,19 @@ import pytest
 
 from kvref.adapters import load_factory
 from kvref.adapters.vllm import installed_vllm_version
+from kvref.divergences import release_key
 from kvref.safety import safety_replay
-from kvref.safety_defects import EARLY_FREE, FAILED_LOAD_WINDOW, LOAD_ZEROING, load_defects, registered
+from kvref.safety_defects import (
+    EARLY_FREE,
+    FAILED_LOAD_WINDOW,
+    LOAD_ZEROING,
+    MAMBA_ALIGN_MIDBLOCK,
+    MAMBA_FAILED_LOAD,
+    load_defects,
+    registered,
+)
 from kvref.traces import Trace, load
+from kvspec.config import Mamba, MambaMode
 from kvspec.profiles import profile_named
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +44,7 @@ def _trace(defect: str, release: str | None = None) -> Trace:
 
 
 def test_the_registry_lists_the_defects_the_monitor_names() -> None:
-    assert set(DEFECTS) == {EARLY_FREE, LOAD_ZEROING, FAILED_LOAD_WINDOW}
+    assert set(DEFECTS) == {EARLY_FREE, LOAD_ZEROING, FAILED_LOAD_WINDOW, MAMBA_FAILED_LOAD, MAMBA_ALIGN_MIDBLOCK}
     for defect in DEFECTS.values():
         trace = load(ROOT / defect.trace)
         assert trace.meta["safety_defect"] == defect.id
@@ -123,3 +133,93 @@ def test_a_failed_load_reads_skipped_window_blocks_in_every_release(release: str
     for engine in ("spec", "impl"):
         found = safety_replay(trace, load_factory(engine)(trace.config))
         assert found is not None and found[1].defect == FAILED_LOAD_WINDOW, (engine, found)
+
+
+def _mamba_failed_load(release: str, mode: MambaMode) -> Trace:
+    """The minimal trace of ``mamba-failed-load`` under ``release`` in ``mode``, with what the release's
+    scheduler adds or lacks: from 0.26.0 the blocks past the valid prefix are listed for zeroing again
+    (``record_blocks_for_zeroing``); 0.16.0 has no step call and none of the later arguments."""
+    trace = _trace(MAMBA_FAILED_LOAD, release)
+    config = dataclasses.replace(trace.config, groups=(Mamba(2, mode),))
+    steps: list[dict[str, object]] = []
+    for step in trace.steps:
+        steps.append(step)
+        if step["op"] == "cache_blocks" and release_key(release) >= (0, 26, 0):
+            steps.append({"op": "record_blocks_for_zeroing", "rid": step["rid"], "start_token": 2})
+    if release == "0.16.0":
+        steps = [s for s in steps if s["op"] != "new_step_starts"]
+    return dataclasses.replace(trace, config=config, steps=steps)
+
+
+MAMBA_RUNS = [
+    (release, mode)
+    for release in ("0.16.0", "0.25.1", "0.26.0", "0.29.0", "0.31.0", "0.34.0")
+    for mode in ("align", "all")
+    if mode == "align" or release_key(release) < (0, 33, 0)  # from 0.33.0 prefix caching needs align mode
+]
+
+
+@pytest.mark.parametrize(("release", "mode"), MAMBA_RUNS)
+def test_a_failed_load_in_a_mamba_model_starts_from_a_skipped_state(release: str, mode: MambaMode) -> None:
+    """A one-group Mamba model (``align`` or ``all``): the admission keeps only the state at the load's end,
+    the failure moves the computed tokens back to the block before it, and the recomputation starts from
+    the null block there, in every release (kvspec and kvimpl; real vLLM where installed, below)."""
+    trace = _mamba_failed_load(release, mode)
+    assert DEFECTS[MAMBA_FAILED_LOAD].applies_to(release)
+    for engine in ("spec", "impl"):
+        found = safety_replay(trace, load_factory(engine)(trace.config))
+        assert found is not None and found[1].defect == MAMBA_FAILED_LOAD, (engine, found)
+
+
+@pytest.mark.skipif(VLLM is None, reason="vLLM is not installed")
+@pytest.mark.parametrize("mode", ["align", "all"])
+def test_real_vllm_starts_a_mamba_recomputation_from_a_skipped_state(mode: MambaMode) -> None:
+    assert VLLM is not None
+    if mode == "all" and release_key(VLLM) >= (0, 33, 0):
+        pytest.skip("prefix caching needs align mode from 0.33.0")
+    trace = _mamba_failed_load(VLLM, mode)
+    found = safety_replay(trace, load_factory("vllm")(trace.config))
+    assert found is not None and found[1].defect == MAMBA_FAILED_LOAD, found
+
+
+def _cut_at_the_block_end(release: str) -> Trace:
+    """``mamba-align-midblock``'s history with the chunk vLLM 0.26.0's scheduler makes instead: after
+    the load that ends inside block 1 (3 tokens), one token to the block's end, then the rest."""
+    trace = _trace(MAMBA_ALIGN_MIDBLOCK, release)
+    steps: list[dict[str, object]] = []
+    for step in trace.steps:
+        if step["op"] == "allocate_slots" and step.get("num_new_tokens") == 5:
+            steps += [
+                {"op": "allocate_slots", "rid": "r1", "num_new_tokens": 1},
+                {"op": "set_request", "rid": "r1", "num_computed_tokens": 4, "status": "RUNNING"},
+                {"op": "new_step_starts"},
+                {"op": "allocate_slots", "rid": "r1", "num_new_tokens": 4},
+            ]
+        else:
+            steps.append(step)
+    return dataclasses.replace(trace, steps=steps)
+
+
+@pytest.mark.parametrize("release", ["0.25.1", "0.26.0", "0.29.0", "0.34.0"])
+def test_a_chunk_cut_at_the_block_end_leaves_no_state_behind(release: str) -> None:
+    """The same load and hit with the prefill cut where 0.26.0's scheduler cuts it (a chunk that
+    starts inside a block stops at its end, ``_mamba_block_aligned_split``): the block gets the state
+    at its end, and the later hit is served it (kvspec and kvimpl; real vLLM where installed)."""
+    trace = _cut_at_the_block_end(release)
+    engines = ["spec", "impl"] + (["vllm"] if release == VLLM else [])
+    for engine in engines:
+        assert safety_replay(trace, load_factory(engine)(trace.config)) is None, engine
+
+
+@pytest.mark.parametrize("release", ["0.16.0", "0.20.0", "0.24.0", "0.25.1"])
+def test_a_chunk_past_the_block_end_caches_the_state_at_its_start_before_the_fix(release: str) -> None:
+    """Before 0.26.0 the scheduler keeps a chunk that starts inside a block a whole number of blocks
+    long, so it runs past the block's end: the block keeps the load's state and is served as the state
+    at its end (kvspec and kvimpl under each release's profile; real vLLM 0.25.1 showed it too)."""
+    trace = _trace(MAMBA_ALIGN_MIDBLOCK, release)
+    if release == "0.16.0":
+        trace = dataclasses.replace(trace, steps=[s for s in trace.steps if s["op"] != "new_step_starts"])
+    assert DEFECTS[MAMBA_ALIGN_MIDBLOCK].applies_to(release)
+    for engine in ("spec", "impl"):
+        found = safety_replay(trace, load_factory(engine)(trace.config))
+        assert found is not None and found[1].defect == MAMBA_ALIGN_MIDBLOCK, (engine, found)

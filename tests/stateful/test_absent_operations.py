@@ -28,7 +28,10 @@ def _probe(feature: str) -> dict[str, Any]:
     if feature == "max_cache_hit_length":  # a lookup argument (vLLM 0.33.0 on)
         return {"op": "get_computed_blocks", **_RID, feature: 8}
     if not feature.startswith("op:"):
-        value = {"full_sequence_must_fit": True, "reserved_blocks": 1, "has_scheduled_reqs": False}[feature]
+        value = {
+            "full_sequence_must_fit": True, "reserved_blocks": 1, "has_scheduled_reqs": False,
+            "skip_zeroing_group_ids": [0],
+        }[feature]  # fmt: skip
         return {"op": "allocate_slots", **_RID, "num_new_tokens": 1, feature: value}
     extras: dict[str, dict[str, Any]] = {
         "get_block_ids_for_computed_tokens": {**_RID, "num_computed_tokens": 0},
@@ -39,6 +42,7 @@ def _probe(feature: str) -> dict[str, Any]:
         "get_num_cached_tokens": _RID,
         "get_num_common_prefix_blocks": _RID,
         "record_blocks_for_zeroing": {**_RID, "start_token": 0},
+        "get_zeroing_block_ids_in_range": {**_RID, "start_token": 0, "end_token": 4},
         "get_computed_blocks_for_connector": _RID,
         "truncate_computed_blocks": {"blocks": [[], []], "num_computed_tokens": 0},
     }
@@ -55,14 +59,16 @@ def _lockstep(profile_name: str, tmp_path: Path, factories: list[Any] | None = N
 
 
 def test_every_release_lacks_what_its_switches_say() -> None:
-    assert absent_features(NEWEST) == {"op:get_num_common_prefix_blocks"}  # gone in vLLM 0.34.0
+    # gone in vLLM 0.34.0 and 0.32.0
+    assert absent_features(NEWEST) == {"op:get_num_common_prefix_blocks", "op:get_zeroing_block_ids_in_range"}
     assert absent_features(VLLM_0_16_0) >= {"op:new_step_starts", "op:get_prefix_hint", "reserved_blocks"}
     assert absent_features(VLLM_0_25_1) == {
         "op:estimate_cached_tokens", "op:record_prefix_cache_stats", "op:take_kv_cache_block_copies",
         "max_cache_hit_length", "op:get_num_cached_tokens", "op:record_blocks_for_zeroing",
-        "op:get_computed_blocks_for_connector", "op:truncate_computed_blocks",
+        "op:get_computed_blocks_for_connector", "op:truncate_computed_blocks", "op:get_zeroing_block_ids_in_range",
+        "skip_zeroing_group_ids",
     }  # fmt: skip
-    assert absent_features(VLLM_0_33_0) == {"op:get_num_cached_tokens"}
+    assert absent_features(VLLM_0_33_0) == {"op:get_num_cached_tokens", "op:get_zeroing_block_ids_in_range"}
     assert {f for f, _ in RELEASE_OPERATIONS} == set().union(*(absent_features(p) for p in PROFILES.values()))
 
 

@@ -13,11 +13,11 @@
 
 /* ------------------------------------------------------------ arguments */
 
-static PyObject *S_alloc[11];
-static const char *ALLOC_NAMES[11] = {
+static PyObject *S_alloc[12];
+static const char *ALLOC_NAMES[12] = {
     "request", "num_new_tokens", "num_new_computed_tokens", "new_computed_blocks", "num_lookahead_tokens",
     "num_external_computed_tokens", "delay_cache_blocks", "num_encoder_tokens", "full_sequence_must_fit",
-    "reserved_blocks", "has_scheduled_reqs"};
+    "reserved_blocks", "has_scheduled_reqs", "skip_zeroing_group_ids"};
 
 static int parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                       PyObject **names, int nparams, int nrequired, PyObject **out) {
@@ -328,6 +328,7 @@ static int validate_hits(Core *c, ReqView *rv, HitArgs *ha, Py_ssize_t n_hit) {
 typedef struct {
     Py_ssize_t n_new, n_hit, n_look, n_ext, n_enc, reserved;
     int delay, fsmf, has_sched, has_hits;
+    unsigned long long skip; /* skip_zeroing_group_ids as a mask */
 } AllocArgs;
 
 /* kvimpl's _validate_allocation, in its order; on success fills a and ha. ha->buf is
@@ -335,6 +336,16 @@ typedef struct {
 static int validate_allocation(Core *c, ReqView *rv, PyObject **v, AllocArgs *a, HitArgs *ha) {
     int ok = 1;
     ha->buf = NULL;
+    a->skip = 0;
+    if (v[11]) { /* checked (and refused) in Python, first, as kvimpl's manager does */
+        PyObject *mask = PyObject_CallOneArg(c->skip_check, v[11]);
+        if (!mask)
+            return -1;
+        a->skip = PyLong_AsUnsignedLongLongMask(mask);
+        Py_DECREF(mask);
+        if (PyErr_Occurred())
+            return -1;
+    }
     PyObject *vals[7] = {v[1], v[2], v[4], v[5], v[7], v[9], NULL};
     static const char *names[7] = {"num_new_tokens", "num_new_computed_tokens", "num_lookahead_tokens",
                                    "num_external_computed_tokens", "num_encoder_tokens", "reserved_blocks",
@@ -435,8 +446,10 @@ static PyObject *do_allocate(Core *c, PyObject **v) {
         return NULL;
     }
     Py_ssize_t starts[64], slot = -1;
+    c->skip_mask = a.skip;
     int r = core_allocate(c, &rv, a.n_new, a.n_hit, a.has_hits ? ha.h : NULL, a.has_hits, a.n_look, a.n_ext, a.delay,
                           a.fsmf, a.reserved, a.has_sched, starts, &slot);
+    c->skip_mask = 0;
     hits_clear(&ha);
     rv_clear(&rv);
     if (r < 0)
@@ -449,8 +462,8 @@ static PyObject *do_allocate(Core *c, PyObject **v) {
 }
 
 static PyObject *Core_allocate_slots(Core *c, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    PyObject *v[11];
-    if (parse_args("allocate_slots", args, nargs, kwnames, S_alloc, 11, 2, v) < 0)
+    PyObject *v[12];
+    if (parse_args("allocate_slots", args, nargs, kwnames, S_alloc, 12, 2, v) < 0)
         return NULL;
     return do_allocate(c, v);
 }
@@ -500,11 +513,11 @@ static PyObject *Core_allocate_slots_batch(Core *c, PyObject *const *args, Py_ss
             rv_clear(&rv);
             goto end;
         }
-        PyObject *args11[11] = {r, PySequence_Fast_GET_ITEM(news, i), NULL, NULL,
+        PyObject *args12[12] = {r, PySequence_Fast_GET_ITEM(news, i), NULL, NULL,
                                 ks ? PySequence_Fast_GET_ITEM(ks, i) : one_k};
         AllocArgs a;
         HitArgs ha;
-        int bad = validate_allocation(c, &rv, args11, &a, &ha);
+        int bad = validate_allocation(c, &rv, args12, &a, &ha);
         hits_clear(&ha);
         rv_clear(&rv);
         if (bad < 0)
@@ -1455,6 +1468,12 @@ static int Core_init(Core *c, PyObject *args, PyObject *kwds) {
     c->mamba_counts = (int)dict_int(p, "mamba_eagle_counts_verified", &err);
     c->hashed_cap = (int)dict_int(p, "eagle_margin_hashed_cap", &err);
     c->lagging_hits = (int)dict_int(p, "lagging_hits", &err); /* lists a connector's lookup returns */
+    c->skip_check = PyDict_GetItemString(p, "skip_zeroing_check");
+    if (!c->skip_check || !PyCallable_Check(c->skip_check)) {
+        PyErr_SetString(PyExc_ValueError, "native core parameters: skip_zeroing_check is not callable");
+        return -1;
+    }
+    Py_INCREF(c->skip_check);
     c->stats_at_lookup = (int)dict_int(p, "stats_at_lookup", &err);
     c->inflight_basis = (int)dict_int(p, "skip_on_processed_tokens", &err);
     int events = (int)dict_int(p, "enable_kv_cache_events", &err);
@@ -1577,6 +1596,7 @@ static void Core_dealloc(Core *c) {
     Py_XDECREF(c->stats);
     Py_XDECREF(c->slot_of);
     Py_XDECREF(c->events);
+    Py_XDECREF(c->skip_check);
     PyMem_Free(c->ev_stored_idx.v);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
@@ -1665,7 +1685,7 @@ PyTypeObject Core_Type = {
 };
 
 int api_init(PyObject *module) {
-    for (int i = 0; i < 11; i++) {
+    for (int i = 0; i < 12; i++) {
         S_alloc[i] = PyUnicode_InternFromString(ALLOC_NAMES[i]);
         if (!S_alloc[i])
             return -1;

@@ -380,7 +380,12 @@ int coord_add_hits(Core *c, Py_ssize_t slot, const Hits *hits, Py_ssize_t local,
             if (ext <= 0)
                 continue;
             Table *t = table_setdefault(c, slot, g);
-            if (group_extend(c, g, t, ceildiv(total, gr->bs) - t->len) < 0)
+            int records = gr->records_new; /* skip_zeroing_group_ids: the load fills these */
+            if ((c->skip_mask >> g) & 1)
+                gr->records_new = 0;
+            int rc = group_extend(c, g, t, ceildiv(total, gr->bs) - t->len);
+            gr->records_new = records;
+            if (rc < 0)
                 return -1;
         }
     }

@@ -164,6 +164,8 @@ typedef struct {
     Py_ssize_t max_len, watermark;
     int unhashed_first, pop_trims, common_zero, adopt_hit, mamba_counts, hashed_cap, stats_at_lookup, lagging_hits;
     int inflight_basis; /* skip_on_processed_tokens: skipped blocks freed below computed - in flight */
+    PyObject *skip_check;    /* skip_zeroing_group_ids -> a mask of groups (kvimpl.checks.check_skip_zeroing) */
+    unsigned long long skip_mask; /* during one allocation: groups whose external blocks are not listed */
     /* block pool */
     int32_t *nxt, *prv;
     int32_t nfree;

@@ -13,10 +13,18 @@ operation needs them (a missing one answers
 request's cached blocks stand for),
 ``record_blocks_for_zeroing(request_id, start_token)`` (vLLM 0.26.0 on: list
 the request's blocks from a block-aligned token on for zeroing again, after a
-failed connector load) and
+failed connector load),
+``get_zeroing_block_ids_in_range(request_id, start_token, end_token)``
+(vLLM 0.26.0 to 0.31.0: the request's block ids over a token range in the
+groups that list fresh blocks, which the scheduler leaves out of the zeroing
+while a connector load fills them) and
 ``take_kv_cache_block_copies() -> (copies, retained)`` (vLLM 0.26.0 on:
 ``(source, copy)`` block-id pairs and the retained ids, released by the
-caller with ``free_blocks``). The conformance kit
+caller with ``free_blocks``). Two keyword arguments are optional the same
+way (an adapter without them is sent none): ``get_computed_blocks``'
+``max_cache_hit_length`` (vLLM 0.33.0 on) and ``allocate_slots``'
+``skip_zeroing_group_ids`` (vLLM 0.32.0 on: groups whose blocks for external
+tokens are not listed for zeroing). The conformance kit
 drives several adapters with the same operations and compares every output
 and view. A refusal (``UnsupportedOperationError``) of an operation the
 release has is a skip, counted, unless the adapter sets

@@ -56,6 +56,7 @@ _DEFAULTS = {
     "full_sequence_must_fit": False,
     "reserved_blocks": 0,
     "has_scheduled_reqs": True,
+    "skip_zeroing_group_ids": (),
 }
 """The ``allocate_slots`` arguments the array API has no counterpart of, at the values it implies."""
 

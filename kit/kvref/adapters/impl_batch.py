@@ -145,6 +145,7 @@ class BatchCalls(_Manager):  # type: ignore[misc]  # a mixin of the manager clas
         full_sequence_must_fit: bool = False,
         reserved_blocks: int = 0,
         has_scheduled_reqs: bool = True,
+        skip_zeroing_group_ids: Any = (),
     ) -> BlockIds | None:
         """The per-request call, through ``allocate_slots_batch`` where it accepts it."""
         no_hits = new_computed_blocks is None or (
@@ -155,12 +156,13 @@ class BatchCalls(_Manager):  # type: ignore[misc]  # a mixin of the manager clas
         batchable = (
             no_hits and all(type(v) is int and v == 0 for v in zeros) and delay_cache_blocks is False
             and full_sequence_must_fit is False and has_scheduled_reqs is True
+            and type(skip_zeroing_group_ids) is tuple and not skip_zeroing_group_ids
         )  # fmt: skip
         if not batchable or self._inside:
             out: BlockIds | None = super().allocate_slots(
                 request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, num_lookahead_tokens,
                 num_external_computed_tokens, delay_cache_blocks, num_encoder_tokens, full_sequence_must_fit,
-                reserved_blocks, has_scheduled_reqs,
+                reserved_blocks, has_scheduled_reqs, skip_zeroing_group_ids,
             )  # fmt: skip
             return out
         with self._batch():

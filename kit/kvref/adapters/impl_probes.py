@@ -54,6 +54,8 @@ OPERATION_SWITCHES: tuple[tuple[str, str, Call], ...] = (
     ("partial_hash_hits", "take_kv_cache_block_copies", lambda m, r: m.take_kv_cache_block_copies()),
     ("num_cached_tokens_op", "get_num_cached_tokens", lambda m, r: m.get_num_cached_tokens(r)),
     ("record_zeroing_op", "record_blocks_for_zeroing", lambda m, r: m.record_blocks_for_zeroing(r.request_id, 0)),
+    ("zeroing_range_op", "get_zeroing_block_ids_in_range",
+     lambda m, r: m.get_zeroing_block_ids_in_range(r.request_id, 0, 1)),
     ("connector_lookup_op", "get_computed_blocks_for_connector", lambda m, r: m.get_computed_blocks_for_connector(r)),
     ("connector_lookup_op", "truncate_computed_blocks",
      lambda m, r: m.truncate_computed_blocks(tuple(() for _ in m.config.groups), 0)),
@@ -66,9 +68,10 @@ ADMISSION_ARGUMENTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("full_sequence_arg", {"full_sequence_must_fit": True}),
     ("reserved_blocks_arg", {"reserved_blocks": 1}),
     ("admission_controls", {"has_scheduled_reqs": False}),
+    ("skip_zeroing_arg", {"skip_zeroing_group_ids": (0,)}),
 )
 """The non-default admission arguments of ``allocate_slots``, each with the
-profile switch of the releases that have it (0.21.0, 0.23.0 and 0.24.0 on)."""
+profile switch of the releases that have it (0.21.0, 0.23.0, 0.24.0 and 0.32.0 on)."""
 
 
 class Unrouted:

@@ -24,6 +24,7 @@ from kvref.hypothesis_compat import draw, integer
 from kvref.lockstep import Lockstep, Refused
 from kvref.machine import configuration
 from kvref.machine.configuration import VOCAB, MachineSetup, draw_tokens, fine_tail_group
+from kvref.ops import ZEROING_RANGE
 from kvref.safety import safety_monitor
 from kvref.scheduler import ReqState, Scheduler
 from kvref.swarm import ALL_ON, Swarm, action_swarms, swarms
@@ -158,6 +159,12 @@ class MachineBase(RuleBasedStateMachine):
             lock.monitor = safety_monitor(self.cfg, lock.book, lock.stats.safety)
         sched = Scheduler(self.cfg, lock.book, lock.call, lock.request_op)
         sched.whole_prefill = not self._allowed(CHUNKED_PREFILL)
+        if self.zeroes and self._allowed(f"op:{ZEROING_RANGE}"):
+            sched.zeroing_skip = "range"
+        elif self._allowed("skip_zeroing_group_ids"):
+            sched.zeroing_skip = "groups"
+        if lock.monitor is not None and sched.zeroing_skip:
+            lock.monitor.skip_load_zeroing = False  # the zeroing list the monitor sees is the scheduler's own
         return sched
 
     def restart(self) -> None:

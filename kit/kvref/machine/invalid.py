@@ -24,6 +24,7 @@ from kvref.capabilities import CALLER_ERRORS
 from kvref.hypothesis_compat import choose
 from kvref.machine.base import Action
 from kvref.machine.invalid_inputs import BAD_CONFIGS, BAD_REQUESTS, InvalidInputs
+from kvref.ops import ZEROING_RANGE
 from kvspec.config import FULL_TYPE_KINDS, prefix_cacheable
 
 Json = Any
@@ -39,9 +40,12 @@ BAD_OTHERS = ("double_free", "bad_evict", "unknown_prefix", "cache_beyond", "con
 """The other caller errors ``invalid_other`` makes."""
 BAD_HITS = ("out_of_pool", "caching_off", "ring_group", "null_in_full", "length")
 """Broken hit lists ``invalid_allocate`` sends on a first allocation (see ``_bad_hit``)."""
-BAD_COUNTS = ("stats_hits", "skipped_tokens", "cache_tokens", "free_out_of_pool", "cache_unallocated", "hit_bound")
-"""Negative counts (a hit-length bound included), out-of-pool ids and caching past the table
-(``invalid_other``)."""
+BAD_COUNTS = (
+    "stats_hits", "skipped_tokens", "cache_tokens", "free_out_of_pool", "cache_unallocated", "hit_bound",
+    "zeroing_range", "skip_group",
+)  # fmt: skip
+"""Negative counts (a hit-length bound included), out-of-pool ids, caching past the table, a token
+range that ends before it starts and a group id the model lacks (``invalid_other``)."""
 
 
 class InvalidRules(InvalidInputs):
@@ -201,6 +205,17 @@ class InvalidRules(InvalidInputs):
             if rid is None or not self._allowed("max_cache_hit_length"):
                 return
             op = {"op": "get_computed_blocks", "rid": rid, "max_cache_hit_length": -1}
+        elif kind == "zeroing_range":  # a start below 0, or an end before the start
+            if rid is None or not self._allowed(f"op:{ZEROING_RANGE}"):
+                return
+            start = choose(data, (-1, 4))
+            op = {"op": ZEROING_RANGE, "rid": rid, "start_token": start, "end_token": 3}
+        elif kind == "skip_group":  # an admission that names a group the model lacks
+            fresh = [r for r in self.waiting if not self.reqs[r].computed]
+            if not fresh or not self._allowed("skip_zeroing_group_ids"):
+                return
+            group = choose(data, (-1, len(cfg.groups)))
+            op = {"op": "allocate_slots", "rid": fresh[0], "num_new_tokens": 1, "skip_zeroing_group_ids": [group]}
         else:
             # A waiting request that holds no block yet: caching its prompt would
             # cache blocks it does not have.
@@ -236,6 +251,8 @@ class InvalidRules(InvalidInputs):
                 op["num_hits"] = 0
             elif name == "record_blocks_for_zeroing":
                 op["start_token"] = 0
+            elif name == "get_zeroing_block_ids_in_range":
+                op.update(start_token=0, end_token=self._num_tokens(op["rid"]))
             elif name == "truncate_computed_blocks":
                 op.update(blocks=[[] for _ in self.cfg.groups], num_computed_tokens=0)
         elif feature == "max_cache_hit_length":  # a lookup argument: a bound that changes no hit
@@ -246,7 +263,10 @@ class InvalidRules(InvalidInputs):
             fresh = [r for r in self.waiting if not self.reqs[r].computed]
             if not fresh:
                 return
-            value = {"full_sequence_must_fit": True, "reserved_blocks": 1, "has_scheduled_reqs": False}[feature]
+            value = {
+                "full_sequence_must_fit": True, "reserved_blocks": 1, "has_scheduled_reqs": False,
+                "skip_zeroing_group_ids": [0],
+            }[feature]  # fmt: skip
             op = {"op": "allocate_slots", "rid": fresh[0], "num_new_tokens": 1, feature: value}
         self.lock.call_absent(op)
 
@@ -282,6 +302,6 @@ class InvalidRules(InvalidInputs):
 _ABSENT_NEED_REQUEST = frozenset(
     {"pop_blocks_for_free", "get_block_ids_for_computed_tokens", "estimate_cached_tokens", "get_prefix_hint",
      "record_prefix_cache_stats", "get_num_cached_tokens", "get_num_common_prefix_blocks",
-     "record_blocks_for_zeroing", "get_computed_blocks_for_connector"}
+     "record_blocks_for_zeroing", "get_computed_blocks_for_connector", "get_zeroing_block_ids_in_range"}
 )  # fmt: skip
 """The absent operations that name a request."""

@@ -47,6 +47,8 @@ def supports(config: KVCacheConfig) -> str | None:
         "op:get_block_ids_for_computed_tokens",
         "op:estimate_cached_tokens",
         "op:record_blocks_for_zeroing",
+        "op:get_zeroing_block_ids_in_range",
+        "skip_zeroing_group_ids",
         "op:get_computed_blocks_for_connector",
         "op:truncate_computed_blocks",
     },

@@ -139,6 +139,16 @@ def _admission_args() -> Iterator[Case]:
 
 
 @contract(
+    f"{KCM}.check_skip_zeroing",
+    "every profile x 1-3 groups x group ids: none, valid, repeated, out of range, negative, a bool, a str, "
+    "a non-collection, a str as the collection",
+)
+def _skip_zeroing() -> Iterator[Case]:
+    values: tuple[object, ...] = ((), [0], (0, 0), (1, 2), (3,), (-1,), (True,), ("0",), 0, None, "01")
+    yield from product(PROFILE_LIST, (1, 2, 3), values)
+
+
+@contract(
     "kvspec.request.valid_token_ids",
     "token sequences: empty, valid, negative, a bool, a float, a str, a str and bytes as the sequence, a list, "
     "a range (no limit); 4 sequences around 2**31 x limit None/2/2**31",

@@ -466,9 +466,26 @@ class VllmAdapter:
         full_sequence_must_fit: bool = False,
         reserved_blocks: int = 0,
         has_scheduled_reqs: bool = True,
+        skip_zeroing_group_ids: Sequence[int] = (),
     ) -> BlockIds | None:
-        """Blocks newly allocated per group, or None if they do not fit."""
+        """Blocks newly allocated per group, or None if they do not fit.
+
+        Raises:
+            Unsupported: A keyword the release lacks, given a value other than
+                "not used" (checked first, as kvspec does).
+            GroupCountError: ``skip_zeroing_group_ids`` is not a collection of
+                the model's group ids (vLLM would ignore an unknown id).
+        """
         self.apply_globals()
+        if not isinstance(skip_zeroing_group_ids, list | tuple):
+            shown = skip_zeroing_group_ids
+            raise GroupCountError(f"allocate_slots: skip_zeroing_group_ids {shown!r} is not a collection of group ids")
+        skip = tuple(skip_zeroing_group_ids)
+        if skip and "skip_zeroing_group_ids" not in self.api.allocate_args:
+            raise self.api.unsupported("KVCacheManager.allocate_slots(skip_zeroing_group_ids=...)", f"asked for {skip}")
+        for g in skip:
+            if isinstance(g, bool) or not isinstance(g, int) or not 0 <= g < self._num_groups:
+                raise GroupCountError(f"allocate_slots: skip_zeroing_group_ids names {g!r}, not a group of this model")
         vreq = self._sync(request)
         rid = request.request_id
         hits: BlockIds | None = None if new_computed_blocks is None else tuple(tuple(g) for g in new_computed_blocks)
@@ -505,6 +522,7 @@ class VllmAdapter:
                 "full_sequence_must_fit": full_sequence_must_fit,
                 "reserved_blocks": reserved_blocks,
                 "has_scheduled_reqs": has_scheduled_reqs,
+                "skip_zeroing_group_ids": skip,
             },
         )
         if result is None:
@@ -751,6 +769,34 @@ class VllmAdapter:
                     f"{self._block_sizes[g]}"
                 )
         self.api.record_blocks_for_zeroing(self.manager, request_id, n)
+
+    def get_zeroing_block_ids_in_range(self, request_id: str, start_token: int, end_token: int) -> list[int]:
+        """The request's block ids over ``[start_token, end_token)`` in the
+        groups that list fresh blocks.
+
+        NOTE: vLLM reads the request's tables through a defaultdict, so asking
+        for an unknown request would add an empty entry for it; the adapter
+        answers that case (an empty list) without calling vLLM.
+
+        Raises:
+            Unsupported: Outside the 0.26 to 0.31 releases.
+            InvalidRequestError: ``request_id`` is not a str.
+            InvalidTokenCountError: ``start_token`` is not an int >= 0, or
+                ``end_token`` not an int >= ``start_token``.
+        """
+        op = "get_zeroing_block_ids_in_range"
+        if op in self.api.missing_methods:
+            raise self.api.unsupported(f"KVCacheManager.{op}")
+        if not isinstance(request_id, str):
+            raise InvalidRequestError(f"{op}: request_id must be a str, got {request_id!r}")
+        s, e = start_token, end_token
+        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+            raise InvalidTokenCountError(f"{op}: start_token {s!r} is not an int >= 0")
+        if isinstance(e, bool) or not isinstance(e, int) or e < s:
+            raise InvalidTokenCountError(f"{op}: end_token {e!r} is not an int >= start_token {s}")
+        if not any(request_id in getattr(mgr, "req_to_blocks", {}) for mgr in self._managers):
+            return []
+        return self.api.get_zeroing_block_ids_in_range(self.manager, request_id, s, e)
 
     def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int) -> BlockIds:
         """The request's tables cut to its computed tokens.

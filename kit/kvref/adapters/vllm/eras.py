@@ -223,7 +223,9 @@ class VllmApi:
     """The keywords ``allocate_slots(request, num_new_tokens, ...)`` accepts, with
     the value that means "not used" (a release lacking one accepts only that)."""
 
-    missing_methods: ClassVar[frozenset[str]] = frozenset({"estimate_cached_tokens", "record_blocks_for_zeroing"})
+    missing_methods: ClassVar[frozenset[str]] = frozenset(
+        {"estimate_cached_tokens", "record_blocks_for_zeroing", "get_zeroing_block_ids_in_range"}
+    )
     """``KVCacheManager`` facade methods the release does not have."""
 
     spec_classes: ClassVar[Mapping[str, str]] = _frozen(
@@ -774,7 +776,7 @@ class VllmApi:
         for name, value in kwargs.items():
             if name in accepted:
                 passed[name] = value
-            elif value != VllmApi.allocate_args[name]:
+            elif value != VllmApi.allocate_args.get(name, ()):  # (): skip_zeroing_group_ids, new in 0.32.0
                 raise self.unsupported(f"KVCacheManager.allocate_slots({name}=...)", f"asked for {name}={value!r}")
         return self.method(manager, "allocate_slots")(vreq, num_new_tokens, **passed)
 
@@ -855,6 +857,11 @@ class VllmApi:
         """``take_new_block_ids()``."""
         self._check_method("take_new_block_ids")
         return [int(i) for i in self.method(manager, "take_new_block_ids")()]
+
+    def get_zeroing_block_ids_in_range(self, manager: Any, request_id: str, start: int, end: int) -> list[int]:
+        """``get_zeroing_block_ids_in_range(request_id, start_token, end_token)`` (0.26.0 to 0.31.0)."""
+        self._check_method("get_zeroing_block_ids_in_range")
+        return [int(i) for i in self.method(manager, "get_zeroing_block_ids_in_range")(request_id, start, end)]
 
     def record_blocks_for_zeroing(self, manager: Any, request_id: str, start_token: int) -> None:
         """``record_blocks_for_zeroing(request_id, start_token)`` (the 0.26 era on)."""
@@ -984,6 +991,7 @@ class VllmApi016(VllmApi):
             "get_block_ids_for_computed_tokens",
             "estimate_cached_tokens",
             "record_blocks_for_zeroing",
+            "get_zeroing_block_ids_in_range",
         }
     )
     group_spec_fields = _frozen({**VllmApi.group_spec_fields, "is_eagle_group": None})
@@ -1087,8 +1095,11 @@ class VllmApi024(VllmApi023):
     manager_args = VllmApi.manager_args
     allocate_args = VllmApi.allocate_args
     missing_methods = frozenset(
-        {"get_block_ids_for_computed_tokens", "estimate_cached_tokens", "record_blocks_for_zeroing"}
-    )
+        {
+            "get_block_ids_for_computed_tokens", "estimate_cached_tokens", "record_blocks_for_zeroing",
+            "get_zeroing_block_ids_in_range",
+        }
+    )  # fmt: skip
     has_prefix_hint = True
 
 
@@ -1142,18 +1153,29 @@ class VllmApi029(VllmApi027):
 
 
 class VllmApi030(VllmApi029):
-    """vLLM 0.30 era (0.30.0 to 0.32.x): ``SinkFullAttentionManager.__init__``
+    """vLLM 0.30 era (0.30.0 and 0.31.x): ``SinkFullAttentionManager.__init__``
     no longer reserves sink blocks (its signature defect remains); the ring
     kind ``KpoolTailSpec``."""
 
     era = "0.30"
     since = (0, 30, 0)
-    verified: ClassVar[tuple[str, ...]] = ("0.30.0", "0.31.0", "0.32.0")
+    verified: ClassVar[tuple[str, ...]] = ("0.30.0", "0.31.0")
     spec_classes = _frozen({**VllmApi029.spec_classes, "KpoolTail": "KpoolTailSpec"})
     sinkfull_reserves_sink_blocks = False
 
 
-class VllmApi033(VllmApi030):
+class VllmApi032(VllmApi030):
+    """vLLM 0.32 era: ``get_zeroing_block_ids_in_range`` is gone;
+    ``allocate_slots`` takes ``skip_zeroing_group_ids``."""
+
+    era = "0.32"
+    since = (0, 32, 0)
+    verified: ClassVar[tuple[str, ...]] = ("0.32.0",)
+    missing_methods: ClassVar[frozenset[str]] = frozenset({"get_zeroing_block_ids_in_range"})
+    allocate_args = _frozen({**VllmApi.allocate_args, "skip_zeroing_group_ids": ()})
+
+
+class VllmApi033(VllmApi032):
     """vLLM 0.33 era: constructing a cached Mamba group in a mode other than
     ``align`` fails an assertion, reported here as :class:`kvspec.errors.ConfigError`;
     ``KpoolTailSpec`` is gone (since 0.32.0, where kvspec's profile refuses it);
@@ -1162,7 +1184,7 @@ class VllmApi033(VllmApi030):
     era = "0.33"
     since = (0, 33, 0)
     verified: ClassVar[tuple[str, ...]] = ("0.33.0",)
-    spec_classes = _frozen({k: v for k, v in VllmApi030.spec_classes.items() if k != "KpoolTail"})
+    spec_classes = _frozen({k: v for k, v in VllmApi032.spec_classes.items() if k != "KpoolTail"})
     hit_length_bound = True
 
     def check_config(self, config: KVCacheConfig) -> None:
@@ -1191,7 +1213,9 @@ class VllmApi034(VllmApi033):
     era = "0.34"
     since = (0, 34, 0)
     verified: ClassVar[tuple[str, ...]] = ("0.34.0",)
-    missing_methods: ClassVar[frozenset[str]] = frozenset({"get_num_common_prefix_blocks"})
+    missing_methods: ClassVar[frozenset[str]] = frozenset(
+        {"get_num_common_prefix_blocks", "get_zeroing_block_ids_in_range"}
+    )
     has_num_cached_tokens = True
     request_skip_attribute = None
     sampling_logprob_start = True
@@ -1211,6 +1235,7 @@ ERAS: tuple[type[VllmApi], ...] = (
     VllmApi027,
     VllmApi029,
     VllmApi030,
+    VllmApi032,
     VllmApi033,
     VllmApi034,
 )
