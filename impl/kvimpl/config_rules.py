@@ -179,6 +179,21 @@ def has_mamba(config: KVCacheConfig) -> bool:
     return any(isinstance(g, Mamba) for g in config.groups)
 
 
+def searches_per_group(config: KVCacheConfig) -> bool:
+    """Whether a connector's lookup searches each spec group alone: a cached
+    model of several groups with a Mamba group (vLLM 0.27.0's
+    ``get_computed_blocks_for_connector``; kvspec's ``lagging_hits_allowed``
+    less the release)."""
+    return config.enable_caching and len(config.groups) > 1 and has_mamba(config)
+
+
+def lagging_hits(config: KVCacheConfig) -> bool:
+    """Whether ``allocate_slots`` takes hit lists that lag the hit outside
+    full-attention groups, those a connector's per-group lookup returns
+    (vLLM 0.27.0 on: profile switch ``connector_lookup_op``)."""
+    return config.profile.connector_lookup_op and searches_per_group(config)
+
+
 def eagle_group_ids(config: KVCacheConfig) -> frozenset[int]:
     """Groups that drop the EAGLE block: the flagged ones, else all groups
     under ``use_eagle``; from vLLM 0.33.0 flags need ``use_eagle`` too

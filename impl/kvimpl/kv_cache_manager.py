@@ -47,6 +47,7 @@ from kvimpl.config_rules import (
     estimate_groups,
     event_sliding_window,
     kind_name,
+    lagging_hits,
     manager_kinds,
     prefix_cacheable,
     unmodelled_features,
@@ -154,10 +155,9 @@ class KVCacheManager(StepAPI):
         self.partial_hash_hits_op = p.partial_hash_hits
         """Profile switch ``partial_hash_hits``: :meth:`take_kv_cache_block_copies` exists."""
         self.has_mamba = any(isinstance(k, Mamba) for k in config.groups)
-        hybrid = config.enable_caching and len(config.groups) > 1
-        self.lagging_hits = p.connector_lookup_op and hybrid and self.has_mamba
-        """Whether ``allocate_slots`` takes hit lists that lag the hit outside
-        full-attention groups (those a connector's lookup returns: :func:`hit_list_fits`)."""
+        self.lagging_hits = lagging_hits(config)
+        """Whether ``allocate_slots`` takes hit lists that lag the hit outside full-attention groups
+        (those a connector's lookup returns: :func:`hit_list_fits`; :func:`kvimpl.config_rules.lagging_hits`)."""
         StepAPI.__init__(self, device)
 
     @property

@@ -51,7 +51,9 @@ from kvimpl.config_rules import (
     cp_lookup_refusal,
     estimate_groups,
     features_needed,
+    lagging_hits,
     manager_kinds,
+    searches_per_group,
 )
 from kvimpl.device_tables import check_slot_arguments, no_device_tables, valid_group
 from kvimpl.hash_functions import hash_function
@@ -297,7 +299,7 @@ def core_params(config: KVCacheConfig) -> dict[str, Any]:
         "adopt_hit_without_new_tokens": int(p.adopt_hit_without_new_tokens),
         "mamba_eagle_counts_verified": int(p.mamba_eagle_counts_verified),
         "eagle_margin_hashed_cap": int(p.eagle_margin_hashed_cap),
-        "lagging_hits": int(p.connector_lookup_op and hybrid and any(isinstance(k, Mamba) for k in config.groups)),
+        "lagging_hits": int(lagging_hits(config)),
         "stats_at_lookup": int(p.stats_at_lookup),
         "skip_on_processed_tokens": int(p.skip_on_processed_tokens),
         "skip_zeroing_check": _skip_zeroing_check(p, len(config.groups)),
@@ -504,11 +506,8 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
     def _per_group_coordinator(self) -> HybridCoordinator | None:
         """kvimpl's hybrid coordinator for this configuration (built once), where
         a connector's lookup searches per group: a cached hybrid with a Mamba group."""
-        cfg = self.config
-        if not (cfg.enable_caching and len(cfg.groups) > 1 and any(isinstance(k, Mamba) for k in cfg.groups)):
-            return None
-        if self._connector_coord is None:
-            self._connector_coord = HybridCoordinator(cfg, True)
+        if self._connector_coord is None and searches_per_group(self.config):
+            self._connector_coord = HybridCoordinator(self.config, True)
         return self._connector_coord
 
     def truncate_computed_blocks(self, blocks: Any, num_computed_tokens: int) -> BlockIds:

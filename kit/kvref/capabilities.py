@@ -411,8 +411,6 @@ def feature_of(exc: BaseException, op: Json | None) -> str:
         return "config"
     if op["op"] == "get_computed_blocks" and op.get("max_cache_hit_length") is not None:
         return "max_cache_hit_length"
-    if op["op"] == "allocate_slots" and "skip_zeroing_group_ids" in op:
-        return "skip_zeroing_group_ids"
     return f"op:{op['op']}"
 
 

@@ -148,10 +148,9 @@ def stale_index(kind: Mamba, start: int, end: int) -> int | None:
     ``mamba-align-midblock`` (:mod:`kvref.safety_defects`). From 0.26.0 the
     same function stops a chunk that starts inside a block at that block's
     end (0.26.0: where that end is cacheable; 0.30.0 on: unless the backend
-    saves the checkpoint inside the chunk, which kvref does not model), so
-    such a chunk is the kit's own (:func:`kvref.scheduler_chunks.schedule_chunk`
-    does not stop it) and the monitor leaves the block unchecked
-    (:data:`STALE`; ``SafetyMonitor.midblock_stops``).
+    saves the checkpoint inside the chunk, which kvref does not model), and
+    the kit's scheduler model does the same
+    (:func:`kvref.scheduler_chunks.schedule_chunk`).
 
     pre: 0 <= start < end
     post: __return__ is None or kind.mode == "align"

@@ -213,7 +213,9 @@ def _with_keyword(a: KVCacheAdapter, name: str, keyword: str) -> Any:
     except (TypeError, ValueError):  # a builtin without a signature: try it
         return method
     if keyword not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        raise UnsupportedOperationError(f"{a.name} has no {name}({keyword}=...)")
+        exc = UnsupportedOperationError(f"{a.name} has no {name}({keyword}=...)")
+        exc.feature = keyword  # type: ignore[attr-defined]  # read by kvref.capabilities.feature_of
+        raise exc
     return method
 
 

@@ -81,11 +81,10 @@ Tables = tuple[tuple[int, ...], ...]
 def safety_monitor(config: KVCacheConfig, book: RequestBook, counts: Counter[str] | None = None) -> SafetyMonitor:
     """The monitor a scheduler playing ``config.profile``'s release needs:
     from vLLM 0.26.0 on its scheduler leaves the destinations of connector
-    loads out of the zeroing (it asks the manager for them), and stops a
-    Mamba ``align`` chunk that starts inside a block at that block's end;
-    before it does neither."""
+    loads out of the zeroing (it asks the manager for them), before it does
+    not."""
     newer = release_key(config.profile.release) >= (0, 26, 0)
-    return SafetyMonitor(config, book, skip_load_zeroing=newer, midblock_stops=newer, counts=counts)
+    return SafetyMonitor(config, book, skip_load_zeroing=newer, counts=counts)
 
 
 class SafetyViolation(Exception):
@@ -118,6 +117,9 @@ class StepEntry:
     failed_skips: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
     """The request's null entries its failed connector load left when the step was scheduled:
     (group, table index) -> (the load's end, the valid prefix); see ``SafetyMonitor.failed_skips``."""
+    load: Load | None = None
+    """A synchronous connector load that runs in this step, kept here once its request was freed
+    while the step was in flight (the request may be admitted again, with a load of its own)."""
 
 
 @dataclass
@@ -146,6 +148,9 @@ class Load:
     """Whether the step that issues it waits for it (else the request waits: ``delay_cache_blocks``)."""
     blocks: dict[int, int] = field(default_factory=dict)
     """Destination block -> group."""
+    read: set[int] = field(default_factory=set)
+    """The destinations that hold a loaded position the request still reads from the load's end on
+    (a sliding or chunked window drops the others: zeroing them wipes KV nothing reads)."""
 
 
 class SafetyMonitor:
@@ -156,17 +161,16 @@ class SafetyMonitor:
         book: The lockstep's request values (read, never changed).
         zeroing: Whether blocks ``take_new_block_ids`` lists are zeroed (vLLM
             zeroes them when the model needs it: a Mamba group).
-        skip_load_zeroing: Whether to take the destinations of connector loads
-            as left out of the zeroing (vLLM's scheduler from 0.26.0 on) when the
-            operations say nothing of it; a scheduler model that asks
-            ``get_zeroing_block_ids_in_range`` (0.26.0 to 0.31.0) or passes
-            ``skip_zeroing_group_ids`` (0.32.0 on) clears it: the monitor then
-            zeroes exactly what the scheduler's list holds.
-        midblock_stops: Whether the scheduler stops a Mamba ``align`` chunk
-            that starts inside a block at that block's end (vLLM's
-            ``_mamba_block_aligned_split`` from 0.26.0 on): a block left
-            behind a boundary then comes from a chunk that release never
-            schedules, and is not checked (:meth:`_stale`).
+        skip_load_zeroing: Whether the scheduler leaves the destinations of
+            connector loads out of the zeroing (vLLM's scheduler from 0.26.0 on).
+            The ids ``get_zeroing_block_ids_in_range`` answers (0.26.0 to
+            0.31.0) are left out of the next drained list in any case.
+
+            The state machine clears it where its scheduler model drains the
+            list every pass and asks for the skips as the release's scheduler
+            does (``Scheduler.drain_zeroing``, ``Scheduler.zeroing_skip``): the
+            monitor then zeroes what the list holds, and a load's destination
+            on it is a violation whatever the release.
     """
 
     def __init__(
@@ -176,7 +180,6 @@ class SafetyMonitor:
         zeroing: bool | None = None,
         skip_load_zeroing: bool = True,
         counts: Counter[str] | None = None,
-        midblock_stops: bool = True,
     ) -> None:
         """Nothing written yet."""
         self.config = config
@@ -193,7 +196,6 @@ class SafetyMonitor:
         self.range_skip: set[int] = set()
         """Block ids ``get_zeroing_block_ids_in_range`` answered since the last ``take_new_block_ids``:
         vLLM's scheduler (0.26.0 to 0.31.0) leaves them out of the zeroing list it drains next."""
-        self.midblock_stops = midblock_stops
         self.behind: dict[int, tuple[str, int, int, int]] = {}
         """Mamba ``align`` blocks a chunk starting inside them left behind (they keep the state at the
         chunk's start while the manager caches them as the state at their end), under a release that
@@ -283,7 +285,16 @@ class SafetyMonitor:
             # a request freed before its step is dispatched leaves that step (a preempted one is
             # taken back out of the scheduling pass): nothing of it runs
             self.open.entries = [e for e in self.open.entries if e.rid != op["rid"]]
-            if op["rid"] in self.loads:
+            load = self.loads.get(op["rid"])
+            carrier = next(
+                (e for step in self.in_flight for e in step.entries if e.rid == op["rid"] and e.load is None), None
+            )
+            if load is not None and load.synchronous and carrier is not None:
+                # a synchronous load runs in its step, already in flight, after that step's zeroing and
+                # copies (the worker's order: vllm/v1/worker/gpu_model_runner.py, _update_states before the
+                # connector's start_load_kv): it lands when that step runs (_execute)
+                carrier.load = self.loads.pop(op["rid"])
+            elif load is not None:
                 # the scheduler frees a loading request's blocks once its load has ended (vLLM#32255)
                 self._load_done(op["rid"])
             self.freed.add(op["rid"])  # its failed-load entries hold for its steps still in flight
@@ -467,7 +478,10 @@ class SafetyMonitor:
         """The device runs ``entry``: writes, then the reads (checked)."""
         self.counts["steps run"] += 1
         load = self.loads.get(entry.rid)
-        if load is not None and load.synchronous:
+        if entry.load is not None:
+            self._land(entry.load)
+            entry.load = None
+        elif load is not None and load.synchronous:
             self._load_done(entry.rid)
         req = self.book.requests.get(entry.rid)
         if req is None:
@@ -518,18 +532,18 @@ class SafetyMonitor:
 
     def _stale(self, kind: Mamba, g: int, table: Sequence[int], start: int, end: int, rid: str) -> None:
         """The block a step or load of ``[start, end)`` leaves behind a boundary
-        (:func:`kvref.content.stale_index`): it keeps the state at ``start``.
-        Under a release whose scheduler stops such a chunk at the block's end
-        (:attr:`midblock_stops`) the chunk is the kit's, not the release's, and
-        the block is marked not checked (:data:`kvref.content.STALE`); else it
-        is remembered for the defect's rule (:attr:`behind`)."""
+        (:func:`kvref.content.stale_index`): it keeps the state at ``start``,
+        remembered for the defect's rule (:attr:`behind`). The scheduler model
+        splits chunks as the release does
+        (:func:`kvref.scheduler_chunks.schedule_chunk`), so from 0.26.0 on, where
+        vLLM stops such a chunk at the block's end, only a scheduler of another
+        policy (an engine without chunked prefill) gets here, and a read of the
+        block is checked like any other."""
         i = stale_index(kind, start, end) if end > start else None
         if i is None or i >= len(table) or not table[i]:
             return
         b = table[i]
-        if self.midblock_stops:
-            self.contents.write(b, g, 0, STALE)
-        elif self.contents.owner.get(b) == g:
+        if self.contents.owner.get(b) == g:
             self.behind[b] = (rid, start, end, self.contents.writes)
 
     def _compare_state(self, b: int, g: int, want: int, what: str) -> None:
@@ -636,16 +650,20 @@ class SafetyMonitor:
     # -- connector loads and zeroing -----------------------------------------
 
     def _issue(self, load: Load) -> None:
-        """A connector load starts: its destinations must be free of steps in
-        flight and of other loads."""
+        """A connector load starts: its destinations (whole blocks: a transfer
+        writes whole blocks) must be free of steps in flight and of other loads."""
         for g in self.checked:
             bs, table = self.contents.block_size(g), load.tables[g]
+            read = read_span(self.kinds[g], load.end, load.end)
             for p in range(load.start, load.end):
                 if p // bs < len(table) and table[p // bs]:
                     load.blocks[table[p // bs]] = g
+                    if p >= read.start:
+                        load.read.add(table[p // bs])
         for g in self.mamba:
             for b, _ in self._state_blocks(self._mamba(g), load.tables[g], load.start, load.end):
                 load.blocks[b] = g
+                load.read.add(b)
         early = {b for b, _ in self.early.values()}
         for b in load.blocks:
             for step in self.in_flight:
@@ -704,13 +722,16 @@ class SafetyMonitor:
                 )
 
     def _pending_writes(self) -> set[int]:
-        """Blocks a step scheduled but not yet run will write, or a synchronous
-        connector load of such a step will fill (their content is not there yet;
+        """Blocks a step scheduled but not yet run will write or copy into, or a
+        synchronous connector load of such a step will fill (their content is not there yet;
         a step that reads them runs with or after that step, which waits for
         its loads before attention reads)."""
         out: set[int] = {b for load in self.loads.values() if load.synchronous for b in load.blocks}
         for step in (*self.in_flight, self.open):
+            out.update(dest for _, dest in step.copies)  # a copy runs on the device before its step
             for entry in step.entries:
+                if entry.load is not None:  # the synchronous load of a freed request, run by its step
+                    out.update(entry.load.blocks)
                 for g in self.checked:
                     bs, table = self.contents.block_size(g), entry.tables[g]
                     out.update(table[p // bs] for p in range(entry.start, entry.end) if p // bs < len(table))
@@ -729,7 +750,7 @@ class SafetyMonitor:
             if not b:
                 continue
             # a synchronous load runs in its step after the step's zeroing; a delayed one may be under way
-            loading = [load for load in self.loads.values() if b in load.blocks and not load.synchronous]
+            loading = [load for load in self.loads.values() if b in load.read and not load.synchronous]
             if loading and self.skip_load_zeroing:
                 continue  # the scheduler leaves a load's destinations out of the zeroing
             if loading:

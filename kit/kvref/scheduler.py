@@ -14,8 +14,10 @@ rules below.
 Rules (as vLLM's scheduler applies them):
 
 * A chunk never goes past the request's tokens; with a Mamba group in
-  ``align`` mode a partial chunk ends on a scheduler-block boundary
-  (:func:`kvref.scheduler_chunks.schedule_chunk`), and with fine-grained hits it also stops at the
+  ``align`` mode it is split as the release's scheduler splits it
+  (:func:`kvref.scheduler_chunks.schedule_chunk`: a chunk from a block boundary ends on one; one
+  that starts inside a block is a whole number of blocks long up to vLLM 0.25.x and stops at that
+  block's end from 0.26.0 on), and with fine-grained hits it also stops at the
   prompt's Mamba tail boundary when that lies in the prompt's last block
   (:meth:`Scheduler.tail_stop`), where the tail entry can be registered.
 * With a Mamba group in ``align`` mode the chunk also stops at the shared
@@ -53,7 +55,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvref.ops import ZEROING_RANGE, RequestBook
-from kvref.scheduler_chunks import cap_at_junction, schedule_chunk, tail_eagle
+from kvref.scheduler_chunks import cap_at_junction, last_cache_position, schedule_chunk, tail_eagle
 from kvspec.config import KVCacheConfig, prefix_cacheable
 from kvspec.mamba_tail import mamba_tail_boundary
 from kvspec.profiles import features_used
@@ -130,6 +132,12 @@ class Scheduler:
         """Whether allocations may queue copy-on-write copies (:meth:`hand_off_copies`)."""
         self.whole_prefill = False
         """Whether every chunk is the whole rest of the request (an engine without chunked prefill)."""
+        self.drain_zeroing = False
+        """Whether the zeroing list is drained (``take_new_block_ids``) at the end of every
+        scheduling pass, here after each allocation and each failed load's re-listing: vLLM's
+        scheduler of a model that zeroes fresh blocks drains it at the end of every ``schedule()``
+        (0.24.0 on), so no listing outlives the pass that made it (a block freed and handed on later
+        was zeroed before its next owner got it)."""
         self.zeroing_skip = ""
         """How the scheduler keeps a delayed connector load's blocks off the zeroing list: ``range``
         (vLLM 0.26.0 to 0.31.0, in a model that zeroes fresh blocks: it asks
@@ -187,7 +195,8 @@ class Scheduler:
         ``admission``: the chunk of the admission that did the lookup)."""
         if self.whole_prefill:
             return self.num_tokens(rid) - start
-        n = schedule_chunk(self.config, self.num_tokens(rid), start, n, self.tail_stop(rid))
+        prompt = self.book.requests[rid].num_prompt_tokens
+        n = schedule_chunk(self.config, self.num_tokens(rid), start, n, self.tail_stop(rid), prompt)
         st = self.reqs.get(rid)
         return n if st is None else cap_at_junction(self.config, start, n, st.hint, admission)
 
@@ -200,10 +209,10 @@ class Scheduler:
         if not self.copies:
             return 0
         cfg, req = self.config, self.book.requests[rid]
-        sched, hbs = cfg.scheduler_block_size, cfg.resolved_hash_block_size()
+        hbs = cfg.resolved_hash_block_size()
         tail = mamba_tail_boundary(req.num_prompt_tokens, hbs, tail_eagle(cfg), cfg.profile.mamba_tail_entries)
-        last = req.num_tokens - req.num_tokens % sched - (sched if cfg.use_eagle else 0)
-        return tail if max(last, 0) < tail < req.num_prompt_tokens else 0
+        last = last_cache_position(cfg, req.num_tokens)
+        return tail if last < tail < req.num_prompt_tokens else 0
 
     # -- scheduling moves ---------------------------------------------------
 
@@ -240,6 +249,7 @@ class Scheduler:
         if delay and external > 0 and self.zeroing_skip == "range":
             start = self.reqs[rid].computed + hit
             self.call({"op": ZEROING_RANGE, "rid": rid, "start_token": start, "end_token": start + external})
+        self.end_of_pass()
         if looked_up and not self.config.profile.stats_at_lookup:
             self.call({"op": "record_prefix_cache_stats", "rid": rid, "num_hits": hit})
         st = self.reqs[rid]
@@ -262,6 +272,7 @@ class Scheduler:
         if not allocated(self.call(op)):
             return False
         self.hand_off_copies()
+        self.end_of_pass()
         st = self.reqs[rid]
         self.scheduled(st, st.computed, new)
         st.computed += new
@@ -280,6 +291,7 @@ class Scheduler:
         fits = [out is not None for out in outs] if isinstance(outs, list) else [False] * len(items)
         if any(fits):
             self.hand_off_copies()
+            self.end_of_pass()
         for (rid, new, _), fit in zip(items, fits, strict=True):
             if fit:
                 st = self.reqs[rid]
@@ -303,6 +315,12 @@ class Scheduler:
         out = self.call({"op": "take_kv_cache_block_copies"})
         if isinstance(out, dict) and out.get("retained"):
             self.call({"op": "free_blocks", "block_ids": out["retained"]})
+
+    def end_of_pass(self) -> None:
+        """The end of a scheduling pass: drain the zeroing list where the
+        model zeroes fresh blocks (:attr:`drain_zeroing`)."""
+        if self.drain_zeroing:
+            self.call({"op": "take_new_block_ids"})
 
     def remote_loaded(self, rid: str) -> None:
         """The connector finished loading: cache what it loaded; the request
@@ -328,6 +346,7 @@ class Scheduler:
             self.call({"op": "cache_blocks", "rid": rid, "num_computed_tokens": valid})
             if zeroing:
                 self.call({"op": "record_blocks_for_zeroing", "rid": rid, "start_token": valid})
+                self.end_of_pass()
         else:
             self.call({"op": "free", "rid": rid})
         st.status, st.computed = "WAITING", valid

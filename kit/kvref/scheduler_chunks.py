@@ -2,11 +2,44 @@
 tokens a step schedules with a Mamba group in ``align`` mode, and where the
 Mamba tail boundary and the prefix hint cut a chunk. Pure functions of the
 configuration and the counts.
+
+The ``align`` split follows ``Scheduler._mamba_block_aligned_split``
+(vllm/v1/core/sched/scheduler.py) release by release (:func:`align_rule`;
+blocks are those of :func:`align_block_size`):
+
+* ``whole-blocks`` (up to vLLM 0.25.x): a chunk that ends before the last
+  cache position (:func:`last_cache_position`) is cut to a whole number of
+  blocks, counted from its start; one that runs past that position
+  ends there; one that starts at or past it is left alone. A chunk that
+  starts inside a block therefore ends inside one too (the registered safety
+  defect ``mamba-align-midblock``).
+* ``block-end-if-cacheable`` (0.26.0): a chunk that ends before the last cache
+  position ends on the block boundary at or below its end; then it stops at
+  the first of these strictly inside it: the end of the block it starts in
+  (when it starts inside a block and that end is at or below the last cache
+  position), the last cache position, the caller's stop (the Mamba tail).
+* ``block-end`` (0.27.0 on): a chunk that ends before the prefill end (the
+  prompt, or all but the last token of a request with output tokens) ends on
+  the block boundary at or below its end, unless that is not past its start
+  and a block is wider than the step budget; then it stops at the first of
+  these strictly inside it: the end of the block it starts in (whenever it
+  starts inside a block), the last cache position, the caller's stop.
+
+In every release a chunk that starts at or past the prefill end is left alone.
+Not modelled: prefill checkpoint blocks (vLLM 0.29.0 on; a backend that saves
+the state inside the chunk lifts the stops), ``num_hash_lookahead_tokens``
+(0.33.0 on) and ``long_prefill_token_threshold``: kvref configures none.
 """
 
 from __future__ import annotations
 
+import math
+from typing import Literal
+
+from kvref.divergences import release_key
 from kvspec.config import KVCacheConfig, Mamba
+
+AlignRule = Literal["whole-blocks", "block-end-if-cacheable", "block-end"]
 
 
 def tail_eagle(config: KVCacheConfig) -> bool:
@@ -23,33 +56,134 @@ def tail_eagle(config: KVCacheConfig) -> bool:
     return False
 
 
-def schedule_chunk(config: KVCacheConfig, num_tokens: int, start: int, n: int, stop: int = 0) -> int:
+def align_block_size(config: KVCacheConfig) -> int:
+    """The block size the split aligns to, 0 without a Mamba group in ``align``
+    mode. vLLM's split reads ``cache_config.block_size``, which vLLM makes the
+    Mamba block size in ``align`` mode; the kit takes the Mamba ``align``
+    groups' block size as the manager runs them (their least common multiple
+    where they differ). Wherever vLLM can build the model this is also the
+    scheduler block size; in a kvspec hybrid whose other groups have larger
+    blocks (``full@2x+mamba-align``) it is the Mamba block, whose boundaries
+    are where its states are cached.
+
+    post: __return__ >= 0
+    """
+    sizes = [k.block_size for k in config.manager_groups() if isinstance(k, Mamba) and k.mode == "align"]
+    return math.lcm(*sizes) if sizes else 0
+
+
+def mamba_align(config: KVCacheConfig) -> bool:
+    """Whether the scheduler splits prefill chunks for Mamba: a Mamba group in ``align`` mode."""
+    return align_block_size(config) > 0
+
+
+def align_rule(config: KVCacheConfig) -> AlignRule:
+    """How the release's scheduler splits an ``align`` chunk (the module docstring):
+    ``whole-blocks`` up to vLLM 0.25.x, ``block-end-if-cacheable`` in 0.26.x,
+    ``block-end`` from 0.27.0 on."""
+    release = release_key(config.profile.release)
+    if release < (0, 26, 0):
+        return "whole-blocks"
+    return "block-end-if-cacheable" if release < (0, 27, 0) else "block-end"
+
+
+def last_cache_position(config: KVCacheConfig, num_tokens: int) -> int:
+    """The last block boundary (:func:`align_block_size`, else the scheduler
+    block size) whose Mamba state a prefill of a request of ``num_tokens``
+    tokens caches: the last boundary at or below ``num_tokens`` (from vLLM
+    0.32.0 on without EAGLE: at or below ``num_tokens - 1``, as a resend
+    recomputes the last token), one block lower under EAGLE (it drops the
+    last hit block), never below 0. vLLM stops a chunk at the Mamba tail only
+    above this position.
+
+    pre: num_tokens >= 0
+    post: 0 <= __return__ <= num_tokens
+    post: __return__ % (align_block_size(config) or config.scheduler_block_size) == 0
+    """
+    bs = align_block_size(config) or config.scheduler_block_size
+    below_last = release_key(config.profile.release) >= (0, 32, 0) and not config.use_eagle
+    last = max(num_tokens - 1 if below_last else num_tokens, 0) // bs * bs
+    return max(last - bs, 0) if config.use_eagle else last
+
+
+def align_split(
+    config: KVCacheConfig, num_tokens: int, start: int, n: int, stop: int = 0, num_prompt_tokens: int = 0
+) -> int:
+    """The tokens the release's scheduler schedules when ``n`` are wanted from
+    ``start`` in a model with a Mamba ``align`` group (the module docstring;
+    the prefix hint aside: :func:`cap_at_junction`). 0 when it schedules
+    nothing this step (the chunk cannot reach a boundary).
+    ``num_prompt_tokens`` (0: all ``num_tokens``) places the prefill end.
+
+    pre: 0 <= start < num_tokens and 1 <= n <= num_tokens - start
+    pre: 0 <= num_prompt_tokens <= num_tokens
+    post: 0 <= __return__ <= n
+    """
+    bs = align_block_size(config) or config.scheduler_block_size
+    last = last_cache_position(config, num_tokens)
+    end = start + n
+    rule = align_rule(config)
+    if rule == "whole-blocks":
+        # vllm/v1/core/sched/scheduler.py, vLLM 0.25.1: the length is floored, not the end
+        if end < last:
+            end = start + n // bs * bs
+        elif start < last < end:
+            end = last
+        return (stop if start < stop < end else end) - start
+    prefill_end = max(num_prompt_tokens or num_tokens, num_tokens - 1)
+    if start >= prefill_end:
+        return n
+    if rule == "block-end-if-cacheable":
+        if end < last:
+            end = end // bs * bs
+    elif end < prefill_end:
+        aligned = end // bs * bs
+        if aligned > start or bs <= config.batched_tokens():
+            end = aligned
+    block_end = (start // bs + 1) * bs
+    stops = [last, stop]
+    if start % bs and (rule == "block-end" or block_end <= last):
+        stops.append(block_end)
+    end = min((s for s in stops if start < s < end), default=end)
+    return max(end - start, 0)
+
+
+def schedule_chunk(
+    config: KVCacheConfig, num_tokens: int, start: int, n: int, stop: int = 0, num_prompt_tokens: int = 0
+) -> int:
     """Tokens actually scheduled when ``n`` are wanted from ``start``.
 
-    At least one and at most the remaining tokens; with a Mamba group in
-    ``align`` mode a chunk that does not finish the request ends on a
-    scheduler-block boundary (the next one when ``n`` does not reach one),
-    and a chunk that would run past ``stop`` (0: none) ends there.
+    At least one and at most the remaining tokens; a chunk that would run
+    past ``stop`` (0: none; the Mamba tail) ends there. With a Mamba group in
+    ``align`` mode, the chunk the release's scheduler makes
+    (:func:`align_split`; ``num_prompt_tokens``, 0 for all ``num_tokens``,
+    places the prefill end): a chunk that starts on a block boundary below
+    the last cache position ends on a boundary (save at ``stop``, and from
+    0.27.0 where a block is wider than the step budget); up to vLLM 0.25.x
+    one that starts inside a block is a whole number of blocks long, so it
+    ends inside one; from 0.26.0 on it stops at the end of the block it
+    starts in (0.26.0: where that end is cacheable). Where the release
+    schedules nothing (too few tokens wanted to reach the next stop), the
+    smallest chunk it schedules when more are wanted.
 
     pre: 0 <= start < num_tokens and n >= 1
+    pre: 0 <= num_prompt_tokens <= num_tokens
     post: 1 <= __return__ <= num_tokens - start
     """
-    remaining = num_tokens - start
-    bs = config.scheduler_block_size
-    if n < remaining and any(isinstance(k, Mamba) and k.mode == "align" for k in config.groups):
-        end = (start + n) // bs * bs
-        if end <= start:
-            end = min(start + remaining, (start // bs + 1) * bs)
-        n = end - start
-    if start < stop < start + n:
-        n = stop - start
-    return max(1, min(n, remaining))
+    n = min(n, num_tokens - start)
+    if not mamba_align(config):
+        return stop - start if start < stop < start + n else n
+    got = align_split(config, num_tokens, start, n, stop, num_prompt_tokens)
+    while not got:  # the whole rest always schedules something
+        n += 1
+        got = align_split(config, num_tokens, start, n, stop, num_prompt_tokens)
+    return got
 
 
 def cap_at_junction(config: KVCacheConfig, start: int, n: int, hint: int, admission: bool) -> int:
     """The chunk ``n`` from ``start`` cut at the prefix hint's junction, as
     vLLM's ``Scheduler._mamba_block_aligned_split`` does (only with a Mamba
-    group in ``align`` mode; ``bs`` is the scheduler block size):
+    group in ``align`` mode; ``bs`` is :func:`align_block_size`):
 
     * up to vLLM 0.25.1 the hint is ``num_uncached_common_prefix_tokens`` of
       the admission's lookup: when it is at least ``bs`` and ``n`` exceeds it,
@@ -59,12 +193,20 @@ def cap_at_junction(config: KVCacheConfig, start: int, n: int, hint: int, admiss
       ``start < J < start + n`` stops at ``start + (J - start) // bs * bs``
       when that is past ``start`` (any chunk: the request keeps ``J``).
 
+    Applied to :func:`schedule_chunk`'s chunk: vLLM takes the junction's stop
+    together with the others, which gives the same chunk (a block end or the
+    last cache position that cut the chunk short of ``J`` is at or before the
+    junction's stop), save one case: under EAGLE, from the last cache
+    position on, a chunk the Mamba tail cut short of ``J`` while the
+    junction's stop lies before the tail; vLLM stops at the junction's stop. The junction checkpoint of
+    vLLM 0.30.0 on (the stop at ``J`` itself) is opt-in and not modelled.
+
     pre: start >= 0 and n >= 1 and hint >= 0
     post: 1 <= __return__ <= n
     """
-    if not hint or not any(isinstance(k, Mamba) and k.mode == "align" for k in config.groups):
+    bs = align_block_size(config)
+    if not hint or not bs:
         return n
-    bs = config.scheduler_block_size
     if not config.profile.lookup_returns_boundary:
         return hint // bs * bs if admission and hint >= bs and n > hint else n
     stop = start + (hint - start) // bs * bs

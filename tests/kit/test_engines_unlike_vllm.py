@@ -196,6 +196,9 @@ def test_a_skip_error_without_a_feature_is_a_warning_and_a_thin_run_is_no_pass(
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
+    # How many runs reach a chunk depends on the seeded draws (41% of 211 at seed 0 when measured);
+    # a floor of 20% keeps this about the verdict, not about the share a draw happens to give.
+    monkeypatch.setattr("kvref.verdict.FLOOR_SKIPPED", 0.2)
     args = ["check", "--target", "chunks:make", "--against", "spec", "--shapes", "full", "--min-steps", "3000"]
     code = main(args)
     out = capsys.readouterr().out

@@ -167,7 +167,7 @@ def test_cap_matches_vllm_scheduler() -> None:
     for hit in (0, 4, 8):
         for n in range(4, total - hit, 4):
             if hit + n >= total - total % 4:
-                continue  # vLLM forces the last cacheable chunk there; the kit's align rule differs
+                continue  # vLLM forces the last cacheable chunk there: schedule_chunk's rule, not this cap's
             for hint in range(0, 21):
                 req = SimpleNamespace(num_computed_tokens=0, num_prompt_tokens=total, num_tokens=total)
                 theirs = Scheduler._mamba_block_aligned_split(fake, req, n, hit, 0, hint)  # type: ignore[arg-type]  # a stand-in scheduler

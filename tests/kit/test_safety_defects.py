@@ -32,7 +32,11 @@ from kvspec.profiles import profile_named
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFECTS = {d.id: d for d in load_defects()}
-FIXED = sorted(d.id for d in DEFECTS.values() if d.fixed is not None)
+SCHEDULER_FIXED = {MAMBA_ALIGN_MIDBLOCK}
+"""Defects a later release's scheduler ends by never making the trace's calls (its manager still
+does what the trace shows): the same history stays unsafe after the fix; the history that release
+makes instead is checked on its own (``test_a_chunk_cut_at_the_block_end_leaves_no_state_behind``)."""
+FIXED = sorted(d.id for d in DEFECTS.values() if d.fixed is not None and d.id not in SCHEDULER_FIXED)
 VLLM = installed_vllm_version()
 
 
@@ -87,6 +91,8 @@ def test_real_vllm_shows_the_defect_where_it_has_it(defect: str) -> None:
     found = safety_replay(trace, load_factory("vllm")(trace.config))
     if DEFECTS[defect].applies_to(VLLM):
         assert found is not None and found[1].defect == defect
+    elif defect in SCHEDULER_FIXED:  # the manager still does it; the release's scheduler never asks
+        assert found is not None and registered(found[1].defect, found[1].oracle, VLLM) is None
     else:
         assert found is None
 

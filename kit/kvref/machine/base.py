@@ -163,8 +163,11 @@ class MachineBase(RuleBasedStateMachine):
             sched.zeroing_skip = "range"
         elif self._allowed("skip_zeroing_group_ids"):
             sched.zeroing_skip = "groups"
-        if lock.monitor is not None and sched.zeroing_skip:
-            lock.monitor.skip_load_zeroing = False  # the zeroing list the monitor sees is the scheduler's own
+        sched.drain_zeroing = self.zeroes and self._allowed("op:take_new_block_ids")
+        if lock.monitor is not None and sched.drain_zeroing and sched.zeroing_skip:
+            # the zeroing list the monitor sees is the scheduler's own, drained every pass: it zeroes
+            # what the list holds, a load's destinations included if the release's skip misses them
+            lock.monitor.skip_load_zeroing = False
         return sched
 
     def restart(self) -> None:

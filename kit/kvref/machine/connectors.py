@@ -60,12 +60,13 @@ class ConnectorRules(ScriptedMoves):
         assert self.lock is not None
         self.lock.stats.connector[what] += 1
 
-    def _local_lookup(self, rid: str) -> tuple[Json | None, bool]:
+    def _local_lookup(self, rid: str, tally: str = "connector lookups") -> tuple[Json | None, bool]:
         """An admission's prefix lookup and whether its hit diverged: in runs
         of the ``connector_lookup`` family the lookup vLLM's scheduler makes
         when a KV connector may load the rest
-        (``get_computed_blocks_for_connector``), else ``get_computed_blocks``
-        (never diverged); None where the release fails the lookup."""
+        (``get_computed_blocks_for_connector``, counted under ``tally``), else
+        ``get_computed_blocks`` (never diverged); None where the release fails
+        the lookup."""
         if not self.family_on("connector_lookup"):
             return self._lookup(rid), False
         op: Json = {"op": "get_computed_blocks_for_connector", "rid": rid}
@@ -74,7 +75,7 @@ class ConnectorRules(ScriptedMoves):
         found = self._call(op)
         if not isinstance(found, dict) or "hit_diverged" not in found:
             return None, False  # a caller error, or the reference crashed (a known divergence halts there)
-        self._tally("connector lookups")
+        self._tally(tally)
         return found, bool(found["hit_diverged"])
 
     def _settle_connector_hit(
@@ -120,7 +121,7 @@ class ConnectorRules(ScriptedMoves):
         one call in two, with a caller error every side must refuse: a
         negative length, a length off the block size, a group missing, a block
         id outside the pool, a list for a ring group. Nothing changes."""
-        found, _ = self._local_lookup(choose(data, tuple(sorted(self.reqs))))
+        found, _ = self._local_lookup(choose(data, tuple(sorted(self.reqs))), "truncation probes")
         if found is None:
             return
         blocks, sched = [list(g) for g in found["blocks"]], self.cfg.scheduler_block_size

@@ -210,12 +210,13 @@ class InvalidRules(InvalidInputs):
                 return
             start = choose(data, (-1, 4))
             op = {"op": ZEROING_RANGE, "rid": rid, "start_token": start, "end_token": 3}
-        elif kind == "skip_group":  # an admission that names a group the model lacks
+        elif kind == "skip_group":  # an admission that names a group the model lacks, or no collection
             fresh = [r for r in self.waiting if not self.reqs[r].computed]
             if not fresh or not self._allowed("skip_zeroing_group_ids"):
                 return
-            group = choose(data, (-1, len(cfg.groups)))
-            op = {"op": "allocate_slots", "rid": fresh[0], "num_new_tokens": 1, "skip_zeroing_group_ids": [group]}
+            group = choose(data, (-1, len(cfg.groups), None))
+            skip = None if group is None else [group]
+            op = {"op": "allocate_slots", "rid": fresh[0], "num_new_tokens": 1, "skip_zeroing_group_ids": skip}
         else:
             # A waiting request that holds no block yet: caching its prompt would
             # cache blocks it does not have.

@@ -110,7 +110,9 @@ class PipelineRules(RunningRules, RecordingRules):
         sched = PipelineScheduler(
             self.cfg, lock.book, lock.call, lock.request_op, event, True, note_pending, lock.stats.pipeline
         )
-        sched.whole_prefill, sched.zeroing_skip = old.whole_prefill, old.zeroing_skip
+        sched.whole_prefill, sched.zeroing_skip, sched.drain_zeroing = (
+            old.whole_prefill, old.zeroing_skip, old.drain_zeroing
+        )
         self.sched = sched
         self.max_drafts = integer(data, 0, MAX_DRAFTS)
         if any(isinstance(k, Mamba) and k.num_speculative_blocks == 0 for k in self.cfg.groups):

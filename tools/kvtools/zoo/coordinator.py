@@ -101,14 +101,18 @@ def hits_touched_per_group(config: KVCacheConfig) -> ImplAdapter:
     coord = m.coordinator
 
     def allocate_new_computed_blocks(
-        request_id: str, new_computed_blocks: Sequence[Sequence[BlockId]], num_local: int, num_external: int
+        request_id: str,
+        new_computed_blocks: Sequence[Sequence[BlockId]],
+        num_local: int,
+        num_external: int,
+        skip_zeroing: frozenset[int] = frozenset(),
     ) -> None:
         if any(request_id in mgr.num_cached_block for mgr in coord.managers):
             return
-        for mgr, hits in zip(coord.managers, new_computed_blocks, strict=True):
+        for g, (mgr, hits) in enumerate(zip(coord.managers, new_computed_blocks, strict=True)):
             mgr.add_local_computed_blocks(request_id, hits, num_local, num_external)
             if num_external > 0:
-                mgr.allocate_external_computed_blocks(request_id, num_local, num_external)
+                mgr.allocate_external_computed_blocks(request_id, num_local, num_external, g not in skip_zeroing)
 
     patch(coord, "allocate_new_computed_blocks", allocate_new_computed_blocks)
     return m
