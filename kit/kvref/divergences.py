@@ -209,10 +209,13 @@ def _eagle_mamba(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, p
 
 
 def _connector_bound_crash(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> bool:
-    """vLLM 0.33.0's connector lookup raising IndexError under a bound (in a model with a Mamba
-    group, where it looks up each group alone with that bound) where kvspec answers."""
+    """vLLM 0.33.0's Mamba finder raising IndexError under a bound where kvspec answers: in a
+    connector's lookup (a model with a Mamba group: each group is looked up alone with the bound),
+    or in a plain lookup of a model with a Mamba group and no full-attention-type group (no group
+    cuts the length to the hashed tokens before the Mamba finder)."""
+    plain = op["op"] == "get_computed_blocks" and not any(isinstance(k, FULL_TYPE_KINDS) for k in cfg.groups)
     return (
-        op["op"] == "get_computed_blocks_for_connector" and "max_cache_hit_length" in op
+        (op["op"] == "get_computed_blocks_for_connector" or plain) and "max_cache_hit_length" in op
         and vllm_out == {"crash": "IndexError"} and isinstance(spec_out, dict) and "blocks" in spec_out
         and any(isinstance(k, Mamba) for k in cfg.groups)
     )  # fmt: skip

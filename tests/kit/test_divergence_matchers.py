@@ -15,7 +15,7 @@ import pytest
 from kvref.divergences import explain, load_registry
 from kvref.traces import load
 from kvspec.config import FullAttention, KVCacheConfig, Mamba, SlidingWindow
-from kvspec.profiles import VLLM_0_25_1, VLLM_0_26_0, VLLM_0_34_0
+from kvspec.profiles import VLLM_0_25_1, VLLM_0_26_0, VLLM_0_33_0, VLLM_0_34_0
 
 ROOT = Path(__file__).resolve().parents[2]
 LOOKUP = {"op": "get_computed_blocks", "rid": "b"}
@@ -51,6 +51,23 @@ def test_matcher_explains_vllms_output_on_its_trace(div_id: str, vllm_out: Any) 
     cfg, op, spec_out = _trace_step(div_id)
     pending = div_id == "common-prefix-pending"
     assert explain(cfg, op, vllm_out, spec_out, pending) == div_id
+
+
+def test_bound_crash_in_a_plain_lookup_only_without_a_full_attention_group() -> None:
+    """vLLM 0.33.0's plain lookup with a bound past the hashed tokens crashes where the Mamba finder
+    sees the bound first (a Mamba-only model: a shrunk lockstep failure); with a full-attention
+    group it never does, so a crash there stays unexplained."""
+    op = {"op": "get_computed_blocks", "rid": "r1", "max_cache_hit_length": 4}
+    spec_out = {"blocks": [[]], "num_tokens": 0}
+    crash = {"crash": "IndexError"}
+    mamba_only = KVCacheConfig(num_blocks=16, groups=(Mamba(2, "align"),), max_model_len=32, profile=VLLM_0_33_0)
+    assert explain(mamba_only, op, crash, spec_out, False) == "connector-lookup-bound-crash"
+    assert explain(mamba_only, {"op": "get_computed_blocks", "rid": "r1"}, crash, spec_out, False) is None
+    hybrid = KVCacheConfig(
+        num_blocks=16, groups=(FullAttention(2), Mamba(2, "align")), max_model_len=32, profile=VLLM_0_33_0
+    )
+    assert explain(hybrid, op, crash, {"blocks": [[], []], "num_tokens": 0}, False) is None
+    assert explain(mamba_only, op, crash, spec_out, False, release="0.34.0") is None
 
 
 def test_swa_eagle_window_lost_only_for_nulls_inside_the_window_and_only_in_0_19_1() -> None:

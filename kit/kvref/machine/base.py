@@ -267,12 +267,13 @@ class MachineBase(RuleBasedStateMachine):
         """``get_computed_blocks`` of ``rid`` (bounded by :attr:`lookup_bound`
         when set); None where the release fails the lookup with a typed error
         (context parallelism, vLLM 0.16.0's EAGLE alignment assertion), which
-        changes nothing."""
+        changes nothing, or where the reference crashed (a known divergence
+        that halts the run)."""
         op: Json = {"op": "get_computed_blocks", "rid": rid}
         if self.lookup_bound is not None:
             op["max_cache_hit_length"] = self.lookup_bound
         found = self._call(op)
-        return None if isinstance(found, dict) and "error" in found else found
+        return found if isinstance(found, dict) and "num_tokens" in found else None
 
     def _held(self, rid: str) -> list[int]:
         assert self.lock is not None
