@@ -75,7 +75,7 @@ def admission_cap(kind: AttentionKind, max_num_batched_tokens: int, max_model_le
     post: __return__ is None or __return__ >= 1
     """
     if isinstance(kind, SlidingWindow):
-        tokens = min(kind.window - 1 + max_num_batched_tokens, max_model_len)
+        tokens = min(kind.window - 1 + kind.extra_retained_tokens + max_num_batched_tokens, max_model_len)
         return -(-tokens // kind.block_size) + 1
     if isinstance(kind, ChunkedLocal):
         tokens = min(kind.chunk + max_num_batched_tokens, max_model_len)

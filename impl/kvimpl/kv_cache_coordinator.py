@@ -74,6 +74,8 @@ class KVCacheCoordinator:
         else:
             self.pool = BlockPool(*pool_args)
         self.eagle_group_ids = eagle_group_ids(config)
+        self.num_reprefillable_tokens = max(0, config.num_prefill_lookahead - 1)
+        """Trailing computed tokens whose KV is not final (multi-module MTP)."""
         mnbt, mml = batched_tokens(config), config.max_model_len
         # NOTE: the managers run the context-parallel (scaled) kinds, but the admission cap counts
         # in the engine's unscaled block size, as in every vLLM release (kvspec's coordinator too).
@@ -167,9 +169,11 @@ class KVCacheCoordinator:
         )
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """Every group caches its full blocks up to ``num_tokens``."""
+        """Every group caches its full blocks up to ``num_tokens`` less the
+        tokens a multi-module MTP drafter may prefill again."""
+        final = max(0, num_tokens - self.num_reprefillable_tokens)
         for m in self.managers:
-            m.cache_blocks(request, num_tokens)
+            m.cache_blocks(request, final)
 
     def free(self, request_id: str) -> None:
         """Each group frees its table, last entry first, in group order."""
@@ -337,17 +341,20 @@ class HybridCoordinator(KVCacheCoordinator):
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Cache only up to a scheduler-block boundary (hits always end on one;
         with fine-grained hits every token counts); EAGLE groups one block
-        further, the block their look-ahead needs. vLLM 0.16.0 (profile switch
-        ``hybrid_cache_reachable_only`` off) caches every full block."""
+        further, the block their look-ahead needs, counted from the tokens whose
+        KV is final. vLLM 0.16.0 (profile switch ``hybrid_cache_reachable_only``
+        off) caches every full block."""
         if not self.cache_reachable_only:
             super().cache_blocks(request, num_tokens)
             return
         sched = self.scheduler_block_size
         aligned = num_tokens if self.partial_hash_hits else num_tokens // sched * sched
+        final = max(0, num_tokens - self.num_reprefillable_tokens)
+        final_aligned = final if self.partial_hash_hits else final // sched * sched
         for m in self.managers:
             n = aligned
             if m.use_eagle and m.eagle_reach and aligned > 0:
-                n = min(num_tokens, aligned + m.block_size)
+                n = min(final, final_aligned + m.block_size)
             m.cache_blocks(request, n)
 
 

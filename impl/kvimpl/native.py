@@ -114,6 +114,7 @@ NATIVE_SWITCHES = frozenset(
         "mamba_eagle_counts_verified",
         "eagle_margin_hashed_cap", "eagle_flags_need_use_eagle", "stats_at_lookup", "adopt_hit_without_new_tokens",
         "common_prefix", "pop_drops_leading_nulls", "lookup_returns_boundary", "skip_on_processed_tokens",
+        "prefill_lookahead",  # core parameter num_reprefillable_tokens, a group's extra_retained_tokens
         # The lookup's entry in Python (NativeKVCacheManager.get_computed_blocks, get_num_cached_tokens):
         # the length of a lookup is computed there and passed to the core's lookup_bounded.
         "num_cached_tokens_op", "hit_limit_at_construction", "hit_length_bound",
@@ -282,6 +283,7 @@ def core_params(config: KVCacheConfig) -> dict[str, Any]:
             int(p.mamba_align_estimate_capped),
             kind.sink_len // scaled.block_size if isinstance(kind, SinkFullAttention) and p.sink_blocks_reserved else 0,
             int(p.mamba_align_retired_mark),
+            kind.extra_retained_tokens if isinstance(kind, SlidingWindow) else 0,
         ))  # fmt: skip
     fn = hash_function(config.hash_function)
     return {
@@ -302,6 +304,7 @@ def core_params(config: KVCacheConfig) -> dict[str, Any]:
         "lagging_hits": int(lagging_hits(config)),
         "stats_at_lookup": int(p.stats_at_lookup),
         "skip_on_processed_tokens": int(p.skip_on_processed_tokens),
+        "num_reprefillable_tokens": max(0, config.num_prefill_lookahead - 1),
         "skip_zeroing_check": _skip_zeroing_check(p, len(config.groups)),
         "enable_kv_cache_events": int(config.enable_kv_cache_events),
         "groups": groups,

@@ -709,7 +709,8 @@ def blocks_to_allocate(
 def num_skipped_tokens(kind: AttentionKind, num_computed_tokens: int) -> int:
     """Leading tokens that attention for the next token no longer reads.
 
-    Sliding window ``w``: ``max(0, n - w + 1)`` (window 4, 7 computed → 4).
+    Sliding window ``w``: ``max(0, n - w + 1 - e)``, ``e`` its
+    ``extra_retained_tokens`` (window 4, 7 computed → 4; with ``e = 2`` → 2).
     Chunked local ``c``: ``n // c * c`` (chunk 8: 13 → 8, 8 → 8, 7 → 0).
     Mamba: ``n - 1`` (only the last state; -1 for n = 0). Others: 0.
 
@@ -719,7 +720,7 @@ def num_skipped_tokens(kind: AttentionKind, num_computed_tokens: int) -> int:
     post: __return__ <= num_computed_tokens
     """
     if isinstance(kind, SlidingWindow):
-        return max(0, num_computed_tokens - kind.window + 1)
+        return max(0, num_computed_tokens - kind.window + 1 - kind.extra_retained_tokens)
     if isinstance(kind, ChunkedLocal):
         return num_computed_tokens // kind.chunk * kind.chunk
     if isinstance(kind, Mamba):

@@ -347,7 +347,8 @@ class StepAPI:
         self.requests[rid] = request
         if fills:
             if len(plain) == 1:
-                plain[0].cache_blocks(request, upto)  # the unitary coordinator's cache_blocks, one call less
+                # the unitary coordinator's cache_blocks, one call less
+                plain[0].cache_blocks(request, max(0, upto - self.coordinator.num_reprefillable_tokens))
             else:
                 self.coordinator.cache_blocks(request, upto)
         if self.device_tables is not None:

@@ -45,7 +45,7 @@ from typing import Any, TypeVar
 
 from kvref.ops import ABSENT, FACADE_OPS, KIND_CLASSES, SKIP_ERRORS
 from kvref.shapes import Shape, build_kinds
-from kvspec.config import AttentionKind, CrossAttention, KVCacheConfig
+from kvspec.config import AttentionKind, CrossAttention, KVCacheConfig, uses_prefill_lookahead
 from kvspec.errors import ConfigError, UnsupportedOperationError
 from kvspec.profiles import SemanticsProfile
 
@@ -101,8 +101,10 @@ CAPABILITIES = {
 }
 """The capabilities :func:`declare` names and the features each leaves out."""
 
-CONFIG_FEATURES = ("caching", "eagle", "events", "stats", "watermark", "hybrid")
-"""Features a configuration uses (besides its ``kind:<Class>`` names)."""
+CONFIG_FEATURES = ("caching", "eagle", "events", "stats", "watermark", "hybrid", "mtp")
+"""Features a configuration uses (besides its ``kind:<Class>`` names); ``mtp``:
+multi-module MTP inputs (``num_prefill_lookahead``, a window's
+``extra_retained_tokens``; vLLM 0.28.0 on)."""
 REQUEST_FEATURES = ("lora", "mm", "cache_salt", "prompt_embeds", "skip_reading_prefix_cache", "prompt_logprobs")
 """Features of ``add_request``: its extra-key sources, the skip flag and prompt logprobs."""
 ALLOCATE_FEATURES = {
@@ -322,6 +324,7 @@ def config_features(config: KVCacheConfig) -> set[str]:
         "stats": config.log_stats,
         "watermark": config.watermark > 0,
         "hybrid": len(config.groups) > 1,
+        "mtp": uses_prefill_lookahead(config),
     }
     return found | {name for name, on in flags.items() if on}
 

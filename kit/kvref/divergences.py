@@ -209,20 +209,23 @@ def _eagle_mamba(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, p
 
 
 def _connector_bound_crash(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> bool:
-    """vLLM 0.33.0's Mamba finder raising IndexError under a bound where kvspec answers: in a
-    connector's lookup (a model with a Mamba group: each group is looked up alone with the bound),
-    or in a plain lookup of a model with a Mamba group and no full-attention-type group (no group
-    cuts the length to the hashed tokens before the Mamba finder)."""
+    """vLLM 0.33.0's sliding-window or Mamba finder raising IndexError under a bound where kvspec
+    answers (both read the request's hashes up to the bound): in a connector's lookup (each group is
+    looked up alone with the bound), or in a plain lookup of a model with no full-attention-type
+    group (no full-attention finder cuts the length to the hashed tokens first)."""
     plain = op["op"] == "get_computed_blocks" and not any(isinstance(k, FULL_TYPE_KINDS) for k in cfg.groups)
     return (
         (op["op"] == "get_computed_blocks_for_connector" or plain) and "max_cache_hit_length" in op
         and vllm_out == {"crash": "IndexError"} and isinstance(spec_out, dict) and "blocks" in spec_out
-        and any(isinstance(k, Mamba) for k in cfg.groups)
+        and any(isinstance(k, Mamba | SlidingWindow) for k in cfg.groups)
     )  # fmt: skip
 
 
 def _second_full(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> bool:
-    if op["op"] != "get_computed_blocks" or "blocks" not in vllm_out:
+    """A full-attention-type group's list longer than the hit, in a lookup or (vLLM 0.27.x and
+    0.28.x) a KV connector's lookup, which trims the same way (its lagging lists are only ever
+    shorter than the hit)."""
+    if op["op"] not in ("get_computed_blocks", "get_computed_blocks_for_connector") or "blocks" not in vllm_out:
         return False
     if len({k for k in cfg.groups if isinstance(k, FULL_TYPE_KINDS)}) < 2:
         return False

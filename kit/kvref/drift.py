@@ -140,7 +140,7 @@ def _replays(trace: Trace, factory: AdapterFactory, profile: SemanticsProfile) -
 
 
 SURFACE_SWITCHES: dict[str, tuple[str, ...]] = {
-    "KVCacheManager.__init__": ("admission_controls",),
+    "KVCacheManager.__init__": ("admission_controls", "prefill_lookahead"),
     "KVCacheManager.allocate_slots": (
         "full_sequence_arg",
         "reserved_blocks_arg",
@@ -175,6 +175,7 @@ SURFACE_SWITCHES: dict[str, tuple[str, ...]] = {
     "BlockRemoved.group_idx": ("event_group_idx",),
     "BlockPool.free_blocks": ("skipped_unhashed_first", "free_unhashed_first"),
     "KVCacheGroupSpec.is_eagle_group": ("eagle_group_flags",),
+    "SlidingWindowSpec.extra_retained_tokens": ("prefill_lookahead",),
     "CircularBufferSpec": ("circular_buffer_kind",),
     "KpoolTailSpec": ("kpool_tail_kind",),
 }

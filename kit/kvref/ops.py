@@ -200,19 +200,36 @@ def _optional(a: KVCacheAdapter, name: str) -> Any:
     return method
 
 
+_TAKES_KEYWORD: dict[tuple[type, str, str], bool] = {}
+"""(adapter class, method, keyword) -> whether the class's method takes it (signatures are read once)."""
+
+
+def _takes_keyword(method: Any, keyword: str) -> bool:
+    try:
+        params = inspect.signature(method).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: try it
+        return True
+    return keyword in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
 def _with_keyword(a: KVCacheAdapter, name: str, keyword: str) -> Any:
     """The adapter's method ``name``, which must take ``keyword`` (an argument
-    some releases lack).
+    some releases lack). The answer is kept per adapter class where the class
+    defines the method (an instance's own attribute, or one a ``__getattr__``
+    forwards, is read every time).
 
     Raises:
         UnsupportedOperationError: The method has no such parameter.
     """
     method = getattr(a, name)
-    try:
-        params = inspect.signature(method).parameters
-    except (TypeError, ValueError):  # a builtin without a signature: try it
-        return method
-    if keyword not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+    if name in getattr(a, "__dict__", {}) or getattr(type(a), name, None) is None:  # not the class's method
+        takes = _takes_keyword(method, keyword)
+    else:
+        key = (type(a), name, keyword)
+        if key not in _TAKES_KEYWORD:
+            _TAKES_KEYWORD[key] = _takes_keyword(method, keyword)
+        takes = _TAKES_KEYWORD[key]
+    if not takes:
         exc = UnsupportedOperationError(f"{a.name} has no {name}({keyword}=...)")
         exc.feature = keyword  # type: ignore[attr-defined]  # read by kvref.capabilities.feature_of
         raise exc
@@ -317,8 +334,8 @@ def _execute_by_id(a: KVCacheAdapter, op: Json) -> Json:
     if name == "record_blocks_for_zeroing":
         _optional(a, "record_blocks_for_zeroing")(op["rid"], op["start_token"])
         return None
-    if name == "get_zeroing_block_ids_in_range":
-        in_range = _optional(a, "get_zeroing_block_ids_in_range")
+    if name == ZEROING_RANGE:
+        in_range = _optional(a, ZEROING_RANGE)
         return list(in_range(op["rid"], op["start_token"], op["end_token"]))
     if name == "new_step_starts":
         a.new_step_starts()
@@ -375,14 +392,23 @@ def extra_from_json(obj: Json) -> ExtraKeySource:
 def config_to_json(cfg: KVCacheConfig) -> Json:
     """A config as a JSON object; kinds are ``{"kind": ClassName, ...fields}``.
     The semantics profile is not part of it (a trace header names it), nor are
-    context-parallel world sizes of 1 (traces older than them stay byte-equal)."""
+    context-parallel world sizes of 1, a ``num_prefill_lookahead`` of 0 or a
+    window's ``extra_retained_tokens`` of 0 (traces older than them stay
+    byte-equal)."""
     data = asdict(cfg)
     del data["profile"]
-    for name in ("dcp_world_size", "pcp_world_size"):
-        if data[name] == 1:
+    for name, default in (("dcp_world_size", 1), ("pcp_world_size", 1), ("num_prefill_lookahead", 0)):
+        if data[name] == default:
             del data[name]
-    data["groups"] = [{"kind": type(k).__name__, **asdict(k)} for k in cfg.groups]
+    data["groups"] = [_kind_to_json(k) for k in cfg.groups]
     data["eagle_groups"] = list(cfg.eagle_groups)
+    return data
+
+
+def _kind_to_json(kind: AttentionKind) -> Json:
+    data = {"kind": type(kind).__name__, **asdict(kind)}
+    if data.get("extra_retained_tokens") == 0:
+        del data["extra_retained_tokens"]
     return data
 
 

@@ -24,6 +24,8 @@ Rules (as vLLM's scheduler applies them):
   prefix a sparse group has not cached yet, floored to a scheduler block
   (vLLM's Marconi-style admission, :func:`kvref.scheduler_chunks.cap_at_junction`), from the prefix
   hint of the request's lookup (``get_prefix_hint``).
+* Under multi-module MTP a chunk never leaves fewer than ``num_prefill_lookahead``
+  tokens (:func:`kvref.scheduler_chunks.reserve_prefill_lookahead`).
 * Admission: prefix lookup, then ``allocate_slots`` with the hit; on success
   the request runs with ``hit + external + new`` computed tokens, or, with
   delayed caching, waits for its connector load.
@@ -55,7 +57,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvref.ops import ZEROING_RANGE, RequestBook
-from kvref.scheduler_chunks import cap_at_junction, last_cache_position, schedule_chunk, tail_eagle
+from kvref.scheduler_chunks import last_cache_position, schedule_chunk, settle_chunk, tail_eagle
 from kvspec.config import KVCacheConfig, prefix_cacheable
 from kvspec.mamba_tail import mamba_tail_boundary
 from kvspec.profiles import features_used
@@ -81,7 +83,7 @@ class ReqState:
     reusable: bool = True
     """Whether later requests may reuse this request's tokens."""
     hint: int = 0
-    """The prefix hint of the request's latest lookup (:func:`cap_at_junction`)."""
+    """The prefix hint of the request's latest lookup (:func:`kvref.scheduler_chunks.cap_at_junction`)."""
     in_flight: int = 0
     """Tokens of steps dispatched whose output is not processed yet
     (``num_in_flight_tokens``; only the asynchronous pipeline,
@@ -191,14 +193,16 @@ class Scheduler:
 
     def chunk(self, rid: str, start: int, n: int, admission: bool = False) -> int:
         """The chunk scheduled when ``n`` tokens are wanted (:func:`schedule_chunk`),
-        cut at the junction of the request's prefix hint (:func:`cap_at_junction`;
-        ``admission``: the chunk of the admission that did the lookup)."""
+        cut at the junction of the request's prefix hint and short of an MTP
+        drafter's look-ahead (:func:`settle_chunk`; ``admission``: the chunk
+        of the admission that did the lookup)."""
         if self.whole_prefill:
             return self.num_tokens(rid) - start
         prompt = self.book.requests[rid].num_prompt_tokens
-        n = schedule_chunk(self.config, self.num_tokens(rid), start, n, self.tail_stop(rid), prompt)
+        total = self.num_tokens(rid)
+        n = schedule_chunk(self.config, total, start, n, self.tail_stop(rid), prompt)
         st = self.reqs.get(rid)
-        return n if st is None else cap_at_junction(self.config, start, n, st.hint, admission)
+        return settle_chunk(self.config, total, start, n, st.hint if st else 0, admission)
 
     def tail_stop(self, rid: str) -> int:
         """Where a prefill chunk must stop so that a Mamba tail entry can be

@@ -180,6 +180,40 @@ def schedule_chunk(
     return got
 
 
+def reserve_prefill_lookahead(config: KVCacheConfig, num_tokens: int, start: int, n: int) -> int:
+    """The chunk ``n`` from ``start`` when a multi-module MTP drafter reads
+    ``L = num_prefill_lookahead`` known tokens past a chunk's end (vLLM 0.28.0
+    on, ``Scheduler._reserve_prefill_lookahead``): a chunk that would leave
+    fewer than ``L`` tokens (but some) is cut to leave ``L``. Where the cut
+    leaves nothing (no more than ``L`` tokens are left), vLLM schedules
+    nothing this step; the kit keeps the chunk (it stands for a later step
+    with a budget for the whole rest, and where a Mamba split forbids that
+    chunk, for a request vLLM would never schedule: the chunk kept is the
+    one the split allows).
+
+    pre: 0 <= start < num_tokens and 1 <= n <= num_tokens - start
+    post: 1 <= __return__ <= n
+    post: __return__ == n or num_tokens - start - __return__ == config.num_prefill_lookahead
+    """
+    rest = num_tokens - start
+    left = rest - n
+    if not 0 < left < config.num_prefill_lookahead or rest <= config.num_prefill_lookahead:
+        return n
+    return rest - config.num_prefill_lookahead
+
+
+def settle_chunk(config: KVCacheConfig, num_tokens: int, start: int, n: int, hint: int, admission: bool) -> int:
+    """:func:`schedule_chunk`'s chunk ``n`` cut at the prefix hint's junction
+    (:func:`cap_at_junction`), then short of an MTP drafter's look-ahead
+    (:func:`reserve_prefill_lookahead`), in the order vLLM's scheduler cuts.
+
+    pre: 0 <= start < num_tokens and 1 <= n <= num_tokens - start and hint >= 0
+    post: 1 <= __return__ <= n
+    """
+    n = cap_at_junction(config, start, n, hint, admission)
+    return reserve_prefill_lookahead(config, num_tokens, start, n) if config.num_prefill_lookahead else n
+
+
 def cap_at_junction(config: KVCacheConfig, start: int, n: int, hint: int, admission: bool) -> int:
     """The chunk ``n`` from ``start`` cut at the prefix hint's junction, as
     vLLM's ``Scheduler._mamba_block_aligned_split`` does (only with a Mamba

@@ -29,12 +29,17 @@ Kind tokens (``+`` separates groups in a shape name):
 A shape with a ``since`` switch is drawn only under the profiles that set it
 (:func:`shape_allowed`); the ring shapes come after every older shape, so the
 draws under older profiles do not move.
+
+A shape named ``kinds@mtpN`` (:data:`MTP_SHAPES`) runs the kinds under
+multi-module MTP: the configuration's ``num_prefill_lookahead`` is ``N`` and
+every sliding window keeps ``N - 1`` tokens below it, as vLLM's planner sets
+them (0.28.0 on). They are not in :data:`SHAPES` (``--shapes`` names them).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvspec.config import (
     MLA,
@@ -64,6 +69,8 @@ class Shape:
             drawn (None: every release has its kinds).
         dcp: The configuration's ``dcp_world_size`` (decode context parallelism).
         pcp: The configuration's ``pcp_world_size`` (prefill context parallelism).
+        mtp: The configuration's ``num_prefill_lookahead`` (multi-module MTP;
+            every sliding window keeps ``mtp - 1`` extra tokens).
     """
 
     name: str
@@ -73,6 +80,7 @@ class Shape:
     since: str | None = None
     dcp: int = 1
     pcp: int = 1
+    mtp: int = 0
 
 
 def _shape(*kinds: str, caching: bool | None = None, eagle_ok: bool = True, since: str | None = None) -> Shape:
@@ -131,6 +139,23 @@ caching off, where their lookups (which refuse context parallelism) never
 run, and so does the hybrid one, which up to vLLM 0.25.1 refuses prefix
 caching under context parallelism (later releases are not modelled)."""
 
+def _mtp_shape(kind: str, lookahead: int) -> Shape:
+    """A shape under multi-module MTP, named ``kinds@mtpN``."""
+    return Shape(f"{kind}@mtp{lookahead}", tuple(kind.split("+")), None, True, "prefill_lookahead", mtp=lookahead)
+
+
+MTP_SHAPES = (
+    _mtp_shape("full", 3),
+    _mtp_shape("swa", 2),
+    _mtp_shape("full+swa", 3),
+    _mtp_shape("full+swa+mamba-align", 2),
+)
+"""Shapes under multi-module MTP (vLLM 0.28.0 on): caching lags the last
+``N - 1`` computed tokens, windows keep ``N - 1`` more; with prefix caching
+and EAGLE a look-ahead of 3 refuses a 2-token scheduler block (a refused
+configuration, counted as such). Not drawn with :data:`SHAPES`: ``--shapes``
+names them (the coverage gate runs them under the newest release)."""
+
 WIDE = Shape("wide", ("full",) * 65)
 """65 full-attention groups: more than kvimpl's native core takes (64), so
 kvimpl runs the model in pure Python. Not drawn with the others (a step
@@ -179,8 +204,14 @@ def build_kind(token: str, bs: int, window: int = 1, spec_blocks: int = 0, chunk
 def build_kinds(
     shape: Shape, bs: int, window: int = 1, spec_blocks: int = 0, chunk_blocks: int = 2
 ) -> tuple[AttentionKind, ...]:
-    """The groups of ``shape`` for base block size ``bs``."""
-    return tuple(build_kind(k, bs, window, spec_blocks, chunk_blocks) for k in shape.kinds)
+    """The groups of ``shape`` for base block size ``bs`` (under MTP, every
+    sliding window keeps ``shape.mtp - 1`` extra tokens)."""
+    kinds = tuple(build_kind(k, bs, window, spec_blocks, chunk_blocks) for k in shape.kinds)
+    if shape.mtp > 1:
+        kinds = tuple(
+            replace(k, extra_retained_tokens=shape.mtp - 1) if isinstance(k, SlidingWindow) else k for k in kinds
+        )
+    return kinds
 
 
 def shape_named(name: str) -> Shape:
@@ -189,7 +220,7 @@ def shape_named(name: str) -> Shape:
     Raises:
         ValueError: If a token of ``name`` is not a kind token.
     """
-    for shape in (*SHAPES, WIDE):
+    for shape in (*SHAPES, *MTP_SHAPES, WIDE):
         if shape.name == name:
             return shape
     kinds = tuple(name.split("+"))
@@ -237,6 +268,8 @@ def shape_weight(shape: Shape) -> int:
     search).
     """
     kinds = set(shape.kinds) - set(_SINCE)
+    if shape.mtp:  # drawn only among themselves (--shapes): equally
+        return 1
     if len(kinds - FULL_TYPE_TOKENS) >= 2 or shape.kinds in (("swa",), ("full", "mamba-align")):
         return 6
     if len(kinds) >= 3 or "full@2x" in kinds or len(set(shape.kinds)) < len(shape.kinds):

@@ -21,7 +21,7 @@ NOTE: **Nothing is dropped silently.** A value kvspec cannot express raises
 :class:`kvspec.errors.ConfigError` naming it, instead of becoming a config
 that behaves otherwise: a spec class with no kvspec kind, a field of a vLLM
 dataclass that the manager reads and kvspec does not model, set to other than
-its default (e.g. ``SlidingWindowSpec.extra_retained_tokens``; under context
+its default (e.g. ``MambaSpec``'s shared-prefix checkpoint; under context
 parallelism a ``dcp_sharded`` other than the spec class's), a keyword the
 release's manager does not take, or a ``scheduler_block_size`` other than the
 one kvspec derives. Fields that only size pages or choose kernels (head
@@ -111,18 +111,10 @@ LAYOUT_FIELDS: Final = frozenset(
 DEFAULT_ONLY_KEYWORDS: Final[Mapping[str, Any]] = {
     "metrics_collector": None,
     "num_hash_lookahead_tokens": 0,
-    "num_prefill_lookahead": 0,
     "enable_mamba_shared_prefix_checkpoint": False,
 }
 """``KVCacheManager`` keywords kvspec models only at vLLM's default value
-(and at the values of :data:`SAME_AS_DEFAULT`)."""
-
-SAME_AS_DEFAULT: Final[Mapping[str, frozenset[Any]]] = {"num_prefill_lookahead": frozenset({1})}
-"""Values of :data:`DEFAULT_ONLY_KEYWORDS` with which the manager behaves as at
-the default. ``num_prefill_lookahead`` (vLLM 0.29.0 on; the scheduler passes 1
-under EAGLE) holds back its value less one of the computed tokens from
-caching and refuses a scheduler block below it: at 1 neither changes
-anything."""
+(``num_prefill_lookahead``, vLLM 0.28.0 on, is modelled: a config field)."""
 
 
 def kind_from_vllm_spec(spec: Any, release: str | None = None) -> AttentionKind:
@@ -182,7 +174,7 @@ def config_from_vllm(
         if keyword in names:
             values[names[keyword]] = value
         elif keyword in DEFAULT_ONLY_KEYWORDS:
-            if value != DEFAULT_ONLY_KEYWORDS[keyword] and value not in SAME_AS_DEFAULT.get(keyword, ()):
+            if value != DEFAULT_ONLY_KEYWORDS[keyword]:
                 raise ConfigError(
                     f"KVCacheManager({keyword}={value!r}): kvspec models only {keyword}="
                     f"{DEFAULT_ONLY_KEYWORDS[keyword]!r}"
@@ -315,12 +307,14 @@ def _kind(era: _Release, spec: Any, where: str) -> AttentionKind:
         )
     kind_cls = _KINDS[by_class[cls_name]]
     read: dict[str, Any] = {}
-    for f in dataclasses.fields(kind_cls):
-        vllm_field = era.api.spec_fields[f.name]
+    # a kind field newer than the release (SlidingWindow.extra_retained_tokens before 0.28.0) keeps its default
+    fields = [f.name for f in dataclasses.fields(kind_cls) if f.name in era.api.spec_fields]
+    for name in fields:
+        vllm_field = era.api.spec_fields[name]
         if not hasattr(spec, vllm_field):
             raise ConfigError(f"{where}: {cls_name} has no field {vllm_field!r} (vLLM {era.version})")
-        read[f.name] = getattr(spec, vllm_field)
-    mapped = {era.api.spec_fields[f.name] for f in dataclasses.fields(kind_cls)}
+        read[name] = getattr(spec, vllm_field)
+    mapped = {era.api.spec_fields[name] for name in fields}
     _check_defaults(spec, f"{where} ({cls_name})", allowed=mapped)
     kind: AttentionKind = kind_cls(**read)
     return kind

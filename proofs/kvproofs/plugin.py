@@ -83,7 +83,10 @@ def _profile(factory: SymbolicFactory) -> SemanticsProfile:
 register_type(FullAttention, lambda f: FullAttention(_block_size(f)))
 register_type(MLA, lambda f: MLA(_block_size(f)))
 register_type(SinkFullAttention, _sink)
-register_type(SlidingWindow, lambda f: SlidingWindow(_block_size(f), _positive(f, "_window")))
+register_type(
+    SlidingWindow,
+    lambda f: SlidingWindow(_block_size(f), _positive(f, "_window"), _positive(f, "_extra_retained_tokens", 0)),
+)
 register_type(ChunkedLocal, lambda f: ChunkedLocal(_block_size(f), _positive(f, "_chunk")))
 register_type(Mamba, _mamba)
 register_type(CrossAttention, lambda f: CrossAttention(_block_size(f)))

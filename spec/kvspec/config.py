@@ -54,10 +54,16 @@ class SinkFullAttention:
 @dataclass(frozen=True, slots=True)
 class SlidingWindow:
     """Each token attends to the last ``window`` tokens (itself included)
-    (upstream: ``SlidingWindowSpec``)."""
+    (upstream: ``SlidingWindowSpec``).
+
+    ``extra_retained_tokens`` more tokens below the window stay in the table
+    though attention no longer reads them: a multi-module MTP drafter may
+    prefill the last ``num_prefill_lookahead - 1`` tokens again (vLLM 0.28.0
+    on, whose planner sets it to that number; 0 elsewhere)."""
 
     block_size: int
     window: int
+    extra_retained_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,11 +219,11 @@ def admission_cap(kind: AttentionKind, max_num_batched_tokens: int, max_model_le
     pre: max_num_batched_tokens > 0 and max_model_len > 0
     post: __return__ is None or __return__ >= 1
     post: (__return__ is None) == (not isinstance(kind, SlidingWindow | ChunkedLocal))
-    post: not isinstance(kind, SlidingWindow) or (__return__ - 1) * kind.block_size >= min(kind.window - 1 + max_num_batched_tokens, max_model_len)
+    post: not isinstance(kind, SlidingWindow) or (__return__ - 1) * kind.block_size >= min(kind.window - 1 + kind.extra_retained_tokens + max_num_batched_tokens, max_model_len)
     post: not isinstance(kind, ChunkedLocal) or __return__ * kind.block_size >= min(kind.chunk + max_num_batched_tokens, max_model_len)
     """  # noqa: E501 - a PEP 316 condition is one line
     if isinstance(kind, SlidingWindow):
-        tokens = min(kind.window - 1 + max_num_batched_tokens, max_model_len)
+        tokens = min(kind.window - 1 + kind.extra_retained_tokens + max_num_batched_tokens, max_model_len)
         return -(-tokens // kind.block_size) + 1
     if isinstance(kind, ChunkedLocal):
         tokens = min(kind.chunk + max_num_batched_tokens, max_model_len)
@@ -252,6 +258,10 @@ class KVCacheConfig:
             (:func:`cp_scale`).
         pcp_world_size: Prefill context parallelism (vLLM's
             ``pcp_world_size``); up to vLLM 0.25.1 it scales block sizes too.
+        num_prefill_lookahead: The prefill tokens a multi-module MTP drafter
+            reads past a chunk's end (vLLM's ``num_prefill_lookahead``, 0.28.0
+            on); caching lags the last ``num_prefill_lookahead - 1`` computed
+            tokens (:func:`num_reprefillable_tokens`).
         profile: The vLLM release whose behaviour applies (default: the newest
             supported, :data:`kvspec.profiles.NEWEST`).
 
@@ -275,6 +285,7 @@ class KVCacheConfig:
     profile: SemanticsProfile = NEWEST
     dcp_world_size: int = 1
     pcp_world_size: int = 1
+    num_prefill_lookahead: int = 0
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -345,6 +356,9 @@ def _validate(cfg: KVCacheConfig) -> None:
         value = getattr(cfg, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"{name} must be a positive int, got {value!r}")
+    lookahead = cfg.num_prefill_lookahead
+    if not isinstance(lookahead, int) or isinstance(lookahead, bool) or lookahead < 0:
+        raise ConfigError(f"num_prefill_lookahead must be a non-negative int, got {lookahead!r}")
     get_hash_fn_by_name(cfg.hash_function)
     validate_release_options(cfg)
     for gid, kind in enumerate(cfg.groups):
@@ -353,6 +367,7 @@ def _validate(cfg: KVCacheConfig) -> None:
     for gid in cfg.eagle_groups:
         if not 0 <= gid < len(cfg.groups):
             raise ConfigError(f"eagle_groups names group {gid}, but there are {len(cfg.groups)} groups")
+    validate_prefill_lookahead(cfg)
     hbs = cfg.resolved_hash_block_size()
     if hbs < 1 or cfg.scheduler_block_size % hbs:
         raise ConfigError(f"hash_block_size {hbs} must divide the scheduler block size")
@@ -379,8 +394,14 @@ def validate_release_options(cfg: KVCacheConfig) -> None:
     raises: UnsupportedByProfileError
     post: cfg.profile.admission_controls or (cfg.watermark == 0.0 and cfg.max_num_batched_tokens is None)
     post: cfg.profile.eagle_group_flags or not cfg.eagle_groups
+    post: cfg.profile.prefill_lookahead or not uses_prefill_lookahead(cfg)
     """
     p = cfg.profile
+    if not p.prefill_lookahead and uses_prefill_lookahead(cfg):
+        raise UnsupportedByProfileError(
+            f"{p.name} has no multi-module MTP inputs (num_prefill_lookahead={cfg.num_prefill_lookahead}, "
+            "SlidingWindow.extra_retained_tokens); they are new in vllm-0.28.0"
+        )
     if not p.admission_controls:
         if cfg.watermark != 0.0:
             raise UnsupportedByProfileError(f"{p.name} has no watermark (got {cfg.watermark})")
@@ -392,6 +413,49 @@ def validate_release_options(cfg: KVCacheConfig) -> None:
     if not p.eagle_group_flags and cfg.eagle_groups:
         raise UnsupportedByProfileError(
             f"{p.name} has no per-group EAGLE flags (got eagle_groups={cfg.eagle_groups})"
+        )
+
+
+def uses_prefill_lookahead(cfg: KVCacheConfig) -> bool:
+    """Whether ``cfg`` sets a multi-module MTP input: ``num_prefill_lookahead``
+    or a sliding window's ``extra_retained_tokens``. A configuration without
+    them caches and frees as before the inputs existed.
+
+    post: __return__ or num_reprefillable_tokens(cfg) == 0
+    post: __return__ or all(g.extra_retained_tokens == 0 for g in cfg.groups if isinstance(g, SlidingWindow))
+    """
+    return cfg.num_prefill_lookahead != 0 or any(
+        isinstance(g, SlidingWindow) and g.extra_retained_tokens != 0 for g in cfg.groups
+    )
+
+
+def num_reprefillable_tokens(cfg: KVCacheConfig) -> int:
+    """The trailing computed tokens a multi-module MTP drafter may prefill
+    again (``num_prefill_lookahead - 1``, at least 0): their KV is not final,
+    so caching stops short of them (vLLM 0.28.0 on).
+
+    post: __return__ >= 0
+    post: __return__ == 0 or __return__ == cfg.num_prefill_lookahead - 1
+    """
+    return max(0, cfg.num_prefill_lookahead - 1)
+
+
+def validate_prefill_lookahead(cfg: KVCacheConfig) -> None:
+    """With prefix caching and an EAGLE group (flagged, or every group under
+    ``use_eagle``; a flag counts without ``use_eagle`` too), a hit's dropped
+    tail (one scheduler block) must hold every look-ahead token: refuse
+    ``num_prefill_lookahead`` above the scheduler block size (vLLM 0.28.0 on
+    raises ValueError when the coordinator is built).
+
+    raises: ConfigError
+    post: not (cfg.enable_caching and (cfg.use_eagle or cfg.eagle_groups)) or cfg.num_prefill_lookahead <= cfg.scheduler_block_size
+    """  # noqa: E501 - a PEP 316 condition is one line
+    eagle = cfg.use_eagle or bool(cfg.eagle_groups)
+    if cfg.enable_caching and eagle and cfg.scheduler_block_size < cfg.num_prefill_lookahead:
+        raise ConfigError(
+            f"num_prefill_lookahead {cfg.num_prefill_lookahead} exceeds the scheduler block size "
+            f"{cfg.scheduler_block_size}: with prefix caching and EAGLE groups, a hit's dropped tail "
+            "must hold every look-ahead token"
         )
 
 
@@ -435,6 +499,12 @@ def validate_kind(gid: int, kind: AttentionKind, cfg: KVCacheConfig) -> None:
         validate_ring_kind(where, kind, cfg.profile)
     if isinstance(kind, SlidingWindow | KpoolTail) and kind.window < 1:
         raise ConfigError(f"{where}: window must be positive, got {kind.window}")
+    if isinstance(kind, SlidingWindow) and (
+        not isinstance(kind.extra_retained_tokens, int) or isinstance(kind.extra_retained_tokens, bool)
+        or kind.extra_retained_tokens < 0
+    ):  # fmt: skip
+        extra = kind.extra_retained_tokens
+        raise ConfigError(f"{where}: extra_retained_tokens must be a non-negative int, got {extra!r}")
     if isinstance(kind, ChunkedLocal):
         if kind.chunk < 1:
             raise ConfigError(f"{where}: chunk must be positive, got {kind.chunk}")

@@ -24,6 +24,7 @@ from kvspec.config import (
     Mamba,
     SlidingWindow,
     admission_cap,
+    num_reprefillable_tokens,
     prefix_cacheable,
 )
 from kvspec.errors import EagleAlignmentLookupError
@@ -71,6 +72,8 @@ class KVCacheCoordinator:
             config.profile,
         )
         self.eagle_group_ids = config.eagle_group_ids()
+        self.num_reprefillable_tokens = num_reprefillable_tokens(config)
+        """Trailing computed tokens whose KV is not final (multi-module MTP)."""
         mnbt, mml = config.batched_tokens(), config.max_model_len
         # NOTE: the admission cap counts in the engine's unscaled block size
         # while the manager counts its table in the context-parallel one, as
@@ -169,9 +172,11 @@ class KVCacheCoordinator:
         )  # fmt: skip
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """Every group caches its full blocks up to ``num_tokens``."""
+        """Every group caches its full blocks up to ``num_tokens``, less the
+        tokens a multi-module MTP drafter may prefill again (their KV is not
+        final; :func:`kvspec.config.num_reprefillable_tokens`)."""
         for m in self.managers:
-            m.cache_blocks(request, num_tokens)
+            m.cache_blocks(request, max(0, num_tokens - self.num_reprefillable_tokens))
 
     def free(self, request_id: str) -> None:
         """Each group frees its table, last entry first, in group order."""
@@ -341,18 +346,22 @@ class HybridCoordinator(KVCacheCoordinator):
         """Cache only up to a scheduler-block boundary (hits always end on one;
         with fine-grained hits every token counts); EAGLE groups one block
         further, the block their look-ahead needs (from vLLM 0.23.0:
-        :func:`kvspec.single_type_kv_cache_manager.caches_eagle_peek`). Before
-        0.22.0 (profile switch ``hybrid_cache_reachable_only`` off) every full
-        block is cached."""
+        :func:`kvspec.single_type_kv_cache_manager.caches_eagle_peek`), counted
+        from the tokens whose KV is final (the reprefillable tail of
+        multi-module MTP left out; the other groups keep the aligned length,
+        as in vLLM 0.28.0 on). Before 0.22.0 (profile switch
+        ``hybrid_cache_reachable_only`` off) every full block is cached."""
         if not self.config.profile.hybrid_cache_reachable_only:
             super().cache_blocks(request, num_tokens)
             return
         sched = self.scheduler_block_size
         aligned = num_tokens if self.partial_hash_hits else num_tokens // sched * sched
+        final = max(0, num_tokens - self.num_reprefillable_tokens)
+        final_aligned = final if self.partial_hash_hits else final // sched * sched
         for m in self.managers:
             n = aligned
             if caches_eagle_peek(m) and aligned > 0:
-                n = min(num_tokens, aligned + m.block_size)
+                n = min(final, final_aligned + m.block_size)
             m.cache_blocks(request, n)
 
 

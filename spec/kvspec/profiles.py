@@ -216,6 +216,12 @@ class SemanticsProfile:
     """``allocate_slots(skip_zeroing_group_ids=...)`` exists: the listed groups
     do not list the blocks they take for external (connector) tokens for
     zeroing (new in 0.32.0): :func:`kvspec.kv_cache_manager.check_admission_args`."""
+    prefill_lookahead: bool = False
+    """Multi-module MTP inputs exist: the manager's ``num_prefill_lookahead``
+    (caching lags the last ``num_prefill_lookahead - 1`` computed tokens, which
+    the drafter may prefill again) and ``SlidingWindowSpec.extra_retained_tokens``
+    (a window keeps that many more tokens below it; new in 0.28.0):
+    :func:`kvspec.config.num_reprefillable_tokens`."""
     estimate_skips_uncacheable: bool = False
     """``estimate_cached_tokens`` leaves out groups that are not prefix
     cacheable (the ring kinds; before 0.30.0 a ring group, never hashed,
@@ -557,12 +563,14 @@ VLLM_0_28_0 = replace(
     partial_hits_gated=True,
     mamba_early_return_allocated=True,
     truncate_mamba_lagging=True,
+    prefill_lookahead=True,
 )
 """0.28.0: the free order of 0.26.0 is back; with a Mamba group every
 attention kind records its fresh blocks; fine-grained hits are switched off
 when a group cannot do them; an align-mode allocation that needs no block
 marks the request as allocated; ``truncate_computed_blocks`` keeps a lagging
-Mamba list."""
+Mamba list; multi-module MTP inputs (``num_prefill_lookahead``,
+``extra_retained_tokens``) are new."""
 
 VLLM_0_29_0 = replace(
     VLLM_0_28_0,

@@ -702,21 +702,22 @@ def retire_range(first: int, last: int, retired: int, table_len: int) -> range |
 def num_skipped_tokens(kind: AttentionKind, num_computed_tokens: int) -> int:
     """Leading tokens that attention for the next token no longer reads.
 
-    Sliding window ``w``: ``max(0, n - w + 1)`` (window 4, 7 computed → 4).
+    Sliding window ``w``: ``max(0, n - w + 1 - e)`` with ``e`` its
+    ``extra_retained_tokens`` (window 4, 7 computed → 4; with ``e = 2`` → 2).
     Chunked local ``c``: ``n // c * c`` (chunk 8: 13 → 8, 8 → 8, 7 → 0).
     Mamba: ``n - 1`` (only the last state; -1 for n = 0). Others: 0.
 
     pre: num_computed_tokens >= 0
-    pre: not isinstance(kind, SlidingWindow) or kind.window >= 1
+    pre: not isinstance(kind, SlidingWindow) or (kind.window >= 1 and kind.extra_retained_tokens >= 0)
     pre: not isinstance(kind, ChunkedLocal) or kind.chunk >= 1
     post: __return__ <= num_computed_tokens
-    post: not isinstance(kind, SlidingWindow) or num_computed_tokens - __return__ == min(num_computed_tokens, kind.window - 1)
+    post: not isinstance(kind, SlidingWindow) or num_computed_tokens - __return__ == min(num_computed_tokens, kind.window - 1 + kind.extra_retained_tokens)
     post: not isinstance(kind, ChunkedLocal) or (__return__ % kind.chunk == 0 and num_computed_tokens - __return__ < kind.chunk)
     post: not isinstance(kind, Mamba) or __return__ == num_computed_tokens - 1
     post: isinstance(kind, SlidingWindow | ChunkedLocal | Mamba) or __return__ == 0
     """  # noqa: E501 - a PEP 316 condition is one line
     if isinstance(kind, SlidingWindow):
-        return max(0, num_computed_tokens - kind.window + 1)
+        return max(0, num_computed_tokens - kind.window + 1 - kind.extra_retained_tokens)
     if isinstance(kind, ChunkedLocal):
         return num_computed_tokens // kind.chunk * kind.chunk
     if isinstance(kind, Mamba):

@@ -431,6 +431,14 @@ def skip_zeroing(mgr: Any, h: RequestBlockHasher) -> object:
     )
 
 
+def mtp_caching(mgr: Any, h: RequestBlockHasher) -> object:
+    """``a`` computes 12 tokens under a drafter look-ahead of 3 (the last 2
+    are not cached) and its window keeps 2 more tokens; ``b`` shares 13."""
+    admit(mgr, h.new_request("a", list(range(12))))
+    mgr.remove_skipped_blocks("a", 12)
+    return mgr.get_computed_blocks(h.new_request("b", list(range(13))))
+
+
 CONNECTOR_HYBRID = (FullAttention(4), Mamba(4, "align"))
 """The hybrid of the connector lookup's cases."""
 
@@ -610,6 +618,10 @@ CASES = [
         {"groups": (FullAttention(4), Mamba(4, "align")), "enable_caching": False},
     ),
     Case("connector_lookup_op", VLLM_0_27_0, False, connector_lookup, {"groups": CONNECTOR_HYBRID}),
+    Case(
+        "prefill_lookahead", VLLM_0_28_0, False, mtp_caching,
+        {"groups": (SlidingWindow(4, 4, extra_retained_tokens=2),), "num_prefill_lookahead": 3},
+    ),
     Case("truncate_mamba_lagging", VLLM_0_28_0, False, truncate_lagging, {"groups": CONNECTOR_HYBRID}),
     Case(
         "per_group_eagle_margin", VLLM_0_32_0, False, connector_eagle,

@@ -14,8 +14,8 @@ import pytest
 
 from kvref.divergences import explain, load_registry
 from kvref.traces import load
-from kvspec.config import FullAttention, KVCacheConfig, Mamba, SlidingWindow
-from kvspec.profiles import VLLM_0_25_1, VLLM_0_26_0, VLLM_0_33_0, VLLM_0_34_0
+from kvspec.config import MLA, FullAttention, KVCacheConfig, Mamba, SlidingWindow
+from kvspec.profiles import VLLM_0_25_1, VLLM_0_26_0, VLLM_0_28_0, VLLM_0_33_0, VLLM_0_34_0
 
 ROOT = Path(__file__).resolve().parents[2]
 LOOKUP = {"op": "get_computed_blocks", "rid": "b"}
@@ -54,15 +54,19 @@ def test_matcher_explains_vllms_output_on_its_trace(div_id: str, vllm_out: Any) 
 
 
 def test_bound_crash_in_a_plain_lookup_only_without_a_full_attention_group() -> None:
-    """vLLM 0.33.0's plain lookup with a bound past the hashed tokens crashes where the Mamba finder
-    sees the bound first (a Mamba-only model: a shrunk lockstep failure); with a full-attention
-    group it never does, so a crash there stays unexplained."""
+    """vLLM 0.33.0's plain lookup with a bound past the hashed tokens crashes where the Mamba or
+    sliding-window finder sees the bound first (a Mamba-only or window-only model: shrunk lockstep
+    failures); with a full-attention group it never does, so a crash there stays unexplained."""
     op = {"op": "get_computed_blocks", "rid": "r1", "max_cache_hit_length": 4}
     spec_out = {"blocks": [[]], "num_tokens": 0}
     crash = {"crash": "IndexError"}
     mamba_only = KVCacheConfig(num_blocks=16, groups=(Mamba(2, "align"),), max_model_len=32, profile=VLLM_0_33_0)
     assert explain(mamba_only, op, crash, spec_out, False) == "connector-lookup-bound-crash"
     assert explain(mamba_only, {"op": "get_computed_blocks", "rid": "r1"}, crash, spec_out, False) is None
+    window_only = KVCacheConfig(num_blocks=16, groups=(SlidingWindow(2, 1),), max_model_len=32, profile=VLLM_0_33_0)
+    assert explain(window_only, op, crash, spec_out, False) == "connector-lookup-bound-crash"
+    full_only = KVCacheConfig(num_blocks=16, groups=(FullAttention(2),), max_model_len=32, profile=VLLM_0_33_0)
+    assert explain(full_only, op, crash, spec_out, False) is None
     hybrid = KVCacheConfig(
         num_blocks=16, groups=(FullAttention(2), Mamba(2, "align")), max_model_len=32, profile=VLLM_0_33_0
     )
@@ -184,3 +188,18 @@ def test_swa_eagle_fallback_explains_the_probe_of_0_34_0() -> None:
     assert explain(cfg, probe, True, 4, False) is None
     plain = replace(cfg, groups=(FullAttention(4), SlidingWindow(4, 6)))
     assert explain(plain, probe, 0, 4, False) is None
+
+
+def test_second_full_group_in_a_connectors_lookup() -> None:
+    """vLLM 0.28.0's connector lookup keeps MLA's longer list as its plain lookup does (a shrunk
+    lockstep failure: FullAttention + MLA + SlidingWindow under EAGLE); a full-attention list
+    within the hit is no such case."""
+    cfg = KVCacheConfig(
+        num_blocks=16, groups=(FullAttention(2), MLA(2), SlidingWindow(2, 1)), max_model_len=32, use_eagle=True,
+        profile=VLLM_0_28_0,
+    )  # fmt: skip
+    op = {"op": "get_computed_blocks_for_connector", "rid": "r1"}
+    spec_out = {"blocks": [[1], [6], [11]], "num_tokens": 2, "hit_diverged": False}
+    vllm_out = {"blocks": [[1], [6, 7, 8, 9], [11]], "num_tokens": 2, "hit_diverged": False}
+    assert explain(cfg, op, vllm_out, spec_out, False) == "second-full-group"
+    assert explain(cfg, op, spec_out | {"blocks": [[1], [6], []]}, spec_out, False) is None

@@ -133,7 +133,6 @@ def test_mamba_defaults_to_vllms_mode() -> None:
     ("kvc", "kwargs", "message"),
     [
         (standin(TQFullAttentionSpec(16)), {}, "TQFullAttentionSpec has no kvspec kind"),
-        (standin(SlidingWindowSpec(16, 64, extra_retained_tokens=4)), {}, "extra_retained_tokens=4 is not modelled"),
         (standin(FullAttentionSpec(16)), {"dcp_world_size": 2}, "context-parallel manager block size 32"),
         (standin(FullAttentionSpec(16), SlidingWindowSpec(16, 32)), {"dcp_world_size": 2}, "several KV-cache groups"),
         (standin(FullAttentionSpec(16)), {"enable_mamba_shared_prefix_checkpoint": True}, "shared_prefix"),
@@ -150,6 +149,19 @@ def test_mamba_defaults_to_vllms_mode() -> None:
 def test_what_kvspec_cannot_express_is_refused_by_name(kvc: Any, kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         config_from_vllm(kvc, release="0.33.0", **{**MANAGER, **kwargs})
+
+
+def test_multi_module_mtp_inputs_translate_from_0_28_0() -> None:
+    """``num_prefill_lookahead`` and ``SlidingWindowSpec.extra_retained_tokens``
+    are config values from vLLM 0.28.0 on; before, the translation refuses them."""
+    kvc = standin(FullAttentionSpec(16), SlidingWindowSpec(16, 64, extra_retained_tokens=2))
+    got = config_from_vllm(kvc, release="0.33.0", num_prefill_lookahead=3, **MANAGER)
+    assert got.num_prefill_lookahead == 3
+    assert got.groups == (FullAttention(16), SlidingWindow(16, 64, extra_retained_tokens=2))
+    with pytest.raises(ConfigError, match="extra_retained_tokens=2 is not modelled"):
+        config_from_vllm(kvc, release="0.27.1", **MANAGER)
+    with pytest.raises(ConfigError, match="takes no keyword 'num_prefill_lookahead'"):
+        config_from_vllm(standin(FullAttentionSpec(16)), release="0.27.1", num_prefill_lookahead=2, **MANAGER)
 
 
 def test_context_parallel_sizes_pass_through() -> None:

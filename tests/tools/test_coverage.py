@@ -12,6 +12,7 @@ from kvimpl.native import native_module, native_unsupported
 from kvref.adapters.impl import IMPL_PROFILES
 from kvref.branches import Unreachable, build_report, function_lines, load_unreachable, package_relative
 from kvref.config_coverage import NAMES
+from kvref.shapes import MTP_SHAPES as CATALOG_MTP_SHAPES
 from kvref.shapes import WIDE, build_kinds, shape_allowed, shape_named
 from kvspec.config import KVCacheConfig
 from kvspec.profiles import NEWEST, VLLM_0_25_1, SemanticsProfile, profile_named
@@ -21,6 +22,7 @@ from kvtools.coverage import (
     EAGLE_WINDOW_PROFILE,
     EAGLE_WINDOW_SHAPES,
     MAMBA_SHAPES,
+    MTP_SHAPES,
     PCP_MAMBA_DCP_PROFILE,
     PCP_MAMBA_SHAPE,
     PCP_MAMBA_STEPS,
@@ -240,6 +242,8 @@ def test_ci_runs_cover_every_profile() -> None:
     assert Run(NEWEST.name, "impl", shapes=RING_SHAPES) in runs
     assert Run(NEWEST.name, "impl", shapes=MAMBA_SHAPES) in runs
     assert Run(EAGLE_WINDOW_PROFILE, "impl", shapes=EAGLE_WINDOW_SHAPES) in runs
+    assert Run(NEWEST.name, "impl", shapes=MTP_SHAPES) in runs
+    assert MTP_SHAPES.split(",") == [s.name for s in CATALOG_MTP_SHAPES]  # every MTP shape, nothing else
     assert parse_profiles("newest") == [NEWEST.name]
     assert set(parse_profiles("all")) == IMPL_PROFILES
     with pytest.raises(SystemExit):

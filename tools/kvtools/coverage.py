@@ -146,6 +146,12 @@ a partial-tail key put on a block whose key stands for fewer tokens, which is re
 runs missed both at seed 1. Alone the two shapes meet both at seeds 1-4 within the ci profile's
 20,000 steps and at seed 0 within 40,000."""
 
+MTP_SHAPES = "full@mtp3,swa@mtp2,full+swa@mtp3,full+swa+mamba-align@mtp2"
+"""The multi-module MTP shapes (:data:`kvref.shapes.MTP_SHAPES`) under the newest profile: caching
+that lags the drafter's look-ahead, windows that keep extra tokens, the look-ahead refused past the
+scheduler block under EAGLE, and their broken inputs (``MTP_BAD_CONFIGS``). Not drawn by the full
+runs."""
+
 ARRAY_PROFILE = "vllm-0.33.0"
 """The run of kvimpl's array API (``impl-array``) under the newest release whose requests fit the C
 request: from vLLM 0.34.0 on a request holds a hit limit fixed at construction and token ids are
@@ -197,7 +203,7 @@ def ci_runs() -> list[Run]:
     situations the full runs meet at some seeds only: :data:`CHUNKED_SHAPES`
     through the batch API, :data:`SINK_SHAPES` under :data:`SINK_PROFILE`,
     :data:`RING_SHAPES`, :data:`MAMBA_SHAPES`, :data:`EAGLE_WINDOW_SHAPES`
-    under :data:`EAGLE_WINDOW_PROFILE`, and :data:`REKEYED_SHAPES`. Profiles
+    under :data:`EAGLE_WINDOW_PROFILE`, :data:`REKEYED_SHAPES` and :data:`MTP_SHAPES`. Profiles
     with the same switches take the same steps, so ``impl`` runs once per
     :func:`behaviours` group."""
     from kvref.adapters.impl import IMPL_PROFILES  # noqa: PLC0415 - imports kvimpl
@@ -220,6 +226,7 @@ def ci_runs() -> list[Run]:
         Run(NEWEST.name, "impl", shapes=MAMBA_SHAPES),
         Run(EAGLE_WINDOW_PROFILE, "impl", shapes=EAGLE_WINDOW_SHAPES),
         Run(NEWEST.name, "impl", shapes=REKEYED_SHAPES, min_steps=REKEYED_STEPS),
+        Run(NEWEST.name, "impl", shapes=MTP_SHAPES),
     ]
 
 

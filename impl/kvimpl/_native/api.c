@@ -1386,18 +1386,19 @@ static PyObject *Core_first_lookup_tokens(Core *c, void *closure) {
 
 static int group_from(Core *c, int g, PyObject *t) {
     Group *gr = &c->groups[g];
-    int kind, bs, window, chunk, mode, spec, records_new, use_eagle, estimate_capped, sink, retired_mark;
+    int kind, bs, window, chunk, mode, spec, records_new, use_eagle, estimate_capped, sink, retired_mark, retained;
     Py_ssize_t cap, skip_slack;
-    if (!PyArg_ParseTuple(t, "iiiiiiiinniii", &kind, &bs, &window, &chunk, &mode, &spec, &records_new, &use_eagle,
-                          &cap, &skip_slack, &estimate_capped, &sink, &retired_mark))
+    if (!PyArg_ParseTuple(t, "iiiiiiiinniiii", &kind, &bs, &window, &chunk, &mode, &spec, &records_new, &use_eagle,
+                          &cap, &skip_slack, &estimate_capped, &sink, &retired_mark, &retained))
         return -1;
-    if (kind < K_FULL || kind > K_MAMBA || bs < 1) {
+    if (kind < K_FULL || kind > K_MAMBA || bs < 1 || retained < 0) {
         PyErr_SetString(PyExc_ValueError, "bad group parameters");
         return -1;
     }
     gr->kind = kind;
     gr->bs = bs;
     gr->window = window;
+    gr->retained = retained;
     gr->chunk = chunk;
     gr->mode = mode;
     gr->spec = spec;
@@ -1476,6 +1477,7 @@ static int Core_init(Core *c, PyObject *args, PyObject *kwds) {
     Py_INCREF(c->skip_check);
     c->stats_at_lookup = (int)dict_int(p, "stats_at_lookup", &err);
     c->inflight_basis = (int)dict_int(p, "skip_on_processed_tokens", &err);
+    c->reprefillable = dict_int(p, "num_reprefillable_tokens", &err);
     int events = (int)dict_int(p, "enable_kv_cache_events", &err);
     if (err)
         return -1;

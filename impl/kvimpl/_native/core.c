@@ -158,7 +158,7 @@ static inline Py_ssize_t table_len(Core *c, Py_ssize_t slot, int g) {
 Py_ssize_t skipped_tokens(const Group *g, Py_ssize_t n) {
     switch (g->kind) {
     case K_SWA: {
-        Py_ssize_t s = n - g->window + 1;
+        Py_ssize_t s = n - g->window + 1 - g->retained;
         return s > 0 ? s : 0;
     }
     case K_CHUNKED:
@@ -618,18 +618,21 @@ int group_cache(Core *c, Py_ssize_t slot, int g, ReqView *rv, Py_ssize_t num_tok
 int coord_cache(Core *c, Py_ssize_t slot, ReqView *rv, Py_ssize_t num_tokens) {
     if (rv_check_digests(c, rv) < 0)
         return -1;
+    /* Multi-module MTP: the last `reprefillable` computed tokens may be prefilled again; not final, not cached. */
+    Py_ssize_t final = num_tokens > c->reprefillable ? num_tokens - c->reprefillable : 0;
     if (c->coord != C_HYBRID) {
         for (int g = 0; g < c->G; g++)
-            if (group_cache(c, slot, g, rv, num_tokens) < 0)
+            if (group_cache(c, slot, g, rv, final) < 0)
                 return -1;
         return 0;
     }
     Py_ssize_t aligned = floordiv(num_tokens, c->sched) * c->sched;
+    Py_ssize_t final_aligned = floordiv(final, c->sched) * c->sched;
     for (int g = 0; g < c->G; g++) {
         Group *gr = &c->groups[g];
         Py_ssize_t n = aligned;
         if (gr->use_eagle && aligned > 0)
-            n = num_tokens < aligned + gr->bs ? num_tokens : aligned + gr->bs;
+            n = final < final_aligned + gr->bs ? final : final_aligned + gr->bs;
         if (group_cache(c, slot, g, rv, n) < 0)
             return -1;
     }

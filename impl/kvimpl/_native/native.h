@@ -113,6 +113,7 @@ typedef struct {
     int kind, bs, window, chunk, mode, spec;
     int full_type, skipping, records_new, use_eagle, estimate_capped;
     int retired_mark;      /* Mamba align, mamba_align_retired_mark: removal starts at the table's retired mark */
+    int retained;          /* sliding window: extra_retained_tokens kept below the window (not read) */
     Py_ssize_t cap;        /* admission cap, -1 for none */
     Py_ssize_t skip_slack; /* Mamba: tokens remove_skipped_blocks subtracts first */
     Py_ssize_t num_tables; /* requests present in this group's req_to_blocks */
@@ -164,6 +165,7 @@ typedef struct {
     Py_ssize_t max_len, watermark;
     int unhashed_first, pop_trims, common_zero, adopt_hit, mamba_counts, hashed_cap, stats_at_lookup, lagging_hits;
     int inflight_basis; /* skip_on_processed_tokens: skipped blocks freed below computed - in flight */
+    Py_ssize_t reprefillable; /* num_prefill_lookahead - 1: trailing tokens caching leaves out (MTP) */
     PyObject *skip_check;    /* skip_zeroing_group_ids -> a mask of groups (kvimpl.checks.check_skip_zeroing) */
     unsigned long long skip_mask; /* during one allocation: groups whose external blocks are not listed */
     /* block pool */

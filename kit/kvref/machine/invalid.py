@@ -21,9 +21,9 @@ from typing import Any
 from hypothesis import strategies as st
 
 from kvref.capabilities import CALLER_ERRORS
-from kvref.hypothesis_compat import choose
+from kvref.hypothesis_compat import boolean, choose
 from kvref.machine.base import Action
-from kvref.machine.invalid_inputs import BAD_CONFIGS, BAD_REQUESTS, InvalidInputs
+from kvref.machine.invalid_inputs import BAD_CONFIGS, BAD_REQUESTS, MTP_BAD_CONFIGS, InvalidInputs
 from kvref.ops import ZEROING_RANGE
 from kvspec.config import FULL_TYPE_KINDS, prefix_cacheable
 
@@ -252,7 +252,7 @@ class InvalidRules(InvalidInputs):
                 op["num_hits"] = 0
             elif name == "record_blocks_for_zeroing":
                 op["start_token"] = 0
-            elif name == "get_zeroing_block_ids_in_range":
+            elif name == ZEROING_RANGE:
                 op.update(start_token=0, end_token=self._num_tokens(op["rid"]))
             elif name == "truncate_computed_blocks":
                 op.update(blocks=[[] for _ in self.cfg.groups], num_computed_tokens=0)
@@ -275,7 +275,13 @@ class InvalidRules(InvalidInputs):
         """Other caller errors, and broken configurations and requests."""
         kind = choose(data, BAD_OTHERS)
         if kind == "config":
-            self._invalid_config(choose(data, BAD_CONFIGS))
+            # MTP shapes try every break of their own inputs every other time (no state changes;
+            # the other shapes draw as before)
+            if self.cfg.num_prefill_lookahead and boolean(data):
+                for mtp_kind in MTP_BAD_CONFIGS:
+                    self._invalid_config(mtp_kind)
+            else:
+                self._invalid_config(choose(data, BAD_CONFIGS))
             return
         if kind == "count":
             self._bad_count(data, choose(data, BAD_COUNTS))

@@ -26,7 +26,7 @@ from kvspec.config import (
 )
 from kvspec.errors import ConfigError, InvalidRequestError
 from kvspec.hashing import ExtraKeySource, LoRA
-from kvspec.profiles import profile_named
+from kvspec.profiles import VLLM_0_27_1, profile_named
 from kvspec.request import RequestBlockHasher
 
 BAD_CONFIGS = (
@@ -37,6 +37,10 @@ BAD_CONFIGS = (
     "foreign_kind", "old_release_watermark", "old_release_budget",
 )  # fmt: skip
 """Broken configurations ``invalid_other`` tries (each must raise ConfigError; see :func:`bad_config`)."""
+MTP_BAD_CONFIGS = ("lookahead", "retained", "lookahead_old_release", "lookahead_eagle")
+"""Broken multi-module MTP inputs: a negative look-ahead, a negative retained count, the inputs
+under a release before them, a look-ahead past the scheduler block under EAGLE. Under the MTP
+shapes (:data:`kvref.shapes.MTP_SHAPES`) half the broken-config actions try all of them."""
 BAD_REQUESTS = (
     "request_id", "empty_prompt", "str_prompt", "negative_token", "lora_id", "lora_path", "append_str",
     "logprobs_flag", "logprob_start", "start_without_logprobs",
@@ -90,6 +94,10 @@ def bad_config(cfg: KVCacheConfig, kind: str) -> dict[str, Any] | None:
         "cp_cached_mamba": dict(cached, groups=(Mamba(4, "align"),), dcp_world_size=2)
         if p.cp_block_scaling == "dcp"
         else None,
+        "lookahead": {"num_prefill_lookahead": -1},
+        "retained": {"groups": (SlidingWindow(bs, 2, -1),)},
+        "lookahead_old_release": {"profile": VLLM_0_27_1, "num_prefill_lookahead": 2},
+        "lookahead_eagle": dict(cached, groups=(FullAttention(2),), use_eagle=True, num_prefill_lookahead=3),
     }
     return table[kind]
 

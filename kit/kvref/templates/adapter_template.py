@@ -51,6 +51,7 @@ def supports(config: KVCacheConfig) -> str | None:
         "skip_zeroing_group_ids",
         "op:get_computed_blocks_for_connector",
         "op:truncate_computed_blocks",
+        "mtp",  # num_prefill_lookahead and a window's extra_retained_tokens: the MTP shapes run without them
     },
 )
 def make(config: KVCacheConfig) -> MyAdapter:

@@ -28,12 +28,62 @@ CFG = "kvspec.config"
 
 @contract(
     f"{CFG}.validate_release_options",
-    "every profile x watermark 0/0.25 x max_num_batched_tokens None/8 x eagle_groups ()/(0,)",
+    "every profile x watermark 0/0.25 x max_num_batched_tokens None/8 x eagle_groups ()/(0,) x MTP inputs "
+    "(none, num_prefill_lookahead 2, a window's extra_retained_tokens 1)",
 )
 def _release_options() -> Iterator[Case]:
-    for profile, watermark, mnbt, eagle in product(PROFILE_LIST, (0.0, 0.25), (None, 8), ((), (0,))):
-        groups = (FullAttention(2),)
-        yield (raw_config(groups, profile, watermark=watermark, max_num_batched_tokens=mnbt, eagle_groups=eagle),)
+    mtp = (((FullAttention(2),), 0), ((FullAttention(2),), 2), ((SlidingWindow(2, 3, 1),), 0))
+    for profile, watermark, mnbt, eagle, (groups, lookahead) in product(
+        PROFILE_LIST, (0.0, 0.25), (None, 8), ((), (0,)), mtp
+    ):
+        yield (
+            raw_config(
+                groups, profile, watermark=watermark, max_num_batched_tokens=mnbt, eagle_groups=eagle,
+                num_prefill_lookahead=lookahead,
+            ),
+        )  # fmt: skip
+
+
+_LOOKAHEAD_GROUPS = ((FullAttention(2),), (FullAttention(4),), (FullAttention(2), SlidingWindow(4, 3, 1)))
+
+
+@contract(
+    f"{CFG}.validate_prefill_lookahead",
+    "full attention (block 2 or 4) or a hybrid of scheduler block 4 x num_prefill_lookahead 0-5 x caching "
+    "x EAGLE on/off x eagle_groups ()/(0,) x every profile",
+)
+def _prefill_lookahead() -> Iterator[Case]:
+    for groups, lookahead, caching, eagle, flags, profile in product(
+        _LOOKAHEAD_GROUPS, range(6), (True, False), (False, True), ((), (0,)), PROFILE_LIST
+    ):
+        cfg = raw_config(
+            groups, profile, num_prefill_lookahead=lookahead, enable_caching=caching, use_eagle=eagle,
+            eagle_groups=flags if profile.eagle_group_flags else (),
+        )  # fmt: skip
+        yield (cfg,)
+
+
+@contract(
+    f"{CFG}.uses_prefill_lookahead",
+    "num_prefill_lookahead 0-3 x full attention, a window keeping 0 or 1 extra token, or both",
+)
+def _uses_lookahead() -> Iterator[Case]:
+    groups_set = (
+        (FullAttention(2),),
+        (SlidingWindow(2, 3),),
+        (SlidingWindow(2, 3, 1),),
+        (FullAttention(2), SlidingWindow(2, 3, 1)),
+    )
+    for lookahead, groups in product(range(4), groups_set):
+        yield (raw_config(groups, PROFILE_LIST[-1], num_prefill_lookahead=lookahead),)
+
+
+@contract(
+    f"{CFG}.num_reprefillable_tokens", "num_prefill_lookahead 0-6 x one group or a hybrid with a retaining window"
+)
+def _reprefillable() -> Iterator[Case]:
+    for lookahead, groups in product(range(7), _LOOKAHEAD_GROUPS):
+        yield (raw_config(groups, PROFILE_LIST[-1], num_prefill_lookahead=lookahead),)
 
 
 _GROUP_PAIRS = [
@@ -59,13 +109,14 @@ _INVALID_KINDS: tuple[object, ...] = (
     SinkFullAttention(2, 0),
     Mamba(2, "sometimes"),  # type: ignore[arg-type]  # an invalid mode on purpose
     Mamba(2, "align", -1),
+    SlidingWindow(2, 3, -1),
     "not a kind",
 )
 
 
 @contract(
     f"{CFG}.validate_kind",
-    "the kind catalog and 9 invalid kinds, as group 0 or 1 after a full-attention group, x every profile "
+    "the kind catalog and 10 invalid kinds, as group 0 or 1 after a full-attention group, x every profile "
     "x caching x EAGLE on/off",
 )
 def _kind() -> Iterator[Case]:

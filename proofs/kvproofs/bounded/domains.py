@@ -46,6 +46,7 @@ def kinds(block_size: int) -> tuple[AttentionKind, ...]:
         SlidingWindow(b, 1),
         SlidingWindow(b, b + 1),
         SlidingWindow(b, 2 * b + 1),
+        SlidingWindow(b, b + 1, 1),
         ChunkedLocal(b, b),
         ChunkedLocal(b, 2 * b),
         Mamba(b, "none"),

@@ -97,6 +97,10 @@ def make_attention_spec(api: VllmApi, kind: AttentionKind) -> Any:
     fields = {"block_size": kind.block_size, "num_kv_heads": _NUM_KV_HEADS, "head_size": _HEAD_SIZE, "dtype": fp16}
     if isinstance(kind, SlidingWindow | KpoolTail):
         fields["window"] = kind.window
+    if isinstance(kind, SlidingWindow) and kind.extra_retained_tokens:
+        if "extra_retained_tokens" not in api.spec_fields:
+            raise api.unsupported("SlidingWindowSpec.extra_retained_tokens", "the config sets it")
+        fields["extra_retained_tokens"] = kind.extra_retained_tokens
     elif isinstance(kind, ChunkedLocal):
         fields["chunk"] = kind.chunk
     elif isinstance(kind, SinkFullAttention):

@@ -197,12 +197,15 @@ class VllmApi:
             "watermark": "watermark",
             "dcp_world_size": "dcp_world_size",
             "pcp_world_size": "pcp_world_size",
+            "num_prefill_lookahead": None,
         }
     )
     """kvref config value -> ``KVCacheManager(kv_cache_config, **kw)`` keyword
     (None: the release has no such parameter; see :attr:`manager_arg_defaults`)."""
 
-    manager_arg_defaults: ClassVar[Mapping[str, Any]] = _frozen({"max_num_batched_tokens": None, "watermark": 0.0})
+    manager_arg_defaults: ClassVar[Mapping[str, Any]] = _frozen(
+        {"max_num_batched_tokens": None, "watermark": 0.0, "num_prefill_lookahead": 0}
+    )
     """The value a missing ``KVCacheManager`` parameter tolerates. A missing
     ``scheduler_block_size`` is always tolerated: it is derived from the
     groups, never chosen."""
@@ -431,6 +434,7 @@ class VllmApi:
             "watermark": config.watermark,
             "dcp_world_size": config.dcp_world_size,
             "pcp_world_size": config.pcp_world_size,
+            "num_prefill_lookahead": config.num_prefill_lookahead,
         }
         kwargs: dict[str, Any] = {}
         for name, value in values.items():
@@ -1123,19 +1127,30 @@ class VllmApi026(VllmApi):
 
 
 class VllmApi027(VllmApi026):
-    """vLLM 0.27 era (0.27.0 to 0.28.x): the lookup no longer records prefix-cache
+    """vLLM 0.27 era (0.27.x): the lookup no longer records prefix-cache
     statistics; the caller records them with ``record_prefix_cache_stats``; a
     KV connector's lookup (``get_computed_blocks_for_connector``) and
     ``truncate_computed_blocks`` are new."""
 
     era = "0.27"
     since = (0, 27, 0)
-    verified: ClassVar[tuple[str, ...]] = ("0.27.1", "0.28.0")
+    verified: ClassVar[tuple[str, ...]] = ("0.27.1",)
     caller_records_stats = True
     has_connector_lookup = True
 
 
-class VllmApi029(VllmApi027):
+class VllmApi028(VllmApi027):
+    """vLLM 0.28 era (0.28.x): multi-module MTP inputs, ``KVCacheManager``'s
+    ``num_prefill_lookahead`` and ``SlidingWindowSpec.extra_retained_tokens``."""
+
+    era = "0.28"
+    since = (0, 28, 0)
+    verified: ClassVar[tuple[str, ...]] = ("0.28.0",)
+    manager_args = _frozen({**VllmApi026.manager_args, "num_prefill_lookahead": "num_prefill_lookahead"})
+    spec_fields = _frozen({**VllmApi.spec_fields, "extra_retained_tokens": "extra_retained_tokens"})
+
+
+class VllmApi029(VllmApi028):
     """vLLM 0.29 era: the retention interval is a ``KVCacheConfig`` field; no
     environment variable is read for it any more; the ring kind
     ``CircularBufferSpec``."""
@@ -1233,6 +1248,7 @@ ERAS: tuple[type[VllmApi], ...] = (
     VllmApi,
     VllmApi026,
     VllmApi027,
+    VllmApi028,
     VllmApi029,
     VllmApi030,
     VllmApi032,
