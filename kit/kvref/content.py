@@ -14,8 +14,18 @@ connector load that filled it, or one of the markers :data:`UNWRITTEN`,
 Which positions a step reads, per attention kind (:func:`read_span`): full
 attention, MLA and SinkFull read every earlier position; a sliding window of
 ``w`` reads the last ``w`` positions of each token it computes; chunked-local
-attention of chunk ``c`` reads from the chunk's start. Cross attention (the
-encoder's input) and the ring kinds are not checked (:func:`checked_kind`).
+attention of chunk ``c`` reads from the chunk's start.
+
+A cross-attention group holds the KV of the encoder's output, ``E`` positions
+sized by the encoder input: the first step a request runs after its
+cross-attention blocks are handed out writes all of them (the encoder runs in
+that step), and every step of the request reads all of them. These blocks are
+never cached, so an encoder position's KV is named by the request itself (its
+id and prompt, :meth:`RequestPrefixes.encoder`): no other request's encoder KV
+is the right KV. The ring kinds are not checked (:func:`checked_kind`): which
+positions a step reads from its ring follows the compression ratio of the
+model's compressor (vLLM's ``CircularBufferSpec`` holds the raw keys of the
+token group being compressed), and a cache configuration does not carry it.
 
 A Mamba group's block holds no per-position KV but one recurrent state: the
 state after a prefix of the request's inputs, named by the prefix id of that
@@ -69,7 +79,9 @@ MARKERS = {
 
 
 def checked_kind(kind: AttentionKind) -> bool:
-    """Whether the content oracle checks a group of ``kind``."""
+    """Whether the content oracle checks a group of ``kind`` position by
+    position (cross attention is checked over its encoder positions, Mamba
+    by its states: :func:`mamba_checked`)."""
     return isinstance(kind, FullAttention | MLA | SinkFullAttention | SlidingWindow | ChunkedLocal)
 
 
@@ -252,6 +264,13 @@ class RequestPrefixes:
             parent = self.ids.child(parent, input_key(request, p, drafts))
             out.append(parent)
         return out
+
+    def encoder(self, request: Request, num_encoder_tokens: int) -> list[int]:
+        """Ids of the KV of ``request``'s encoder positions ``0 .. num_encoder_tokens - 1``
+        (its cross-attention blocks' content), named after its id and prompt."""
+        prompt = self.of(request, request.num_prompt_tokens)
+        parent = prompt[-1] if prompt else self.ids.root(request)
+        return [self.ids.child(parent, ("encoder", request.request_id, e)) for e in range(num_encoder_tokens)]
 
     def forget(self, request_id: str) -> None:
         """Drop what is remembered of ``request_id``."""

@@ -69,9 +69,11 @@ from kvref.safety_defects import (
     LOAD_ZEROING,
     MAMBA_ALIGN_MIDBLOCK,
     MAMBA_FAILED_LOAD,
+    WITHDRAWN_STEP,
 )
 from kvref.traces import Trace
-from kvspec.config import KVCacheConfig, Mamba
+from kvspec.config import CrossAttention, KVCacheConfig, Mamba
+from kvspec.request import Request
 from kvspec.view import KVView
 
 Json = Any
@@ -120,6 +122,10 @@ class StepEntry:
     load: Load | None = None
     """A synchronous connector load that runs in this step, kept here once its request was freed
     while the step was in flight (the request may be admitted again, with a load of its own)."""
+    encoder: int = 0
+    """Encoder positions the step reads in each cross-attention group."""
+    encoder_write: bool = False
+    """Whether the step writes them first (the first step after the blocks were handed out)."""
 
 
 @dataclass
@@ -134,6 +140,20 @@ class Step:
     """Blocks the step zeroes before it runs (listed by ``take_new_block_ids`` while it was open)."""
     copies: list[tuple[int, int]] = field(default_factory=list)
     """Copy-on-write copies (source, destination) the step makes before it runs."""
+
+
+@dataclass
+class Withdrawal:
+    """A step taken back out of its scheduling pass: ``rid``'s positions ``start`` to ``end``."""
+
+    rid: str
+    start: int
+    end: int
+    clock: int
+    """The contents' clock as of which nothing wrote the step's blocks (what was written later was not the step)."""
+    after: int
+    """The last step in flight at the withdrawal (0 once it has run: the steps dispatched before the
+    withdrawal write first, so :attr:`clock` moves past their writes then)."""
 
 
 @dataclass
@@ -188,6 +208,11 @@ class SafetyMonitor:
         self.checked = tuple(g for g, k in enumerate(self.kinds) if checked_kind(k))
         self.mamba = tuple(g for g, k in enumerate(self.kinds) if mamba_checked(k, config.use_eagle))
         """Mamba groups whose states the content oracle checks."""
+        self.cross = tuple(g for g, k in enumerate(self.kinds) if isinstance(k, CrossAttention))
+        """Cross-attention groups (their encoder positions are checked)."""
+        self.encoders: dict[str, list[int]] = {}
+        """Requests whose cross-attention blocks are handed out: rid -> [encoder positions,
+        whether a step that writes them was scheduled]."""
         self.drafted: set[str] = set()
         """Requests a step with draft tokens ran for since their table was new: their Mamba
         states are not checked (:meth:`_run_states`)."""
@@ -213,15 +238,15 @@ class SafetyMonitor:
         self.counts: Counter[str] = Counter() if counts is None else counts
         """What the oracles did: ``slots compared``, ``steps run``, ``hits checked``,
         ``loads``, ``blocks zeroed``, ``groups not checked`` (shared with the run's statistics)."""
-        self.counts["groups not checked"] += len(self.kinds) - len(self.checked) - len(self.mamba)
+        self.counts["groups not checked"] += len(self.kinds) - len(self.checked) - len(self.mamba) - len(self.cross)
         self.early: dict[tuple[str, int, int], tuple[int, int]] = {}
         """Blocks the release freed below a window while a step in flight still read them
         (a release before vLLM 0.26.0 frees on the computed tokens, steps in flight included):
         (request, group, table index) -> (block, the step that freed it), kept until that
         step's output is processed. See :mod:`kvref.safety_defects`."""
-        self.failed_skips: dict[tuple[str, int, int], tuple[int, int]] = {}
+        self.failed_skips: dict[str, dict[tuple[int, int], tuple[int, int]]] = {}
         """Null table entries of a request whose connector load failed part-way, as the failure
-        left them: (request, group, table index) -> (the load's end, the valid prefix). The
+        left them: request -> (group, table index) -> (the load's end, the valid prefix). The
         admission skipped them for the window of the load's end; a step that recomputes from the
         valid prefix and reads one meets :data:`kvref.safety_defects.FAILED_LOAD_WINDOW` (an attention
         group) or :data:`kvref.safety_defects.MAMBA_FAILED_LOAD` (the state a Mamba group starts from)."""
@@ -232,6 +257,13 @@ class SafetyMonitor:
         it meets :data:`kvref.safety_defects.MAMBA_FAILED_LOAD` (:meth:`_failed_state`)."""
         self.freed: set[str] = set()
         """Requests freed since their latest allocation: the next one starts a new table."""
+        self.withdrawn: dict[int, Withdrawal] = {}
+        """Blocks a step taken back out of its scheduling pass was to write (its allocation had
+        already cached the full ones). Read by a step or a hit before anything writes it again,
+        it meets :data:`kvref.safety_defects.WITHDRAWN_STEP` (:meth:`_withdrawn_cause`)."""
+        self.withdrawals: list[Withdrawal] = []
+        """Withdrawals made while steps were in flight: their clock moves past those steps'
+        writes once the last of them has run (:meth:`processed`)."""
         self.last_tables: dict[str, Tables] = {}
         """Each request's tables after its latest allocation."""
         self.deferred = False
@@ -255,10 +287,14 @@ class SafetyMonitor:
             self._check_hit(op["rid"], out["blocks"], out["num_tokens"])
         elif name == "allocate_slots" and isinstance(out, list):
             self._allocated(op, out, view)
+        elif name == "allocate_slots" and out is None:
+            self._refused(op, view)
         elif name == "allocate_slots_batch" and isinstance(out, list):
             for item, blocks in zip(op["items"], out, strict=False):
                 if isinstance(blocks, list):  # one running request's step of the batch
                     self._allocated({"op": "allocate_slots", **item}, blocks, view)
+                elif blocks is None:
+                    self._refused({"op": "allocate_slots", **item}, view)
         elif name == ZEROING_RANGE and isinstance(out, list):
             self.range_skip.update(b for b in out if b)
         elif name == "take_new_block_ids" and isinstance(out, list):
@@ -284,6 +320,9 @@ class SafetyMonitor:
         elif name in ("free", "pop_blocks_for_free"):
             # a request freed before its step is dispatched leaves that step (a preempted one is
             # taken back out of the scheduling pass): nothing of it runs
+            for entry in self.open.entries:
+                if entry.rid == op["rid"]:
+                    self._withdraw(entry)
             self.open.entries = [e for e in self.open.entries if e.rid != op["rid"]]
             load = self.loads.get(op["rid"])
             carrier = next(
@@ -298,6 +337,7 @@ class SafetyMonitor:
                 # the scheduler frees a loading request's blocks once its load has ended (vLLM#32255)
                 self._load_done(op["rid"])
             self.freed.add(op["rid"])  # its failed-load entries hold for its steps still in flight
+            self.encoders.pop(op["rid"], None)  # its steps in flight keep their own encoder count
 
     # -- the async pipeline's hooks ---------------------------------------
 
@@ -345,6 +385,10 @@ class SafetyMonitor:
         for entry in step.entries:
             self._execute(step, entry)
         self.early = {k: v for k, v in self.early.items() if v[1] > step.number}
+        for mark in self.withdrawals:  # the steps dispatched before a withdrawal come before it
+            if mark.after <= step.number:
+                mark.clock, mark.after = self.contents.writes, 0
+        self.withdrawals = [mark for mark in self.withdrawals if mark.after]
         for rid, n in (shifts or {}).items():
             for later in (*self.in_flight, self.open):
                 for entry in later.entries:
@@ -382,7 +426,7 @@ class SafetyMonitor:
         req = self.book.requests[rid]
         if rid in self.freed:  # a new table: the null entries of a failed load were the old one's
             self.freed.discard(rid)
-            self.failed_skips = {k: v for k, v in self.failed_skips.items() if k[0] != rid}
+            self.failed_skips.pop(rid, None)
             self.drafted.discard(rid)
         tables = dict(view.tables).get(rid, tuple(() for _ in self.kinds))
         for ids in out:
@@ -406,9 +450,14 @@ class SafetyMonitor:
         if req.num_in_flight_tokens and not self.config.profile.skip_on_processed_tokens:
             self._note_early(rid, local + external, req.num_in_flight_tokens, tables)
         self.last_tables[rid] = tables
+        if self.cross and op.get("num_encoder_tokens", 0) > 0 and rid not in self.encoders:
+            self.encoders[rid] = [op["num_encoder_tokens"], 0]
         if new > 0:
-            failed = {(g, i): v for (r, g, i), v in self.failed_skips.items() if r == rid}
+            failed = dict(self.failed_skips.get(rid, {}))
             entry = StepEntry(rid, local + external, local + external + new, tables, failed_skips=failed)
+            encoder = self.encoders.get(rid)
+            if encoder is not None:  # the first step after the blocks were handed out runs the encoder
+                entry.encoder, entry.encoder_write, encoder[1] = encoder[0], not encoder[1], 1
             self.open.entries.append(entry)
             if defer:
                 self.deferred = True  # the step runs once the scheduler has handed off its copies
@@ -433,6 +482,20 @@ class SafetyMonitor:
         self.dispatch()
         self.processed()
 
+    def _refused(self, op: Json, view: KVView) -> None:
+        """An allocation refused for want of blocks: it still freed what its
+        windows skip on the computed tokens first (vLLM's ``allocate_slots``
+        skips before it counts the blocks it needs), so it is checked for
+        early frees as an allocation is (:meth:`_note_early`)."""
+        rid = op["rid"]
+        req, tables = self.book.requests.get(rid), dict(view.tables).get(rid)
+        if req is None or tables is None:
+            return
+        if req.num_in_flight_tokens and not self.config.profile.skip_on_processed_tokens:
+            total = req.num_computed_tokens + op.get("num_new_computed_tokens", 0)
+            self._note_early(rid, total + op.get("num_external_computed_tokens", 0), req.num_in_flight_tokens, tables)
+        self.last_tables[rid] = tables
+
     def _removed(self, rid: str, total: int, view: KVView) -> None:
         """``remove_skipped_blocks`` of ``rid`` on ``total`` computed tokens (a
         scheduler hands a finished request's table to a connector that way)."""
@@ -446,8 +509,10 @@ class SafetyMonitor:
     def _note_early(self, rid: str, total: int, in_flight: int, tables: Tables) -> None:
         """Blocks of ``rid`` this allocation freed below its window on the
         computed tokens ``total`` that the tokens in flight still read (those
-        a step in flight started from ``total - in_flight`` reads): remembered
-        in :attr:`early`."""
+        a step in flight started from ``total - in_flight`` reads), and, in a
+        Mamba group, the state entries a step in flight reads or writes (an
+        ``align`` group frees the state before its last one on the same
+        count): remembered in :attr:`early`."""
         prev = self.last_tables.get(rid)
         if prev is None:
             return
@@ -458,6 +523,14 @@ class SafetyMonitor:
             for i in range(low, min(high, len(prev[g]), len(tables[g]))):
                 if prev[g][i] and not tables[g][i]:
                     self.early[(rid, g, i)] = (prev[g][i], self.open.number)
+        for g in self.mamba:  # the state entries a step in flight reads or writes (an align group's last state)
+            kind = self._mamba(g)
+            for entry in (e for step in self.in_flight for e in step.entries if e.rid == rid):
+                read = state_read_index(kind, entry.start)
+                used = [j for j, _ in state_writes(kind, entry.start, entry.end)] + ([] if read is None else [read])
+                for i in used:
+                    if i < min(len(prev[g]), len(tables[g])) and prev[g][i] and not tables[g][i]:
+                        self.early[(rid, g, i)] = (prev[g][i], self.open.number)
 
     def _record_uses(self, step: Step, entry: StepEntry) -> None:
         for g in self.checked:
@@ -473,6 +546,12 @@ class SafetyMonitor:
                 step.uses.setdefault(table[i], f"request {entry.rid} reads its state at {entry.start} tokens")
             for b, n in self._state_blocks(kind, table, entry.start, entry.end):
                 step.uses.setdefault(b, f"request {entry.rid} writes its state at {n} tokens")
+        verb = "writes" if entry.encoder_write else "reads"
+        for g in self.cross:
+            bs, table = self.contents.block_size(g), entry.tables[g]
+            for e in range(entry.encoder):
+                if e // bs < len(table) and table[e // bs]:
+                    step.uses.setdefault(table[e // bs], f"request {entry.rid} {verb} encoder position {e}")
 
     def _execute(self, step: Step, entry: StepEntry) -> None:
         """The device runs ``entry``: writes, then the reads (checked)."""
@@ -501,6 +580,27 @@ class SafetyMonitor:
                 self._compare(b, g, p, want[p], f"{where} reads block {b} (group {g}) for position {p}")
         for g in self.mamba:
             self._run_states(step, entry, g, want)
+        if entry.encoder:
+            self._run_encoder(step, entry, req)
+
+    def _run_encoder(self, step: Step, entry: StepEntry, req: Request) -> None:
+        """The device runs ``entry`` in the cross-attention groups: the first
+        step writes the encoder's KV, then every step reads all of it (checked)."""
+        want = self.prefixes.encoder(req, entry.encoder)
+        where = f"step {step.number}: request {entry.rid}"
+        for g in self.cross:
+            table, bs = entry.tables[g], self.contents.block_size(g)
+            if entry.encoder_write:
+                for e in range(entry.encoder):
+                    b = self._entry(table, e // bs, f"{where} writes encoder position {e} (group {g})")
+                    self._loading(b, f"{where} writes encoder position {e} into it")
+                    self.contents.write(b, g, e % bs, want[e])
+                    self.writers.setdefault(want[e], f"request {entry.rid}'s encoder at position {e}")
+            for e in range(entry.encoder):
+                b = self._entry(table, e // bs, f"{where} reads encoder position {e} (group {g})")
+                self._loading(b, f"{where} reads encoder position {e} in it")
+                what = f"{where} reads block {b} (group {g}) for encoder position {e}"
+                self._compare(b, g, e, want[e], what, of="encoder KV")
 
     def _run_states(self, step: Step, entry: StepEntry, g: int, want: Sequence[int]) -> None:
         """The device runs ``entry`` in the Mamba group ``g``: it reads the
@@ -641,11 +741,48 @@ class SafetyMonitor:
         self, b: int, g: int, p: int, want: int, what: str, of: str = "KV", defect: str | None = None,
         detail: str = "",
     ) -> None:
-        self.counts["slots compared" if of == "KV" else "states compared"] += 1
+        self.counts[{"KV": "slots compared", "state": "states compared"}.get(of, "encoder slots compared")] += 1
         got = self.contents.value(b, g, p % self.contents.block_size(g))
         if got != want:
+            if defect is None:
+                defect, detail = self._withdrawn_cause(b, g, p % self.contents.block_size(g))
             message = f"{what}, but the block holds {describe(got, self.writers, of)} there{detail}"
             raise SafetyViolation("content", message, defect=defect)
+
+    def _withdraw(self, entry: StepEntry) -> None:
+        """``entry`` leaves the open step before it runs: remember the blocks it
+        was to write (:attr:`withdrawn`)."""
+        self.counts["steps withdrawn"] += 1
+        self.contents.writes += 1
+        after = self.in_flight[-1].number if self.in_flight else 0
+        mark = Withdrawal(entry.rid, entry.start, entry.end, self.contents.writes, after)
+        if after:
+            self.withdrawals.append(mark)
+        for g in self.checked:
+            bs, table = self.contents.block_size(g), entry.tables[g]
+            for p in range(entry.start, entry.end):
+                if p // bs < len(table) and table[p // bs]:
+                    self.withdrawn[table[p // bs]] = mark
+        for g in self.mamba:
+            for b, _ in self._state_blocks(self._mamba(g), entry.tables[g], entry.start, entry.end):
+                self.withdrawn[b] = mark
+
+    def _withdrawn_cause(self, b: int, g: int, slot: int) -> tuple[str | None, str]:
+        """:data:`kvref.safety_defects.WITHDRAWN_STEP` and the words that say why,
+        when ``slot`` of ``b`` (read for group ``g``) is one a withdrawn step was
+        to write and nothing wrote it (any slot, where another group wrote the
+        block last) or handed the block out anew since (:attr:`withdrawn`)."""
+        mark = self.withdrawn.get(b)
+        if mark is None:
+            return None, ""
+        written = self.contents.written_at.get(b, [0])
+        last = written[slot] if self.contents.owner.get(b) == g else max(written)
+        if self.contents.handed.get(b, 0) > mark.clock or last > mark.clock:
+            return None, ""
+        return WITHDRAWN_STEP, (
+            f" (request {mark.rid}'s step of positions {mark.start}-{mark.end - 1} was taken back out of its "
+            "scheduling pass after its allocation had cached the block, so nothing computed it; nothing wrote it since)"
+        )
 
     # -- connector loads and zeroing -----------------------------------------
 
@@ -708,7 +845,7 @@ class SafetyMonitor:
         for g in (*self.checked, *self.mamba):
             for i, b in enumerate(tables[g]):
                 if b == 0:
-                    self.failed_skips[(load.rid, g, i)] = (load.end, valid)
+                    self.failed_skips.setdefault(load.rid, {})[(g, i)] = (load.end, valid)
 
     def _load_done(self, rid: str, upto: int | None = None) -> None:
         self._land(self.loads.pop(rid), upto)
@@ -735,6 +872,9 @@ class SafetyMonitor:
                 for g in self.checked:
                     bs, table = self.contents.block_size(g), entry.tables[g]
                     out.update(table[p // bs] for p in range(entry.start, entry.end) if p // bs < len(table))
+                for g in self.cross if entry.encoder_write else ():
+                    bs, table = self.contents.block_size(g), entry.tables[g]
+                    out.update(table[e // bs] for e in range(entry.encoder) if e // bs < len(table))
                 for g in self.mamba:
                     kind, table = self._mamba(g), entry.tables[g]
                     out.update(b for b, _ in self._state_blocks(kind, table, entry.start, entry.end))

@@ -20,7 +20,9 @@ from), or a Mamba block that such a load was to fill a state into, read
 (by a step or a hit) before anything wrote it again; for
 :data:`MAMBA_ALIGN_MIDBLOCK`, a Mamba ``align`` block that a chunk starting inside
 it left behind (holding the state at the chunk's start), read before anything
-wrote it again, under a release whose scheduler does not stop such chunks.
+wrote it again, under a release whose scheduler does not stop such chunks; for
+:data:`WITHDRAWN_STEP`, a slot a step taken back out of its scheduling pass was
+to write, read before anything wrote it or handed its block out anew.
 :func:`registered` then checks that the entry applies to the run's release;
 the lockstep counts the run as meeting a known defect and stops it
 (``kvref check`` lists it among the known divergences as ``safety defect
@@ -56,6 +58,12 @@ MAMBA_ALIGN_MIDBLOCK = "mamba-align-midblock"
 past its end: the block keeps the state at the chunk's start, and the manager caches it as the state at
 its end, which a later hit is served (:attr:`kvref.safety.SafetyMonitor.behind`). vLLM 0.26.0's scheduler
 stops such a chunk at the block's end. Not reported upstream when found."""
+WITHDRAWN_STEP = "withdrawn-step-cached"
+"""vLLM#43569 (an open pull request): ``allocate_slots`` caches the full blocks of the tokens the step is
+to compute before the step runs; under priority scheduling a request scheduled earlier in a pass is taken
+back out of it when a later allocation fails, and its blocks go back to the pool still cached although no
+step computes them, so a later hit (the request's own readmission first) is served KV never written
+(:attr:`kvref.safety.SafetyMonitor.withdrawn`)."""
 REGISTRY = Path(__file__).with_name("safety_defects.toml")
 
 

@@ -125,6 +125,8 @@ class PipelineScheduler(Scheduler):
         """Per request, output tokens scheduled whose value is not known yet."""
         self.next_drafts: dict[str, tuple[tuple[int, ...], int]] = {}
         """Per request, the drafts its next step may schedule and how many of them its output accepts."""
+        self.admitted_in_pass = False
+        """Whether a request was admitted since the last dispatch (:meth:`withdrawable`)."""
 
     @staticmethod
     def _allocating(call: Callable[[Json], Json]) -> Callable[[Json], Json]:
@@ -169,7 +171,9 @@ class PipelineScheduler(Scheduler):
     def admit(self, op: Json, hit: int, external: int = 0, delay: bool = False, looked_up: bool = True) -> bool:
         """As the base, in a step of its own if the request is in the open one."""
         self._once(op["rid"])
-        return super().admit(op, hit, external, delay, looked_up)
+        done = super().admit(op, hit, external, delay, looked_up)
+        self.admitted_in_pass = self.admitted_in_pass or done
+        return done
 
     def advance(self, rid: str, new: int, lookahead: int = 0) -> bool:
         """As the base, in a step of its own if the request is in the open one."""
@@ -200,6 +204,14 @@ class PipelineScheduler(Scheduler):
         if rid in self.open.parts:
             self.dispatch()
 
+    def withdrawable(self, rid: str) -> bool:
+        """Whether ``rid`` may be taken back out of the open step, as vLLM's
+        priority scheduler takes a running request scheduled earlier in the pass
+        when a later allocation fails: it is in the step for a running step, and
+        nothing was admitted in this pass (the pass schedules its running
+        requests, and preempts, before it admits any)."""
+        return rid in self.open.parts and not self.admitted_in_pass
+
     # -- steps ----------------------------------------------------------------------
 
     def dispatch(self, next_pass: bool = True) -> None:
@@ -209,6 +221,7 @@ class PipelineScheduler(Scheduler):
         step = self.open
         if not step.parts:
             return
+        self.admitted_in_pass = False
         self.seq += 1
         step.seq = self.seq
         self.open = Step()

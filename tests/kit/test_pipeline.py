@@ -21,23 +21,26 @@ from kvref.check import run_lockstep
 from kvref.cli import main
 from kvref.exits import USAGE
 from kvref.lockstep import Lockstep, RunStats
-from kvref.safety import safety_monitor
+from kvref.safety import safety_monitor, safety_replay
 from kvref.scheduler_pipeline import PipelineScheduler
 from kvref.settings import load_profile
 from kvref.shapes import SHAPES
 from kvref.stateful import MachineSetup
+from kvref.traces import load as load_trace
 from kvref.verdict import warnings
-from kvspec.config import FullAttention, KVCacheConfig, SlidingWindow
+from kvspec.config import FullAttention, KVCacheConfig, Mamba, SlidingWindow
 from kvspec.profiles import VLLM_0_25_1, VLLM_0_33_0, SemanticsProfile, profile_named
 
 Json = Any
 SWA_SHAPES = tuple(s for s in SHAPES if s.name in ("swa", "full+swa", "chunked", "full+chunked"))
 
 
-def _pipeline(tmp_path: Path, profile: SemanticsProfile, safety: bool = True) -> tuple[Lockstep, PipelineScheduler]:
-    """kvspec alone behind a pipeline (a window of 4 tokens in blocks of 2, no prefix caching), with the
-    safety oracles."""
-    cfg = KVCacheConfig(  # caching off: a freed block goes to the head of the free queue
+def _pipeline(
+    tmp_path: Path, profile: SemanticsProfile, safety: bool = True, cfg: KVCacheConfig | None = None
+) -> tuple[Lockstep, PipelineScheduler]:
+    """kvspec alone behind a pipeline (by default a window of 4 tokens in blocks of 2, no prefix
+    caching), with the safety oracles."""
+    cfg = cfg or KVCacheConfig(  # caching off: a freed block goes to the head of the free queue
         num_blocks=24, groups=(FullAttention(2), SlidingWindow(2, 4)), max_model_len=64, enable_caching=False,
         profile=profile,
     )  # fmt: skip
@@ -163,6 +166,30 @@ def test_a_request_freed_before_dispatch_leaves_the_open_step(tmp_path: Path) ->
     assert lock.stats.pipeline["steps dispatched"] == 0
 
 
+@pytest.mark.parametrize("profile", [VLLM_0_25_1, VLLM_0_33_0], ids=lambda p: p.name)
+def test_a_step_withdrawn_from_its_pass_leaves_blocks_cached_unwritten(
+    profile: SemanticsProfile, tmp_path: Path
+) -> None:
+    """Priority scheduling takes a running request's step back out of its pass
+    (a later allocation failed): its allocation had cached the blocks the step
+    was to compute, which no step writes, and its readmission is served them.
+    Every release does this: the safety level names the registered defect."""
+    cfg = KVCacheConfig(num_blocks=24, groups=(FullAttention(2),), max_model_len=64, profile=profile)
+    lock, sched = _pipeline(tmp_path, profile, cfg=cfg)
+    assert lock.monitor is not None
+    sched.add({"op": "add_request", "rid": "a", "prompt": [1, 2, 3, 4, 5, 6, 7, 8]})
+    assert sched.admit({"op": "allocate_slots", "rid": "a", "num_new_tokens": 2}, 0)
+    assert not sched.withdrawable("a")  # admitted in this pass
+    sched.finish_pipeline()
+    assert sched.advance("a", 6)  # caches the blocks of positions 2-7 before they are computed
+    assert sched.withdrawable("a")
+    sched.preempt("a", pop=False)
+    assert not sched.open.parts and lock.monitor.counts["steps withdrawn"] == 1
+    found = lock.call({"op": "get_computed_blocks", "rid": "a"})
+    assert found["num_tokens"] == 6  # the withdrawn step's blocks, never written, are a hit
+    assert lock.stats.known == {"safety defect withdrawn-step-cached": 1} and lock.halted and not lock.failed
+
+
 @pytest.mark.parametrize(
     ("profile", "early"), [(VLLM_0_25_1, True), (VLLM_0_33_0, False)], ids=lambda p: getattr(p, "name", str(p))
 )
@@ -181,6 +208,47 @@ def test_a_window_block_freed_under_a_step_in_flight(profile: SemanticsProfile, 
     assert sched.admit(op, 0, 1)
     assert lock.stats.known == ({"safety defect swa-inflight-free": 1} if early else {})
     assert lock.halted == early and not lock.failed
+
+
+@pytest.mark.parametrize(
+    ("profile", "early"), [(VLLM_0_25_1, True), (VLLM_0_33_0, False)], ids=lambda p: getattr(p, "name", str(p))
+)
+def test_a_mamba_state_freed_under_a_step_in_flight(profile: SemanticsProfile, early: bool, tmp_path: Path) -> None:
+    """The same count frees a Mamba ``align`` group's state before its last one:
+    the prefill after a one-token connector load reads the state at 1 token, and
+    the next allocation (while that prefill is in flight) frees its block, which
+    a connector load of another request then fills (real vLLM 0.25.1 at the
+    safety level, whole catalogue, seed 0, once the pipeline drew more
+    histories). From 0.26.0 on nothing is freed."""
+    cfg = KVCacheConfig(
+        num_blocks=24, groups=(FullAttention(2), Mamba(2, "align")), max_model_len=64, enable_caching=False,
+        profile=profile,
+    )  # fmt: skip
+    lock, sched = _pipeline(tmp_path, profile, cfg=cfg)
+    load: Json = {"op": "allocate_slots", "num_new_tokens": 2, "num_external_computed_tokens": 1}
+    sched.add({"op": "add_request", "rid": "a", "prompt": [1, 2, 3, 4, 5]})
+    assert sched.admit({**load, "rid": "a"}, 0, 1)  # the prefill reads the state at 1 token (table entry 0)
+    sched.dispatch()
+    assert sched.advance("a", 1)  # frees entry 0 under 0.25.1 (3 tokens computed, 2 of them in flight)
+    sched.add({"op": "add_request", "rid": "b", "prompt": [9, 9, 9]})
+    assert sched.admit({**load, "rid": "b"}, 0, 1)  # its load fills the freed block
+    assert lock.stats.known == ({"safety defect swa-inflight-free": 1} if early else {}), lock.stats.known
+    assert lock.halted == early and not lock.failed
+
+
+def test_a_refused_allocation_frees_under_a_step_in_flight(tmp_path: Path) -> None:
+    """vLLM's ``allocate_slots`` frees what a window skips before it counts the
+    blocks it needs, so an allocation it then refuses has freed them all the
+    same: under 0.25.1 (freeing on the computed tokens, steps in flight
+    included) a connector load of another request then filled a block a step
+    in flight still read (kvimpl against kvspec at ``--level all`` with the
+    pipeline, 0.25.1, seed 0; the shrunk trace). The monitor names the
+    registered defect."""
+    trace = load_trace(Path(__file__).with_name("safety_traces") / "refused-allocation-frees-under-a-step.jsonl")
+    assert any(s["op"] == "allocate_slots" and s["expect"] is None for s in trace.steps)
+    for engine in ("spec", "impl"):
+        found = safety_replay(trace, load_factory(engine)(trace.config))
+        assert found is not None and found[1].defect == "swa-inflight-free", (engine, found)
 
 
 def test_runs_take_part_only_when_asked(tmp_path: Path) -> None:

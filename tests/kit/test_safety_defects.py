@@ -23,6 +23,7 @@ from kvref.safety_defects import (
     LOAD_ZEROING,
     MAMBA_ALIGN_MIDBLOCK,
     MAMBA_FAILED_LOAD,
+    WITHDRAWN_STEP,
     load_defects,
     registered,
 )
@@ -48,7 +49,9 @@ def _trace(defect: str, release: str | None = None) -> Trace:
 
 
 def test_the_registry_lists_the_defects_the_monitor_names() -> None:
-    assert set(DEFECTS) == {EARLY_FREE, LOAD_ZEROING, FAILED_LOAD_WINDOW, MAMBA_FAILED_LOAD, MAMBA_ALIGN_MIDBLOCK}
+    assert set(DEFECTS) == {
+        EARLY_FREE, LOAD_ZEROING, FAILED_LOAD_WINDOW, MAMBA_FAILED_LOAD, MAMBA_ALIGN_MIDBLOCK, WITHDRAWN_STEP
+    }
     for defect in DEFECTS.values():
         trace = load(ROOT / defect.trace)
         assert trace.meta["safety_defect"] == defect.id

@@ -15,7 +15,12 @@ step's token is sampled.
 
 What changes in the other families' actions in these runs: a running step,
 a finish and a drain of a request already in the open step dispatch that
-step first (a request takes part in a step once); a finish that frees skipped
+step first (a request takes part in a step once), and a preemption for a
+more urgent request (priority scheduling) dispatches it first too, while the
+family's own ``withdraw_step`` takes a running request back out of the open
+step before anything was admitted in the pass, as vLLM's priority scheduler
+does when a later allocation of the pass fails (its allocation stands, its
+step never runs); a finish that frees skipped
 blocks first frees them on the computed tokens the release's scheduler uses
 (from vLLM 0.26.0 on less those in flight, vLLM#47728); the popped lists are
 freed by the fence, not by ``deferred_free``; the directed families, which
@@ -61,12 +66,19 @@ def _pipeline(m: MachineBase) -> PipelineScheduler | None:
     return sched if isinstance(sched, PipelineScheduler) else None
 
 
+def _withdrawable(m: MachineBase) -> bool:
+    p = _pipeline(m)
+    return p is not None and m._on("priority_preempt") and any(p.withdrawable(rid) for rid in m.running)
+
+
 ACTIONS: tuple[Action, ...] = (
     *(("dispatch_step", lambda m: (p := _pipeline(m)) is not None and bool(p.open.parts)),) * 3,
     *(("process_output", lambda m: (p := _pipeline(m)) is not None and bool(p.in_flight)),) * 2,
+    *(("withdraw_step", _withdrawable),) * 3,
 )
 """The family's actions and when each is ready (listed more than once: a scheduler dispatches a step
-and processes an output on every pass, as often as it schedules)."""
+and processes an output on every pass, as often as it schedules; a withdrawal is ready only in a pass
+that has admitted nothing yet, and its defect needs the withdrawn step to have cached a block)."""
 
 
 def _takes_part(m: MachineBase) -> bool:
@@ -142,6 +154,17 @@ class PipelineRules(RunningRules, RecordingRules):
         """The oldest step in flight finished: its output is processed."""
         self._pipe.process()
 
+    def withdraw_step(self, data: st.DataObject) -> None:
+        """Priority scheduling: a running request scheduled in this pass is
+        preempted and taken back out of it, as vLLM's ``Scheduler.schedule``
+        does when a later allocation of the pass fails and the request has the
+        lowest priority (every release from 0.16.0 to 0.34.0). Its allocation
+        stands (the full blocks of the tokens it was to compute are cached);
+        its step never runs."""
+        rid = choose(data, tuple(r for r in self.running if self._pipe.withdrawable(r)))
+        self._pipe.counts["steps withdrawn"] += 1
+        RunningRules._preempt(self, rid, data)
+
     def schedule_running(self, data: st.DataObject) -> None:
         """As :meth:`RunningRules.schedule_running`; a request already in the
         open step dispatches it first."""
@@ -209,9 +232,11 @@ class PipelineRules(RunningRules, RecordingRules):
         NOTE: vLLM's first-come-first-served scheduler preempts the newest
         running request, which its pass has not scheduled yet; a request
         scheduled in the pass is taken back out of it only under priority
-        scheduling, whose allocation has then already cached blocks its
-        withdrawn step never computes. That path is not drawn here (not yet
-        checked against vLLM's scheduler)."""
+        scheduling (``Scheduler.schedule`` removes it from the pass's
+        scheduled requests, every release from 0.16.0 to 0.34.0), whose
+        allocation has then already cached blocks its withdrawn step never
+        computes: :meth:`withdraw_step` draws that path; this one keeps the
+        pass's order."""
         if self.family_on(NAME) and rid in self._pipe.open.parts:
             self._pipe.dispatch()
         super()._preempt(rid, data)

@@ -70,6 +70,8 @@ from kvtools.zoo.safety import (
     cache_before_load,
     cache_beyond_computed,
     chunked_frees_current_chunk,
+    cross_blocks_rounded_down,
+    cross_frees_encoder_blocks,
     failed_load_zeroes_valid_block,
     hit_blocks_listed_for_zeroing,
     load_caches_whole_blocks,
@@ -114,6 +116,8 @@ ORDER: tuple[Factory, ...] = (
     load_caches_whole_blocks,
     swa_hit_nulls_window_block,
     failed_load_zeroes_valid_block,
+    cross_frees_encoder_blocks,
+    cross_blocks_rounded_down,
 )
 """The order of the report's rows: the order in which the entries joined the zoo."""
 

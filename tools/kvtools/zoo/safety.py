@@ -15,7 +15,7 @@ import math
 from typing import Any
 
 from kvref.adapters.impl import ImplAdapter
-from kvspec.config import ChunkedLocal, KVCacheConfig, Mamba, SlidingWindow
+from kvspec.config import ChunkedLocal, CrossAttention, KVCacheConfig, Mamba, SlidingWindow
 from kvspec.hashing import get_hash_fn_by_name, none_hash
 from kvspec.request import Request
 from kvtools.zoo.base import bound_args, entry, mutant, patch
@@ -221,4 +221,53 @@ def failed_load_zeroes_valid_block(config: KVCacheConfig) -> ImplAdapter:
         orig(request_id, max(0, start_token - bs) if start_token % bs == 0 else start_token)
 
     patch(m, "record_blocks_for_zeroing", record_blocks_for_zeroing)
+    return m
+
+
+@entry(
+    "vllm#23664 (class: cross-attention KV is written by the first step and read by every later one)",
+    "a cross-attention group frees its encoder blocks once the request's first step has run, as if the encoder "
+    "output were read by that step alone",
+    "safety (content): a step of the request writes or reads the null block at an encoder position",
+    level=SAFETY,
+)
+def cross_frees_encoder_blocks(config: KVCacheConfig) -> ImplAdapter:
+    """Every allocation first frees the request's encoder blocks once tokens are computed."""
+    m = mutant(config, "cross_frees_encoder_blocks")
+    orig = m.allocate_slots
+    cross = [mgr for mgr, k in zip(m.coordinator.managers, config.manager_groups(), strict=True)
+             if isinstance(k, CrossAttention)]  # fmt: skip
+
+    def allocate_slots(*args: Any, **kwargs: Any) -> Any:
+        a = bound_args(orig, args, kwargs)
+        request: Request = a["request"]
+        if request.num_computed_tokens + a["num_new_computed_tokens"] + a["num_external_computed_tokens"] > 0:
+            for mgr in cross:  # as a skipping group frees below its window, before the allocation
+                mgr._remove_blocks_in_range(request.request_id, 0, len(mgr.req_to_blocks.get(request.request_id, ())))
+        return orig(**a)
+
+    patch(m, "allocate_slots", allocate_slots)
+    return m
+
+
+@entry(
+    "TensorRT-LLM#19514 (class: the cross-attention cache sized short of the encoder's positions)",
+    "cross-attention blocks are counted in whole blocks of encoder tokens, rounded down, so the encoder's last "
+    "positions get no block",
+    "safety (content): the first step writes an encoder position past the request's cross-attention table",
+    level=SAFETY,
+)
+def cross_blocks_rounded_down(config: KVCacheConfig) -> ImplAdapter:
+    """allocate_slots rounds the encoder tokens down to whole cross-attention blocks."""
+    m = mutant(config, "cross_blocks_rounded_down")
+    orig = m.allocate_slots
+    sizes = [k.block_size for k in config.manager_groups() if isinstance(k, CrossAttention)]
+
+    def allocate_slots(*args: Any, **kwargs: Any) -> Any:
+        a = bound_args(orig, args, kwargs)
+        if sizes:
+            a["num_encoder_tokens"] = a["num_encoder_tokens"] // sizes[0] * sizes[0]
+        return orig(**a)
+
+    patch(m, "allocate_slots", allocate_slots)
     return m
