@@ -77,6 +77,8 @@ from kvspec.request import Request
 from kvspec.view import KVView
 
 Json = Any
+COMPARED = {"KV": "slots compared", "state": "states compared", "encoder KV": "encoder slots compared"}
+"""The run's count of each kind of slot :meth:`SafetyMonitor._compare` compares."""
 Tables = tuple[tuple[int, ...], ...]
 
 
@@ -486,15 +488,11 @@ class SafetyMonitor:
         """An allocation refused for want of blocks: it still freed what its
         windows skip on the computed tokens first (vLLM's ``allocate_slots``
         skips before it counts the blocks it needs), so it is checked for
-        early frees as an allocation is (:meth:`_note_early`)."""
-        rid = op["rid"]
-        req, tables = self.book.requests.get(rid), dict(view.tables).get(rid)
-        if req is None or tables is None:
-            return
-        if req.num_in_flight_tokens and not self.config.profile.skip_on_processed_tokens:
-            total = req.num_computed_tokens + op.get("num_new_computed_tokens", 0)
-            self._note_early(rid, total + op.get("num_external_computed_tokens", 0), req.num_in_flight_tokens, tables)
-        self.last_tables[rid] = tables
+        early frees as an allocation is (:meth:`_removed` on its computed tokens)."""
+        req = self.book.requests.get(op["rid"])
+        if req is not None:
+            local = req.num_computed_tokens + op.get("num_new_computed_tokens", 0)
+            self._removed(op["rid"], local + op.get("num_external_computed_tokens", 0), view)
 
     def _removed(self, rid: str, total: int, view: KVView) -> None:
         """``remove_skipped_blocks`` of ``rid`` on ``total`` computed tokens (a
@@ -741,7 +739,7 @@ class SafetyMonitor:
         self, b: int, g: int, p: int, want: int, what: str, of: str = "KV", defect: str | None = None,
         detail: str = "",
     ) -> None:
-        self.counts[{"KV": "slots compared", "state": "states compared"}.get(of, "encoder slots compared")] += 1
+        self.counts[COMPARED[of]] += 1
         got = self.contents.value(b, g, p % self.contents.block_size(g))
         if got != want:
             if defect is None:
