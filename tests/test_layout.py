@@ -60,6 +60,8 @@ HASHING_FUNCTIONS = frozenset(
         "hash_block_tokens",
         "extend_block_hashes",
         "block_extra_keys",
+        "lookahead_extra_keys",
+        "lookahead_window_keys",
         "coarse_block_hashes",
         "make_key",
         "split_key",
@@ -67,8 +69,9 @@ HASHING_FUNCTIONS = frozenset(
     }
 )
 """The chained block hash, its extra keys, the coarse hashes, the cache key and
-the external hash form: pinned by the stored hash vectors, so sharing them
-shares no untested logic."""
+the external hash form: pinned by the stored hash vectors (the look-ahead keys of
+vLLM 0.33.0 on by the directed traces ``lookahead-hashes-*``, whose event hashes
+real vLLM 0.33.0 and 0.34.0 reproduce), so sharing them shares no untested logic."""
 
 Rule = Callable[[str, str], bool]
 """``rule(importing module, imported dotted name)``: whether the import is allowed."""

@@ -19,7 +19,15 @@ from kvspec.block_pool import BlockId as BlockId  # noqa: PLC0414 - re-exported:
 from kvspec.config import KVCacheConfig
 from kvspec.errors import DoubleFreeError, InvalidBlockIdError, InvalidTokenCountError, PoolExhaustedError
 from kvspec.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
-from kvspec.hashing import BlockHash, BlockHashWithGroupId, block_extra_keys, external_block_hash, make_key, split_key
+from kvspec.hashing import (
+    BlockHash,
+    BlockHashWithGroupId,
+    block_extra_keys,
+    external_block_hash,
+    lookahead_window_keys,
+    make_key,
+    split_key,
+)
 from kvspec.request import Request
 
 NULL_BLOCK = BlockId(0)
@@ -191,6 +199,9 @@ class BlockPool:
         self.cached: dict[BlockHashWithGroupId, list[BlockId]] = {}
         self.sink: list[BlockId] = []
         self.events: list[KVCacheEvent] = []
+        self.num_hash_lookahead_tokens = 0
+        """Look-ahead tokens of the requests' block hashes, reported by stored
+        events (vLLM 0.33.0 on; the coordinator sets it from the configuration)."""
 
     def get_num_free_blocks(self) -> int:
         """Free blocks, cached-but-evictable ones included."""
@@ -692,10 +703,15 @@ def _stored_event(
     as_int, last_fine = pool.int_block_hashes, pool.coarse_hash_last_fine
     fine = request.block_hashes
     extra_keys, cursor = [], 0
+    ahead = pool.num_hash_lookahead_tokens
     for i in stored:
-        keys, cursor = block_extra_keys(request.extra, i * block_size, (i + 1) * block_size, cursor, False,
-                                        *pool.key_forms)  # fmt: skip
+        start, end = i * block_size, (i + 1) * block_size
+        if ahead:
+            keys, cursor = lookahead_window_keys(request.extra, start, end, ahead, cursor, False, *pool.key_forms)
+        else:
+            keys, cursor = block_extra_keys(request.extra, start, end, cursor, False, *pool.key_forms)
         extra_keys.append(keys)
+    tokens = request.all_token_ids
     lora = request.extra.lora
     return BlockStored(
         block_hashes=tuple(external_block_hash(coarse_hash(fine, i, k, last_fine), as_int) for i in stored),
@@ -709,4 +725,7 @@ def _stored_event(
         lora_name=lora.name if lora else None,
         extra_keys=tuple(extra_keys) if extra_keys and pool.event_extra_keys else None,
         group_idx=group_id if pool.annotated_events else None,
+        lookahead_token_ids=tuple(tokens[(i + 1) * block_size : (i + 1) * block_size + ahead] for i in stored)
+        if ahead
+        else None,
     )

@@ -73,6 +73,7 @@ class KVCacheCoordinator:
             self.pool = TailBlockPool(*pool_args, mm_resume_from_first=p.mm_resume_from_first_feature)
         else:
             self.pool = BlockPool(*pool_args)
+        self.pool.num_hash_lookahead_tokens = config.num_hash_lookahead_tokens
         self.eagle_group_ids = eagle_group_ids(config)
         self.num_reprefillable_tokens = max(0, config.num_prefill_lookahead - 1)
         """Trailing computed tokens whose KV is not final (multi-module MTP)."""

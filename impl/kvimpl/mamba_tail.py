@@ -59,20 +59,23 @@ def registers_mamba_tail(kind: Mamba, profile: SemanticsProfile, hash_block_size
     return profile.partial_hash_hits and kind.block_size > hash_block_size
 
 
-def mamba_tail_boundary(num_prompt_tokens: int, hash_block_size: int, drop_eagle: bool, below_last: bool) -> int:
+def mamba_tail_boundary(
+    num_prompt_tokens: int, hash_block_size: int, drop_eagle: bool, below_last: bool, lookahead: int = 0
+) -> int:
     """The prompt's tail boundary for Mamba: its last hash boundary, one
     hash unit lower under EAGLE (EAGLE recomputes that unit); from vLLM
     0.32.0 on (``below_last``, profile switch ``mamba_tail_entries``)
     without EAGLE the last one at or below ``num_prompt_tokens - 1`` (a
-    resend recomputes the last token). Never negative.
+    resend recomputes the last token), under look-ahead block hashes (vLLM
+    0.33.0 on) at or below ``num_prompt_tokens - lookahead``. Never negative.
 
-    pre: num_prompt_tokens >= 0 and hash_block_size >= 1
+    pre: num_prompt_tokens >= 0 and hash_block_size >= 1 and lookahead >= 0
     post: 0 <= __return__ <= num_prompt_tokens
     post: __return__ % hash_block_size == 0
     """
     limit = num_prompt_tokens
     if below_last and not drop_eagle and limit > 0:
-        limit -= 1
+        limit = max(limit - max(lookahead, 1), 0)
     boundary = limit - limit % hash_block_size
     if drop_eagle:
         return boundary - hash_block_size if boundary > hash_block_size else 0
@@ -99,7 +102,9 @@ def cache_mamba_tail_block(manager: MambaManager, request: Request, num_tokens: 
     pool = manager.pool
     assert isinstance(pool, TailBlockPool), "a group with tail entries needs a TailBlockPool"
     bs, hbs, newer = manager.block_size, pool.hash_block_size, manager.mamba_tail_newer
-    boundary = mamba_tail_boundary(request.num_prompt_tokens, hbs, tail_eagle_shift(manager), newer)
+    boundary = mamba_tail_boundary(
+        request.num_prompt_tokens, hbs, tail_eagle_shift(manager), newer, pool.num_hash_lookahead_tokens
+    )
     if num_tokens <= 0 or num_tokens % hbs or num_tokens != boundary:
         return None
     inside = num_tokens % bs != 0

@@ -115,6 +115,9 @@ NATIVE_SWITCHES = frozenset(
         "eagle_margin_hashed_cap", "eagle_flags_need_use_eagle", "stats_at_lookup", "adopt_hit_without_new_tokens",
         "common_prefix", "pop_drops_leading_nulls", "lookup_returns_boundary", "skip_on_processed_tokens",
         "prefill_lookahead",  # core parameter num_reprefillable_tokens, a group's extra_retained_tokens
+        # Look-ahead block hashes: core parameter cache_hashed_only (caching stops at the hashed
+        # tokens); a configuration that sets num_hash_lookahead_tokens is declined (native_unsupported).
+        "lookahead_block_hashes",
         # The lookup's entry in Python (NativeKVCacheManager.get_computed_blocks, get_num_cached_tokens):
         # the length of a lookup is computed there and passed to the core's lookup_bounded.
         "num_cached_tokens_op", "hit_limit_at_construction", "hit_length_bound",
@@ -183,6 +186,9 @@ def native_unsupported(config: KVCacheConfig) -> str | None:
         needed.remove("context-parallelism")
     if needed:
         return f"the native core does not model {', '.join(needed)}"
+    if config.num_hash_lookahead_tokens:
+        # Its cache path counts full blocks from the tokens alone; look-ahead hashes lag them.
+        return f"look-ahead block hashes (num_hash_lookahead_tokens={config.num_hash_lookahead_tokens})"
     if len(config.groups) > 64:
         return f"{len(config.groups)} groups (the native core takes up to 64)"
     for gid, kind in enumerate(config.groups):
@@ -305,6 +311,7 @@ def core_params(config: KVCacheConfig) -> dict[str, Any]:
         "stats_at_lookup": int(p.stats_at_lookup),
         "skip_on_processed_tokens": int(p.skip_on_processed_tokens),
         "num_reprefillable_tokens": max(0, config.num_prefill_lookahead - 1),
+        "cache_hashed_only": int(p.lookahead_block_hashes),
         "skip_zeroing_check": _skip_zeroing_check(p, len(config.groups)),
         "enable_kv_cache_events": int(config.enable_kv_cache_events),
         "groups": groups,

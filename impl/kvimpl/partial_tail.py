@@ -39,7 +39,7 @@ from kvimpl.config_rules import FULL_TYPE_KINDS
 from kvspec.block_pool import BlockId
 from kvspec.config import AttentionKind
 from kvspec.events import MEDIUM_GPU, BlockStored
-from kvspec.hashing import BlockHashWithGroupId, block_extra_keys, external_block_hash, make_key
+from kvspec.hashing import BlockHashWithGroupId, block_extra_keys, external_block_hash, lookahead_window_keys, make_key
 from kvspec.profiles import SemanticsProfile
 from kvspec.request import Request
 
@@ -78,14 +78,16 @@ def fa_tail_boundary(num_prompt_tokens: int, hash_block_size: int, use_eagle: bo
 
 def cache_partial_tail_block(manager: SingleTypeKVCacheManager, request: Request, num_tokens: int) -> None:
     """After a full-attention group cached up to ``num_tokens``: register the
-    prompt's tail boundary ``B`` on the table block holding it, unless ``B``
-    is 0, beyond ``num_tokens``, on a block boundary of the group, or past
-    the table."""
+    prompt's tail boundary ``B`` (from vLLM 0.33.0 on at most the hashed
+    tokens) on the table block holding it, unless ``B`` is 0, beyond
+    ``num_tokens``, on a block boundary of the group, or past the table."""
     pool = manager.pool
     assert isinstance(pool, TailBlockPool), "a group with partial tails needs a TailBlockPool"
     bs = manager.block_size
     boundary = fa_tail_boundary(request.num_prompt_tokens, pool.hash_block_size, manager.use_eagle,
                                 manager.fa_tail_below_last)  # fmt: skip
+    if manager.cache_hashed_only:  # vLLM 0.33.0 on: never past the hashed tokens (look-ahead hashes lag)
+        boundary = min(boundary, len(request.block_hashes) * pool.hash_block_size)
     if boundary == 0 or boundary > num_tokens or boundary % bs == 0:
         return
     table = manager.req_to_blocks.get(request.request_id)
@@ -134,7 +136,11 @@ def partial_stored_event(pool: TailBlockPool, request: Request, num_tokens: int,
     start = num_tokens - hbs
     hashes = request.block_hashes
     cursor = 0 if start == 0 or pool.mm_resume_from_first else -1
-    keys, _ = block_extra_keys(request.extra, start, num_tokens, cursor)
+    ahead = pool.num_hash_lookahead_tokens
+    if ahead:
+        keys, _ = lookahead_window_keys(request.extra, start, num_tokens, ahead, cursor)
+    else:
+        keys, _ = block_extra_keys(request.extra, start, num_tokens, cursor)
     lora = request.extra.lora
     return BlockStored(
         block_hashes=(external_block_hash(hashes[unit - 1], as_int),),
@@ -146,4 +152,5 @@ def partial_stored_event(pool: TailBlockPool, request: Request, num_tokens: int,
         lora_name=lora.name if lora else None,
         extra_keys=(keys,),
         group_idx=group_id,
+        lookahead_token_ids=(request.all_token_ids[num_tokens : num_tokens + ahead],) if ahead else None,
     )

@@ -44,6 +44,7 @@ from kvspec.hashing import (
     HashFunction,
     block_extra_keys,
     hash_block_tokens,
+    lookahead_extra_keys,
     none_hash,
 )
 from kvspec.request import RequestStatus
@@ -153,7 +154,7 @@ class Request:
             self.num_tokens += len(new)
         self._tokens_tuple = None
         hasher = self._hasher
-        if self.num_tokens >= (len(self._hashes) + 1) * hasher.hash_block_size:
+        if self.num_tokens >= (len(self._hashes) + 1) * hasher.hash_block_size + hasher.lookahead:
             hasher.extend(self._tokens, self._hashes, self.extra)
             self._hashes_tuple = None
 
@@ -189,6 +190,9 @@ class RequestHasher:
         limit_read: The manager reads ``prefix_cache_hit_limit`` (profile
             switch ``hit_limit_at_construction``), which the C request does
             not hold, so such a hasher makes Python ones.
+        lookahead: Look-ahead tokens of each hash (``num_hash_lookahead_tokens``,
+            vLLM 0.33.0 on; ``kvspec.hashing.lookahead_extra_keys``); the C
+            request does not hash ahead, so such a hasher makes Python ones.
     """
 
     hash_function: str
@@ -202,6 +206,7 @@ class RequestHasher:
     token_limit: int | None = None
     logprobs_cap: bool = False
     limit_read: bool = False
+    lookahead: int = 0
     fn: HashFunction = field(init=False, repr=False, compare=False)
     seed_hash: BlockHash = field(init=False, repr=False, compare=False)
 
@@ -218,16 +223,17 @@ class RequestHasher:
             config.hash_function, config.hash_seed, hash_block_size(config), p.extra_keys_tagged,
             p.mm_resume_from_first_feature, native, p.mm_key_with_offset, p.prompt_embeds_digest,
             1 << 31 if p.token_ids_int32 else None, p.prompt_logprobs_hit_cap, p.hit_limit_at_construction,
+            config.num_hash_lookahead_tokens,
         )  # fmt: skip
 
     @property
     def c_requests_fit(self) -> bool:
         """Whether the release's requests fit the C request: it checks no
         token-id limit and holds no hit limit fixed at construction (vLLM
-        0.34.0 has both), so under such a release every request is a
-        :class:`Request`, which the native core serves through its object
-        path and its array API refuses."""
-        return self.token_limit is None and not self.limit_read
+        0.34.0 has both) and hashes no look-ahead tokens, so under such a
+        release every request is a :class:`Request`, which the native core
+        serves through its object path and its array API refuses."""
+        return self.token_limit is None and not self.limit_read and not self.lookahead
 
     def new_request(
         self,
@@ -271,8 +277,11 @@ class RequestHasher:
     def extend(self, tokens: list[int], hashes: list[BlockHash], extra: ExtraKeySource) -> None:
         """Append the hash of every block of ``tokens`` that is full and not
         hashed yet (``kvspec.hashing.extend_block_hashes``, incrementally)."""
-        bs, fn = self.hash_block_size, self.fn
+        bs, fn, ahead = self.hash_block_size, self.fn, self.lookahead
         start = len(hashes) * bs
+        if ahead:
+            self._extend_ahead(tokens, hashes, extra)
+            return
         if _no_extra_keys(extra):
             while start + bs <= len(tokens):
                 parent = hashes[-1] if hashes else self.seed_hash
@@ -285,6 +294,20 @@ class RequestHasher:
             keys, cursor = block_extra_keys(extra, start, end, cursor, self.tagged, self.v025_forms, self.embeds_digest)
             parent = hashes[-1] if hashes else self.seed_hash
             hashes.append(hash_block_tokens(fn, parent, tokens[start:end], keys))
+            start = end
+
+    def _extend_ahead(self, tokens: list[int], hashes: list[BlockHash], extra: ExtraKeySource) -> None:
+        """:meth:`extend` under look-ahead hashes: a block once the tokens after it exist."""
+        bs, ahead = self.hash_block_size, self.lookahead
+        start = len(hashes) * bs
+        cursor = 0 if start == 0 or self.resume_from_first else -1
+        while start + bs + ahead <= len(tokens):
+            end = start + bs
+            keys, cursor = lookahead_extra_keys(
+                extra, tokens, start, end, ahead, cursor, self.tagged, self.v025_forms, self.embeds_digest
+            )
+            parent = hashes[-1] if hashes else self.seed_hash
+            hashes.append(hash_block_tokens(self.fn, parent, tokens[start:end], keys))
             start = end
 
     def _hashed_in_c(self, extra: ExtraKeySource) -> bool:

@@ -87,6 +87,9 @@ class SingleTypeKVCacheManager:
         self.scheduler_block_size = scheduler_block_size
         self.admission_cap = admission_cap
         self.eagle_reach = config.profile.hybrid_cache_eagle_reach
+        self.cache_hashed_only = config.profile.lookahead_block_hashes
+        """Caching stops at the request's hashed tokens (vLLM 0.33.0 on; profile switch
+        ``lookahead_block_hashes``); before, a request with fewer hashes raises IndexError."""
         """An EAGLE group caches for its look-ahead block (vLLM 0.23.0 on; profile switch
         ``hybrid_cache_eagle_reach``, kvspec's ``caches_eagle_peek``)."""
         self.use_eagle = False
@@ -200,11 +203,15 @@ class SingleTypeKVCacheManager:
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Hash the table's full blocks up to ``num_tokens`` that are not cached
-        yet; then, from vLLM 0.26.0 on, a full-attention group coarser than the
-        hash block registers its partial tail (:mod:`kvimpl.partial_tail`)."""
+        yet (from vLLM 0.33.0 on never past the hashed tokens, which lag under
+        look-ahead block hashes); then, from vLLM 0.26.0 on, a full-attention
+        group coarser than the hash block registers its partial tail
+        (:mod:`kvimpl.partial_tail`)."""
         rid = request.request_id
         num_cached = self.num_cached_block.get(rid, 0)
         num_full = num_tokens // self.block_size
+        if self.cache_hashed_only and num_cached < num_full:
+            num_full = min(num_full, len(request.block_hashes) * self.pool.hash_block_size // self.block_size)
         if num_cached < num_full:
             align = self.cache_mask_alignment
             mask = None

@@ -12,7 +12,8 @@ took, like the outcomes of a branch.
 The classes are the ranges the machine's configuration strategy
 (:func:`kvref.stateful.configs`) means to cover: each group's block size as a
 ratio of the scheduler block and of the hash block, window and chunk sizes in
-blocks, Mamba speculative blocks, EAGLE on all or some groups, tiny and small
+blocks, Mamba speculative blocks, EAGLE on all or some groups or with
+look-ahead block hashes (vLLM 0.33.0 on), tiny and small
 pools, context-parallel world sizes, and the switches (caching, events,
 statistics, watermark, a token budget).
 """
@@ -73,6 +74,7 @@ PROPERTIES: tuple[tuple[str, Predicate], ...] = (
     ("eagle: off", lambda c: _eagle(c) == "off"),
     ("eagle: every group", lambda c: _eagle(c) == "every group"),
     ("eagle: some groups", lambda c: _eagle(c) == "some groups"),
+    ("eagle: look-ahead block hashes", lambda c: c.num_hash_lookahead_tokens > 0),
     ("pool: at most 2 usable blocks", lambda c: c.num_blocks <= 3),
     ("pool: fewer usable blocks than 2 per group", lambda c: 3 < c.num_blocks <= 2 * len(c.groups)),
     ("pool: 6 to 8 blocks", lambda c: 6 <= c.num_blocks <= 8),

@@ -209,16 +209,37 @@ def _eagle_mamba(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, p
 
 
 def _connector_bound_crash(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> bool:
-    """vLLM 0.33.0's sliding-window or Mamba finder raising IndexError under a bound where kvspec
-    answers (both read the request's hashes up to the bound): in a connector's lookup (each group is
-    looked up alone with the bound), or in a plain lookup of a model with no full-attention-type
-    group (no full-attention finder cuts the length to the hashed tokens first)."""
+    """vLLM 0.33.0's sliding-window, chunked-local or Mamba finder raising IndexError under a bound
+    where kvspec answers (both read the request's hashes up to the bound): in a connector's lookup
+    (each group is looked up alone with the bound), or in a plain lookup of a model with no
+    full-attention-type group (no full-attention finder cuts the length to the hashed tokens first)."""
     plain = op["op"] == "get_computed_blocks" and not any(isinstance(k, FULL_TYPE_KINDS) for k in cfg.groups)
     return (
         (op["op"] == "get_computed_blocks_for_connector" or plain) and "max_cache_hit_length" in op
         and vllm_out == {"crash": "IndexError"} and isinstance(spec_out, dict) and "blocks" in spec_out
-        and any(isinstance(k, Mamba | SlidingWindow) for k in cfg.groups)
+        and any(isinstance(k, Mamba | SlidingWindow | ChunkedLocal) for k in cfg.groups)
     )  # fmt: skip
+
+
+def _lookahead_lookup_crash(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> bool:
+    """vLLM 0.33.0 on: a lookup under look-ahead hashes of two or more tokens raising IndexError
+    where kvspec answers: the request's hashes end ``L`` tokens before its tokens, its limit
+    ``num_tokens - 1`` does not, and the window, chunk or Mamba finder reads hashes up to the
+    limit. A plain lookup (``get_computed_blocks``, or from 0.34.0 ``get_num_cached_tokens``,
+    which runs the same finders) meets it in a model with no full-attention-type group (that
+    finder would cut the length first); a KV connector's lookup, which looks each group up
+    alone, also in a hybrid with a Mamba group (measured on 0.33.0 and 0.34.0: a hybrid's window
+    or chunk group does not meet it there)."""
+    answered = isinstance(spec_out, int) or (isinstance(spec_out, dict) and "blocks" in spec_out)
+    no_full = not any(isinstance(k, FULL_TYPE_KINDS) for k in cfg.groups)
+    lagging = any(isinstance(k, Mamba | SlidingWindow | ChunkedLocal) for k in cfg.groups)
+    plain = op["op"] in ("get_computed_blocks", "get_num_cached_tokens") and no_full and lagging
+    connector = op["op"] == "get_computed_blocks_for_connector" and (
+        any(isinstance(k, Mamba) for k in cfg.groups) or (no_full and lagging)
+    )
+    return (
+        cfg.num_hash_lookahead_tokens >= 2 and (plain or connector) and vllm_out == {"crash": "IndexError"} and answered
+    )
 
 
 def _second_full(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> bool:
@@ -401,6 +422,7 @@ MATCHERS: dict[str, Callable[[KVCacheConfig, Json, Json, Json, bool], bool]] = {
     "second-full-group": _second_full,
     "swa-eagle-fallback": _swa_eagle,
     "connector-lookup-bound-crash": _connector_bound_crash,
+    "lookahead-lookup-crash": _lookahead_lookup_crash,
     "swa-eagle-window-lost": _swa_eagle_window,
     "common-prefix-pending": _common_prefix,
     "mamba-align-external-estimate": _mamba_external,

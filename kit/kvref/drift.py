@@ -140,7 +140,7 @@ def _replays(trace: Trace, factory: AdapterFactory, profile: SemanticsProfile) -
 
 
 SURFACE_SWITCHES: dict[str, tuple[str, ...]] = {
-    "KVCacheManager.__init__": ("admission_controls", "prefill_lookahead"),
+    "KVCacheManager.__init__": ("admission_controls", "prefill_lookahead", "lookahead_block_hashes"),
     "KVCacheManager.allocate_slots": (
         "full_sequence_arg",
         "reserved_blocks_arg",
@@ -172,6 +172,7 @@ SURFACE_SWITCHES: dict[str, tuple[str, ...]] = {
     "BlockStored.group_idx": ("event_group_idx",),
     "BlockStored.kv_cache_spec_kind": ("event_annotations",),
     "BlockStored.kv_cache_spec_sliding_window": ("event_annotations",),
+    "BlockStored.lookahead_token_ids": ("lookahead_block_hashes",),
     "BlockRemoved.group_idx": ("event_group_idx",),
     "BlockPool.free_blocks": ("skipped_unhashed_first", "free_unhashed_first"),
     "KVCacheGroupSpec.is_eagle_group": ("eagle_group_flags",),

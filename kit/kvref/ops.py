@@ -359,12 +359,17 @@ def ids_to_json(blocks: BlockIds) -> list[list[int]]:
 
 
 def event_to_json(event: KVCacheEvent) -> Json:
-    """An event as a JSON object with a ``type`` field; bytes become hex."""
+    """An event as a JSON object with a ``type`` field; bytes become hex. A
+    ``lookahead_token_ids`` of None is left out (events of releases before
+    look-ahead hashes, and traces recorded before them, stay byte-equal)."""
     if isinstance(event, AllBlocksCleared):
         return {"type": "AllBlocksCleared"}
     kind = "BlockStored" if isinstance(event, BlockStored) else "BlockRemoved"
     assert isinstance(event, BlockStored | BlockRemoved)
-    return {"type": kind, **{k: _plain(v) for k, v in asdict(event).items()}}
+    fields = asdict(event)
+    if fields.get("lookahead_token_ids", 0) is None:
+        del fields["lookahead_token_ids"]
+    return {"type": kind, **{k: _plain(v) for k, v in fields.items()}}
 
 
 def _plain(value: Any) -> Json:
@@ -392,12 +397,15 @@ def extra_from_json(obj: Json) -> ExtraKeySource:
 def config_to_json(cfg: KVCacheConfig) -> Json:
     """A config as a JSON object; kinds are ``{"kind": ClassName, ...fields}``.
     The semantics profile is not part of it (a trace header names it), nor are
-    context-parallel world sizes of 1, a ``num_prefill_lookahead`` of 0 or a
-    window's ``extra_retained_tokens`` of 0 (traces older than them stay
-    byte-equal)."""
+    context-parallel world sizes of 1, a ``num_prefill_lookahead`` or
+    ``num_hash_lookahead_tokens`` of 0 or a window's ``extra_retained_tokens``
+    of 0 (traces older than them stay byte-equal)."""
     data = asdict(cfg)
     del data["profile"]
-    for name, default in (("dcp_world_size", 1), ("pcp_world_size", 1), ("num_prefill_lookahead", 0)):
+    defaults = (
+        ("dcp_world_size", 1), ("pcp_world_size", 1), ("num_prefill_lookahead", 0), ("num_hash_lookahead_tokens", 0),
+    )  # fmt: skip
+    for name, default in defaults:
         if data[name] == default:
             del data[name]
     data["groups"] = [_kind_to_json(k) for k in cfg.groups]

@@ -214,7 +214,9 @@ class Scheduler:
             return 0
         cfg, req = self.config, self.book.requests[rid]
         hbs = cfg.resolved_hash_block_size()
-        tail = mamba_tail_boundary(req.num_prompt_tokens, hbs, tail_eagle(cfg), cfg.profile.mamba_tail_entries)
+        tail = mamba_tail_boundary(
+            req.num_prompt_tokens, hbs, tail_eagle(cfg), cfg.profile.mamba_tail_entries, cfg.num_hash_lookahead_tokens
+        )
         last = last_cache_position(cfg, req.num_tokens)
         return tail if last < tail < req.num_prompt_tokens else 0
 

@@ -26,9 +26,11 @@ blocks are those of :func:`align_block_size`):
   starts inside a block), the last cache position, the caller's stop.
 
 In every release a chunk that starts at or past the prefill end is left alone.
-Not modelled: prefill checkpoint blocks (vLLM 0.29.0 on; a backend that saves
-the state inside the chunk lifts the stops), ``num_hash_lookahead_tokens``
-(0.33.0 on) and ``long_prefill_token_threshold``: kvref configures none.
+Under look-ahead block hashes (vLLM 0.33.0 on) the last cache position leaves
+room for the look-ahead tokens (:func:`last_cache_position`). Not modelled:
+prefill checkpoint blocks (vLLM 0.29.0 on; a backend that saves the state
+inside the chunk lifts the stops) and ``long_prefill_token_threshold``: kvref
+configures neither.
 """
 
 from __future__ import annotations
@@ -87,14 +89,26 @@ def align_rule(config: KVCacheConfig) -> AlignRule:
     return "block-end-if-cacheable" if release < (0, 27, 0) else "block-end"
 
 
+def drafts_tokens(config: KVCacheConfig) -> bool:
+    """Whether the scheduler of ``config`` runs an EAGLE-style drafter (draft
+    tokens, their look-ahead slots): under ``use_eagle``, or under look-ahead
+    block hashes, with which vLLM's scheduler (0.33.0 on) builds the manager
+    without ``use_eagle``.
+
+    post: __return__ == (config.use_eagle or config.num_hash_lookahead_tokens > 0)
+    """
+    return config.use_eagle or config.num_hash_lookahead_tokens > 0
+
+
 def last_cache_position(config: KVCacheConfig, num_tokens: int) -> int:
     """The last block boundary (:func:`align_block_size`, else the scheduler
     block size) whose Mamba state a prefill of a request of ``num_tokens``
     tokens caches: the last boundary at or below ``num_tokens`` (from vLLM
     0.32.0 on without EAGLE: at or below ``num_tokens - 1``, as a resend
-    recomputes the last token), one block lower under EAGLE (it drops the
-    last hit block), never below 0. vLLM stops a chunk at the Mamba tail only
-    above this position.
+    recomputes the last token, and under look-ahead block hashes at or below
+    ``num_tokens - num_hash_lookahead_tokens``, which the boundary's hash
+    needs), one block lower under EAGLE (it drops the last hit block), never
+    below 0. vLLM stops a chunk at the Mamba tail only above this position.
 
     pre: num_tokens >= 0
     post: 0 <= __return__ <= num_tokens
@@ -102,7 +116,8 @@ def last_cache_position(config: KVCacheConfig, num_tokens: int) -> int:
     """
     bs = align_block_size(config) or config.scheduler_block_size
     below_last = release_key(config.profile.release) >= (0, 32, 0) and not config.use_eagle
-    last = max(num_tokens - 1 if below_last else num_tokens, 0) // bs * bs
+    behind = max(config.num_hash_lookahead_tokens, 1) if below_last else 0
+    last = max(num_tokens - behind, 0) // bs * bs
     return max(last - bs, 0) if config.use_eagle else last
 
 

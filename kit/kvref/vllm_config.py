@@ -38,7 +38,7 @@ kvspec's status of the same name.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from kvref.adapters.vllm.eras import VllmApi, era_for
@@ -110,11 +110,11 @@ LAYOUT_FIELDS: Final = frozenset(
 
 DEFAULT_ONLY_KEYWORDS: Final[Mapping[str, Any]] = {
     "metrics_collector": None,
-    "num_hash_lookahead_tokens": 0,
     "enable_mamba_shared_prefix_checkpoint": False,
 }
 """``KVCacheManager`` keywords kvspec models only at vLLM's default value
-(``num_prefill_lookahead``, vLLM 0.28.0 on, is modelled: a config field)."""
+(``num_prefill_lookahead``, vLLM 0.28.0 on, and ``num_hash_lookahead_tokens``,
+0.33.0 on, are modelled: config fields)."""
 
 
 def kind_from_vllm_spec(spec: Any, release: str | None = None) -> AttentionKind:
@@ -320,12 +320,33 @@ def _kind(era: _Release, spec: Any, where: str) -> AttentionKind:
     return kind
 
 
+def _zeroing_follows_mamba(obj: Any, where: str) -> None:
+    """vLLM 0.34.0's ``KVCacheConfig.needs_kv_cache_zeroing`` (derived, not
+    given): kvspec zeroes exactly for Mamba layers, not for a mixed-precision
+    KV cache."""
+    if bool(obj.needs_kv_cache_zeroing) != bool(getattr(obj, "has_mamba_layers", False)):
+        raise ConfigError(
+            f"{where}: needs_kv_cache_zeroing={obj.needs_kv_cache_zeroing!r} without Mamba layers "
+            "(a mixed-precision KV cache) is not modelled by kvspec"
+        )
+
+
+DERIVED_FIELDS: Final[Mapping[str, Callable[[Any, str], None]]] = {
+    "needs_kv_cache_zeroing": _zeroing_follows_mamba,
+}
+"""vLLM dataclass fields derived from the others (``init=False``): each is
+checked against what kvspec models instead of against a default."""
+
+
 def _check_defaults(obj: Any, where: str, allowed: set[str]) -> None:
     """Refuse a dataclass field outside ``allowed`` and the layout fields that differs from its default."""
     if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
         return
     for f in dataclasses.fields(obj):
         if f.name in allowed or f.name in LAYOUT_FIELDS:
+            continue
+        if f.name in DERIVED_FIELDS:
+            DERIVED_FIELDS[f.name](obj, where)
             continue
         if f.default is not dataclasses.MISSING:
             default = f.default

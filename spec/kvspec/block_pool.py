@@ -24,6 +24,7 @@ from kvspec.hashing import (
     block_extra_keys,
     coarse_block_hashes,
     external_block_hash,
+    lookahead_window_keys,
     make_key,
     split_key,
 )
@@ -61,9 +62,13 @@ class BlockPool:
         enable_kv_cache_events: bool = False,
         int_block_hashes: bool = True,
         profile: SemanticsProfile = NEWEST,
+        num_hash_lookahead_tokens: int = 0,
     ) -> None:
-        """An empty pool: every block but the null block is free, in id order."""
+        """An empty pool: every block but the null block is free, in id order.
+        ``num_hash_lookahead_tokens``: the look-ahead of the requests' block
+        hashes, which stored events report (vLLM 0.33.0 on)."""
         self.profile = profile
+        self.num_hash_lookahead_tokens = num_hash_lookahead_tokens
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         self.hash_block_size = hash_block_size
@@ -362,9 +367,15 @@ def _stored_event(
     with_keys, with_group, _ = event_fields(pool.profile)
     forms = (pool.profile.mm_key_with_offset, pool.profile.prompt_embeds_digest)
     extra_keys, cursor = [], 0
+    ahead = pool.num_hash_lookahead_tokens
     for i in stored:
-        keys, cursor = block_extra_keys(request.extra, i * block_size, (i + 1) * block_size, cursor, False, *forms)
+        start, end = i * block_size, (i + 1) * block_size
+        if ahead:
+            keys, cursor = lookahead_window_keys(request.extra, start, end, ahead, cursor, False, *forms)
+        else:
+            keys, cursor = block_extra_keys(request.extra, start, end, cursor, False, *forms)
         extra_keys.append(keys)
+    tokens = request.all_token_ids
     lora = request.extra.lora
     return BlockStored(
         block_hashes=tuple(external_block_hash(hashes[i], as_int) for i in stored),
@@ -376,6 +387,9 @@ def _stored_event(
         lora_name=lora.name if lora else None,
         extra_keys=tuple(extra_keys) if extra_keys and with_keys else None,
         group_idx=group_id if with_group else None,
+        lookahead_token_ids=tuple(tokens[(i + 1) * block_size : (i + 1) * block_size + ahead] for i in stored)
+        if ahead
+        else None,
     )
 
 

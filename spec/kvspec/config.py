@@ -262,6 +262,13 @@ class KVCacheConfig:
             reads past a chunk's end (vLLM's ``num_prefill_lookahead``, 0.28.0
             on); caching lags the last ``num_prefill_lookahead - 1`` computed
             tokens (:func:`num_reprefillable_tokens`).
+        num_hash_lookahead_tokens: Look-ahead block hashes (vLLM's
+            ``num_hash_lookahead_tokens``, 0.33.0 on; the scheduler sets it to
+            the drafter's prefill look-ahead for EAGLE-style speculative
+            decoding with prefix caching, and then builds the manager without
+            ``use_eagle``): each block hash also covers the next this many
+            tokens (:class:`kvspec.request.RequestBlockHasher`), so blocks are
+            cached only up to the hashed tokens.
         profile: The vLLM release whose behaviour applies (default: the newest
             supported, :data:`kvspec.profiles.NEWEST`).
 
@@ -286,6 +293,7 @@ class KVCacheConfig:
     dcp_world_size: int = 1
     pcp_world_size: int = 1
     num_prefill_lookahead: int = 0
+    num_hash_lookahead_tokens: int = 0
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -359,6 +367,9 @@ def _validate(cfg: KVCacheConfig) -> None:
     lookahead = cfg.num_prefill_lookahead
     if not isinstance(lookahead, int) or isinstance(lookahead, bool) or lookahead < 0:
         raise ConfigError(f"num_prefill_lookahead must be a non-negative int, got {lookahead!r}")
+    hash_lookahead = cfg.num_hash_lookahead_tokens
+    if not isinstance(hash_lookahead, int) or isinstance(hash_lookahead, bool) or hash_lookahead < 0:
+        raise ConfigError(f"num_hash_lookahead_tokens must be a non-negative int, got {hash_lookahead!r}")
     get_hash_fn_by_name(cfg.hash_function)
     validate_release_options(cfg)
     for gid, kind in enumerate(cfg.groups):
@@ -386,7 +397,9 @@ def validate_release_options(cfg: KVCacheConfig) -> None:
     there is no watermark (profile switch ``admission_controls``), and
     ``max_num_batched_tokens`` is refused too (0.16.0 to 0.19.1 lack it;
     0.20.0 to 0.23.0 have it, but kvspec does not model it there); before
-    0.20.0 there is no per-group EAGLE flag (``eagle_group_flags``).
+    0.20.0 there is no per-group EAGLE flag (``eagle_group_flags``); before
+    0.28.0 no multi-module MTP input, before 0.33.0 no look-ahead block hashes
+    (``lookahead_block_hashes``).
 
     Raises:
         UnsupportedByProfileError: Naming the option and the release.
@@ -395,8 +408,14 @@ def validate_release_options(cfg: KVCacheConfig) -> None:
     post: cfg.profile.admission_controls or (cfg.watermark == 0.0 and cfg.max_num_batched_tokens is None)
     post: cfg.profile.eagle_group_flags or not cfg.eagle_groups
     post: cfg.profile.prefill_lookahead or not uses_prefill_lookahead(cfg)
+    post: cfg.profile.lookahead_block_hashes or cfg.num_hash_lookahead_tokens == 0
     """
     p = cfg.profile
+    if not p.lookahead_block_hashes and cfg.num_hash_lookahead_tokens:
+        raise UnsupportedByProfileError(
+            f"{p.name} has no look-ahead block hashes (num_hash_lookahead_tokens="
+            f"{cfg.num_hash_lookahead_tokens}); they are new in vllm-0.33.0"
+        )
     if not p.prefill_lookahead and uses_prefill_lookahead(cfg):
         raise UnsupportedByProfileError(
             f"{p.name} has no multi-module MTP inputs (num_prefill_lookahead={cfg.num_prefill_lookahead}, "

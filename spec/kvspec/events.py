@@ -20,7 +20,8 @@ class BlockStored:
 
     ``token_ids`` spans every block of the call's range, including null or
     masked blocks that were not stored; ``extra_keys`` has one entry per
-    stored block (None when nothing was stored).
+    stored block (None when nothing was stored); under look-ahead hashes an
+    entry covers the block and its look-ahead tokens.
     """
 
     block_hashes: tuple[ExternalHash, ...]
@@ -34,6 +35,9 @@ class BlockStored:
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: int | None = None
+    lookahead_token_ids: tuple[tuple[int, ...], ...] | None = None
+    """Under look-ahead block hashes (vLLM 0.33.0 on): per stored block, the
+    tokens after it that its hash covers (None without look-ahead hashes)."""
 
 
 @dataclass(frozen=True, slots=True)

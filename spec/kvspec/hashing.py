@@ -195,6 +195,7 @@ def extend_block_hashes(
     resume_from_first: bool = False,
     v025_forms: bool = True,
     embeds_digest: bool | None = None,
+    lookahead: int = 0,
 ) -> tuple[BlockHash, ...]:
     """Return ``existing`` extended with the hashes of every new full block.
 
@@ -205,19 +206,82 @@ def extend_block_hashes(
     always starts at the first feature. ``tagged``, ``v025_forms``,
     ``embeds_digest``: see :func:`block_extra_keys`.
 
-    pre: hash_block_size > 0
-    post: len(__return__) == len(token_ids) // hash_block_size
+    With ``lookahead`` ``L`` > 0 (look-ahead block hashes, vLLM 0.33.0 on) a
+    block is hashed only once the ``L`` tokens after it exist, and its extra
+    keys are those of :func:`lookahead_extra_keys`.
+
+    pre: hash_block_size > 0 and lookahead >= 0
+    post: len(__return__) == max(len(token_ids) - lookahead, 0) // hash_block_size
     """
     hashes = list(existing)
     start = len(hashes) * hash_block_size
     cursor = 0 if start == 0 or resume_from_first else -1
-    while start + hash_block_size <= len(token_ids):
+    while start + hash_block_size + lookahead <= len(token_ids):
         end = start + hash_block_size
-        extra, cursor = block_extra_keys(src, start, end, cursor, tagged, v025_forms, embeds_digest)
+        extra: tuple[Any, ...] | None
+        if lookahead:
+            extra, cursor = lookahead_extra_keys(
+                src, token_ids, start, end, lookahead, cursor, tagged, v025_forms, embeds_digest
+            )
+        else:
+            extra, cursor = block_extra_keys(src, start, end, cursor, tagged, v025_forms, embeds_digest)
         parent = hashes[-1] if hashes else seed_hash
         hashes.append(hash_block_tokens(fn, parent, token_ids[start:end], extra))
         start = end
     return tuple(hashes)
+
+
+def lookahead_window_keys(
+    src: ExtraKeySource,
+    start: int,
+    end: int,
+    lookahead: int,
+    mm_cursor: int,
+    tagged: bool = False,
+    v025_forms: bool = True,
+    embeds_digest: bool | None = None,
+) -> tuple[tuple[Any, ...] | None, int]:
+    """The extra keys of the window ``[start, end + lookahead)`` (a block and
+    the tokens its look-ahead hash covers: :func:`block_extra_keys` over the
+    window, so a multimodal item or prompt embedding inside the look-ahead
+    counts) and the mm cursor moved back to the first feature still open at
+    ``end`` (the next block may hold it too). Stored events carry these keys.
+
+    pre: 0 <= start < end and lookahead >= 1 and mm_cursor >= -1
+    post: __return__[0] == block_extra_keys(src, start, end + lookahead, mm_cursor, tagged, v025_forms, embeds_digest)[0]
+    post: __return__[1] <= block_extra_keys(src, start, end + lookahead, mm_cursor, tagged, v025_forms, embeds_digest)[1]
+    """  # noqa: E501 - a PEP 316 condition is one line
+    keys, cursor = block_extra_keys(src, start, end + lookahead, mm_cursor, tagged, v025_forms, embeds_digest)
+    features = src.mm_features
+    while 0 < cursor <= len(features) and features[cursor - 1].offset + features[cursor - 1].length > end:
+        cursor -= 1
+    return keys, cursor
+
+
+def lookahead_extra_keys(
+    src: ExtraKeySource,
+    token_ids: Sequence[int],
+    start: int,
+    end: int,
+    lookahead: int,
+    mm_cursor: int,
+    tagged: bool = False,
+    v025_forms: bool = True,
+    embeds_digest: bool | None = None,
+) -> tuple[tuple[Any, ...], int]:
+    """The extra keys of block ``[start, end)`` under look-ahead hashes of
+    ``lookahead`` tokens: ``(E, *t)``, where ``E`` is the window's keys
+    (:func:`lookahead_window_keys`, possibly None) and ``t`` the look-ahead
+    tokens ``token_ids[end:end + lookahead]``; the block's own tokens stay
+    the hashed tokens. Upstream: ``get_request_block_hasher`` and
+    ``generate_lookahead_block_hash_extra_keys`` (vLLM 0.33.0).
+
+    pre: 0 <= start < end and lookahead >= 1 and end + lookahead <= len(token_ids)
+    post: __return__[0][1:] == tuple(token_ids[end : end + lookahead])
+    post: __return__[0][0] == lookahead_window_keys(src, start, end, lookahead, mm_cursor, tagged, v025_forms, embeds_digest)[0]
+    """  # noqa: E501 - a PEP 316 condition is one line
+    window, cursor = lookahead_window_keys(src, start, end, lookahead, mm_cursor, tagged, v025_forms, embeds_digest)
+    return (window, *token_ids[end : end + lookahead]), cursor
 
 
 def coarse_block_hashes(

@@ -70,6 +70,7 @@ class KVCacheCoordinator:
             config.enable_kv_cache_events,
             config.int_block_hashes,
             config.profile,
+            config.num_hash_lookahead_tokens,
         )
         self.eagle_group_ids = config.eagle_group_ids()
         self.num_reprefillable_tokens = num_reprefillable_tokens(config)

@@ -64,21 +64,26 @@ def registers_mamba_tail(kind: Mamba, profile: SemanticsProfile, hash_block_size
     return profile.mamba_tail_entries or (profile.partial_hash_hits and kind.block_size > hash_block_size)
 
 
-def mamba_tail_boundary(num_prompt_tokens: int, hash_block_size: int, drop_eagle: bool, below_last: bool) -> int:
+def mamba_tail_boundary(
+    num_prompt_tokens: int, hash_block_size: int, drop_eagle: bool, below_last: bool, lookahead: int = 0
+) -> int:
     """The prompt's tail boundary for Mamba: its last hash boundary, one
     hash unit lower under EAGLE (EAGLE recomputes that unit); from vLLM
     0.32.0 on (``below_last``, profile switch ``mamba_tail_entries``) without
     EAGLE the last one at or below ``num_prompt_tokens - 1`` (a resend
-    recomputes the last token). Never negative.
+    recomputes the last token), and under look-ahead block hashes of
+    ``lookahead`` tokens (vLLM 0.33.0 on) at or below ``num_prompt_tokens -
+    lookahead`` (the boundary's hash needs them). Never negative.
 
-    pre: num_prompt_tokens >= 0 and hash_block_size >= 1
+    pre: num_prompt_tokens >= 0 and hash_block_size >= 1 and lookahead >= 0
     post: 0 <= __return__ <= num_prompt_tokens
     post: __return__ % hash_block_size == 0
     post: drop_eagle or below_last or __return__ + hash_block_size > num_prompt_tokens
-    post: drop_eagle or not below_last or __return__ + hash_block_size >= num_prompt_tokens > __return__ or __return__ == 0
+    post: drop_eagle or not below_last or __return__ <= max(num_prompt_tokens - max(lookahead, 1), 0)
+    post: drop_eagle or not below_last or lookahead > 1 or __return__ + hash_block_size >= num_prompt_tokens > __return__ or __return__ == 0
     post: not drop_eagle or __return__ == max(mamba_tail_boundary(num_prompt_tokens, hash_block_size, False, False) - hash_block_size, 0)
     """  # noqa: E501 - a PEP 316 condition is one line
-    limit = num_prompt_tokens - 1 if below_last and not drop_eagle else num_prompt_tokens
+    limit = num_prompt_tokens - max(lookahead, 1) if below_last and not drop_eagle else num_prompt_tokens
     boundary = max(limit, 0) // hash_block_size * hash_block_size
     return max(boundary - hash_block_size, 0) if drop_eagle else boundary
 
@@ -114,7 +119,9 @@ def cache_mamba_tail_block(manager: MambaManager, request: Request, num_tokens: 
     """  # noqa: E501 - a PEP 316 condition is one line
     pool, bs, p = manager.pool, manager.block_size, manager.profile
     hbs = pool.hash_block_size
-    boundary = mamba_tail_boundary(request.num_prompt_tokens, hbs, tail_eagle_shift(manager), p.mamba_tail_entries)
+    boundary = mamba_tail_boundary(
+        request.num_prompt_tokens, hbs, tail_eagle_shift(manager), p.mamba_tail_entries, pool.num_hash_lookahead_tokens
+    )
     rid = request.request_id
     table = manager.req_to_blocks.get(rid, [])
     idx = mamba_tail_index(num_tokens, boundary, hbs, bs, p.mamba_tail_entries)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from kvspec.block_pool import NULL_BLOCK, BlockId, BlockPool
 from kvspec.config import FULL_TYPE_KINDS, AttentionKind
 from kvspec.events import MEDIUM_GPU, BlockStored
-from kvspec.hashing import BlockHashWithGroupId, block_extra_keys, external_block_hash, make_key
+from kvspec.hashing import BlockHashWithGroupId, block_extra_keys, external_block_hash, lookahead_window_keys, make_key
 from kvspec.profiles import SemanticsProfile
 from kvspec.request import Request
 
@@ -74,17 +74,16 @@ def cache_partial_tail_block(manager: SingleTypeKVCacheManager, request: Request
     """After a full-attention group cached up to ``num_tokens``: register the
     prompt's tail boundary ``B`` on the block holding it, unless ``B`` is 0,
     beyond ``num_tokens``, on a block boundary (:func:`partial_tail_index`), or
-    past the table.
+    past the table. From vLLM 0.33.0 on ``B`` is at most the request's hashed
+    tokens, which lag under look-ahead block hashes (profile switch
+    ``lookahead_block_hashes``; before, the hashes always reach ``B``).
 
-    post: partial_tail_index(fa_tail_boundary(request.num_prompt_tokens, manager.pool.hash_block_size, manager.use_eagle, manager.profile.fa_tail_below_last_token), num_tokens, manager.block_size) is not None or manager.pool.cached == __old__.manager.pool.cached
+    post: partial_tail_index(_tail_boundary(manager, request), num_tokens, manager.block_size) is not None or manager.pool.cached == __old__.manager.pool.cached
     post: len(set(manager.pool.cached) - set(__old__.manager.pool.cached)) <= 1
     post: manager.req_to_blocks == __old__.manager.req_to_blocks
     """  # noqa: E501 - a PEP 316 condition is one line
     pool = manager.pool
-    hbs = pool.hash_block_size
-    boundary = fa_tail_boundary(
-        request.num_prompt_tokens, hbs, manager.use_eagle, manager.profile.fa_tail_below_last_token
-    )
+    boundary = _tail_boundary(manager, request)
     idx = partial_tail_index(boundary, num_tokens, manager.block_size)
     table = manager.req_to_blocks.get(request.request_id, [])
     if idx is not None and idx < len(table):
@@ -126,6 +125,17 @@ def cache_partial_block(
     return key
 
 
+def _tail_boundary(manager: SingleTypeKVCacheManager, request: Request) -> int:
+    """:func:`fa_tail_boundary` of the request, from vLLM 0.33.0 on at most its hashed tokens."""
+    hbs = manager.pool.hash_block_size
+    boundary = fa_tail_boundary(
+        request.num_prompt_tokens, hbs, manager.use_eagle, manager.profile.fa_tail_below_last_token
+    )
+    if manager.profile.lookahead_block_hashes:
+        return min(boundary, len(request.block_hashes) * hbs)
+    return boundary
+
+
 def partial_stored_event(pool: BlockPool, request: Request, num_tokens: int, group_id: int) -> BlockStored:
     """The BlockStored of a partial entry at ``num_tokens``: one hash, the
     last hash unit's tokens, ``block_size`` the hash block size, the parent
@@ -145,7 +155,11 @@ def partial_stored_event(pool: BlockPool, request: Request, num_tokens: int, gro
     unit = num_tokens // hbs
     start = num_tokens - hbs
     cursor = 0 if start == 0 or pool.profile.mm_resume_from_first_feature else -1
-    keys, _ = block_extra_keys(request.extra, start, num_tokens, cursor)
+    ahead = pool.num_hash_lookahead_tokens
+    if ahead:
+        keys, _ = lookahead_window_keys(request.extra, start, num_tokens, ahead, cursor)
+    else:
+        keys, _ = block_extra_keys(request.extra, start, num_tokens, cursor)
     lora = request.extra.lora
     return BlockStored(
         block_hashes=(external_block_hash(request.block_hashes[unit - 1], as_int),),
@@ -157,6 +171,7 @@ def partial_stored_event(pool: BlockPool, request: Request, num_tokens: int, gro
         lora_name=lora.name if lora else None,
         extra_keys=(keys,),
         group_idx=group_id,
+        lookahead_token_ids=(request.all_token_ids[num_tokens : num_tokens + ahead],) if ahead else None,
     )
 
 

@@ -358,6 +358,13 @@ class SemanticsProfile:
     """The Mamba tail leaves a block already keyed at the boundary alone
     (0.32.0 marks it cached in this step again):
     :func:`kvspec.mamba_tail.cache_mamba_tail_block`."""
+    lookahead_block_hashes: bool = False
+    """Look-ahead block hashes exist (new in 0.33.0, the default of EAGLE-style
+    speculative decoding with prefix caching): with ``num_hash_lookahead_tokens``
+    ``L`` a block's hash also covers the ``L`` tokens after it, so it exists only
+    once they do; blocks are cached up to the hashed tokens, the Mamba tail sits
+    at or below ``num_prompt_tokens - L``, and stored events name the look-ahead
+    tokens: :func:`kvspec.hashing.extend_block_hashes`."""
 
 
 VLLM_0_16_0 = SemanticsProfile(
@@ -650,11 +657,12 @@ VLLM_0_33_0 = replace(
     eagle_flags_need_use_eagle=True,
     mamba_tail_skip_keyed=True,
     hit_length_bound="as-given",
+    lookahead_block_hashes=True,
 )
 """0.33.0: ``pop_blocks_for_free`` drops leading nulls; cached Mamba groups
 must use align mode; EAGLE group flags need ``use_eagle``; the Mamba tail
 skips a block already keyed at the boundary; ``get_computed_blocks`` takes
-an upper bound on the hit length."""
+an upper bound on the hit length; look-ahead block hashes."""
 
 VLLM_0_34_0 = replace(
     VLLM_0_33_0,

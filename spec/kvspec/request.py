@@ -76,7 +76,7 @@ class RequestStatus(enum.Enum):
 class Request:
     """An immutable snapshot of one request.
 
-    inv: len(self.block_hashes) == self.num_tokens // <hash block size>
+    inv: len(self.block_hashes) == max(self.num_tokens - <look-ahead>, 0) // <hash block size>
     inv: 0 <= self.num_computed_tokens
     inv: 0 <= self.num_in_flight_tokens
     """
@@ -121,11 +121,16 @@ class RequestBlockHasher:
     seed: str
     hash_block_size: int
     profile: SemanticsProfile = NEWEST
+    lookahead: int = 0
+    """Look-ahead tokens of each hash (``num_hash_lookahead_tokens``, vLLM 0.33.0 on)."""
 
     @classmethod
     def for_config(cls, config: KVCacheConfig) -> RequestBlockHasher:
         """The hasher a scheduler uses with a manager built from ``config``."""
-        return cls(config.hash_function, config.hash_seed, config.resolved_hash_block_size(), config.profile)
+        return cls(
+            config.hash_function, config.hash_seed, config.resolved_hash_block_size(), config.profile,
+            config.num_hash_lookahead_tokens,
+        )  # fmt: skip
 
     def new_request(
         self,
@@ -192,7 +197,7 @@ class RequestBlockHasher:
         p = self.profile
         return extend_block_hashes(
             fn, none_hash(fn, self.seed), self.hash_block_size, existing, tokens, extra,
-            p.extra_keys_tagged, p.mm_resume_from_first_feature, *key_forms(p),
+            p.extra_keys_tagged, p.mm_resume_from_first_feature, *key_forms(p), self.lookahead,
         )  # fmt: skip
 
 

@@ -177,11 +177,15 @@ class SingleTypeKVCacheManager:
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Hash the table's full blocks up to ``num_tokens`` that are not cached
-        yet; then, from vLLM 0.26.0 on, a full-attention group coarser than the
-        hash block registers its partial tail (:mod:`kvspec.partial_tail`)."""
+        yet (from vLLM 0.33.0 on never past the request's hashed tokens, which
+        lag under look-ahead block hashes: profile switch
+        ``lookahead_block_hashes``); then, from vLLM 0.26.0 on, a full-attention
+        group coarser than the hash block registers its partial tail
+        (:mod:`kvspec.partial_tail`)."""
         rid = request.request_id
         num_cached = self.num_cached_block.get(rid, 0)
-        num_full = num_tokens // self.block_size
+        hashed = len(request.block_hashes) * self.pool.hash_block_size
+        num_full = (min(num_tokens, hashed) if self.profile.lookahead_block_hashes else num_tokens) // self.block_size
         if num_cached < num_full:
             align = self.cache_mask_alignment
             mask = None

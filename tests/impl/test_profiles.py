@@ -439,6 +439,13 @@ def mtp_caching(mgr: Any, h: RequestBlockHasher) -> object:
     return mgr.get_computed_blocks(h.new_request("b", list(range(13))))
 
 
+def hashed_only(mgr: Any, h: RequestBlockHasher) -> object:
+    """Under look-ahead hashes of one token ``a`` (16 tokens) has 3 block hashes, so
+    caching stops at 12 tokens until its next token exists; ``b`` shares 17 tokens."""
+    admit(mgr, h.new_request("a", list(range(16))))
+    return mgr.get_computed_blocks(h.new_request("b", list(range(17))))
+
+
 CONNECTOR_HYBRID = (FullAttention(4), Mamba(4, "align"))
 """The hybrid of the connector lookup's cases."""
 
@@ -623,6 +630,10 @@ CASES = [
         {"groups": (SlidingWindow(4, 4, extra_retained_tokens=2),), "num_prefill_lookahead": 3},
     ),
     Case("truncate_mamba_lagging", VLLM_0_28_0, False, truncate_lagging, {"groups": CONNECTOR_HYBRID}),
+    Case(
+        "lookahead_block_hashes", VLLM_0_32_0, True, hashed_only,
+        {"groups": (FullAttention(4),), "enable_kv_cache_events": True, "num_hash_lookahead_tokens": 1},
+    ),
     Case(
         "per_group_eagle_margin", VLLM_0_32_0, False, connector_eagle,
         {"groups": CONNECTOR_HYBRID, "use_eagle": True},

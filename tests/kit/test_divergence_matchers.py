@@ -14,7 +14,7 @@ import pytest
 
 from kvref.divergences import explain, load_registry
 from kvref.traces import load
-from kvspec.config import MLA, FullAttention, KVCacheConfig, Mamba, SlidingWindow
+from kvspec.config import MLA, ChunkedLocal, FullAttention, KVCacheConfig, Mamba, SlidingWindow
 from kvspec.profiles import VLLM_0_25_1, VLLM_0_26_0, VLLM_0_28_0, VLLM_0_33_0, VLLM_0_34_0
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,6 +45,7 @@ def _trace_step(div_id: str) -> tuple[KVCacheConfig, dict[str, Any], Any]:
         ("mamba-align-external-estimate", {"crash": "ValueError"}),
         ("mamba-cow-owner", [[], [5], [6]]),
         ("connector-lookup-bound-crash", {"crash": "IndexError"}),
+        ("lookahead-lookup-crash", {"crash": "IndexError"}),
     ],
 )
 def test_matcher_explains_vllms_output_on_its_trace(div_id: str, vllm_out: Any) -> None:
@@ -55,8 +56,9 @@ def test_matcher_explains_vllms_output_on_its_trace(div_id: str, vllm_out: Any) 
 
 def test_bound_crash_in_a_plain_lookup_only_without_a_full_attention_group() -> None:
     """vLLM 0.33.0's plain lookup with a bound past the hashed tokens crashes where the Mamba or
-    sliding-window finder sees the bound first (a Mamba-only or window-only model: shrunk lockstep
-    failures); with a full-attention group it never does, so a crash there stays unexplained."""
+    sliding-window (or chunked-local) finder sees the bound first (a Mamba-only, window-only or
+    chunk-only model: shrunk lockstep failures); with a full-attention group it never does, so a
+    crash there stays unexplained."""
     op = {"op": "get_computed_blocks", "rid": "r1", "max_cache_hit_length": 4}
     spec_out = {"blocks": [[]], "num_tokens": 0}
     crash = {"crash": "IndexError"}
@@ -65,6 +67,12 @@ def test_bound_crash_in_a_plain_lookup_only_without_a_full_attention_group() -> 
     assert explain(mamba_only, {"op": "get_computed_blocks", "rid": "r1"}, crash, spec_out, False) is None
     window_only = KVCacheConfig(num_blocks=16, groups=(SlidingWindow(2, 1),), max_model_len=32, profile=VLLM_0_33_0)
     assert explain(window_only, op, crash, spec_out, False) == "connector-lookup-bound-crash"
+    chunked_only = KVCacheConfig(
+        num_blocks=16, groups=(ChunkedLocal(2, 6),), max_model_len=32, profile=VLLM_0_33_0
+    )  # a 7-token prompt looked up with the bound 8: a shrunk lockstep failure of seed 3 (asynchronous)
+    assert explain(chunked_only, {**op, "max_cache_hit_length": 8}, crash, spec_out, False) == (
+        "connector-lookup-bound-crash"
+    )
     full_only = KVCacheConfig(num_blocks=16, groups=(FullAttention(2),), max_model_len=32, profile=VLLM_0_33_0)
     assert explain(full_only, op, crash, spec_out, False) is None
     hybrid = KVCacheConfig(
@@ -203,3 +211,33 @@ def test_second_full_group_in_a_connectors_lookup() -> None:
     vllm_out = {"blocks": [[1], [6, 7, 8, 9], [11]], "num_tokens": 2, "hit_diverged": False}
     assert explain(cfg, op, vllm_out, spec_out, False) == "second-full-group"
     assert explain(cfg, op, spec_out | {"blocks": [[1], [6], []]}, spec_out, False) is None
+
+
+def test_lookahead_crash_only_from_two_tokens_and_without_a_full_attention_group() -> None:
+    """Look-ahead hashes of one token keep the hashes level with the lookup limit; a
+    full-attention-type group cuts a plain lookup's length first, not a connector's in a
+    hybrid with a Mamba group; 0.34.0's get_num_cached_tokens runs the same finders (all
+    checked on real vLLM 0.33.0 and 0.34.0)."""
+    crash = {"crash": "IndexError"}
+    spec_out = {"blocks": [[]], "num_tokens": 0}
+    lookup = {"op": "get_computed_blocks", "rid": "r"}
+
+    def config(ahead: int, *groups: Any) -> KVCacheConfig:
+        return KVCacheConfig(
+            num_blocks=16, groups=groups, max_model_len=32, profile=VLLM_0_34_0, num_hash_lookahead_tokens=ahead,
+            num_prefill_lookahead=ahead,
+        )  # fmt: skip
+
+    for kind in (SlidingWindow(2, 1), ChunkedLocal(2, 4), Mamba(2, "align")):
+        assert explain(config(2, kind), lookup, crash, spec_out, False) == "lookahead-lookup-crash"
+        assert explain(config(1, kind), lookup, crash, spec_out, False) is None
+    window = config(2, SlidingWindow(2, 1))
+    assert explain(window, {"op": "get_num_cached_tokens", "rid": "r"}, crash, 0, False) == "lookahead-lookup-crash"
+    hybrid = config(2, FullAttention(2), SlidingWindow(2, 1))
+    assert explain(hybrid, lookup, crash, {"blocks": [[], []], "num_tokens": 0}, False) is None
+    connector = {"op": "get_computed_blocks_for_connector", "rid": "r"}
+    answered = {"blocks": [[], []], "num_tokens": 0, "hit_diverged": False}
+    assert explain(hybrid, connector, crash, answered, False) is None  # a hybrid's window group answers
+    mamba_hybrid = config(2, FullAttention(2), Mamba(2, "align"))
+    assert explain(mamba_hybrid, connector, crash, answered, False) == "lookahead-lookup-crash"
+    assert explain(mamba_hybrid, lookup, crash, {"blocks": [[], []], "num_tokens": 0}, False) is None

@@ -164,6 +164,14 @@ def test_multi_module_mtp_inputs_translate_from_0_28_0() -> None:
         config_from_vllm(standin(FullAttentionSpec(16)), release="0.27.1", num_prefill_lookahead=2, **MANAGER)
 
 
+def test_look_ahead_hashes_translate_from_0_33_0() -> None:
+    """``num_hash_lookahead_tokens`` is a config value from vLLM 0.33.0 on."""
+    got = config_from_vllm(standin(FullAttentionSpec(16)), release="0.33.0", num_hash_lookahead_tokens=2, **MANAGER)
+    assert got.num_hash_lookahead_tokens == 2
+    with pytest.raises(ConfigError, match="takes no keyword 'num_hash_lookahead_tokens'"):
+        config_from_vllm(standin(FullAttentionSpec(16)), release="0.32.0", num_hash_lookahead_tokens=1, **MANAGER)
+
+
 def test_context_parallel_sizes_pass_through() -> None:
     """The engine gives the manager block sizes scaled by DCP (and, up to
     0.25.1, PCP); kvspec derives the same and keeps the world sizes."""

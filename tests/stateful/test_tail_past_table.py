@@ -71,9 +71,10 @@ def _run(tmp_path: Path, profile: SemanticsProfile, seed: int) -> tuple[int, int
 
 
 def test_the_path_reaches_a_tail_block_past_the_table(tmp_path: Path) -> None:
-    # a batch draws a hybrid that hashes finer than its blocks only now and then: up to five seeded batches
+    # a batch draws a hybrid that hashes finer than its blocks only now and then: up to twelve seeded
+    # batches (since look-ahead hashes joined the EAGLE draws of vLLM 0.33.0, seeds 6, 8, 10 and 11 take it)
     sent = past = 0
-    for seed in range(5):
+    for seed in range(12):
         s, p, stats = _run(tmp_path, VLLM_0_33_0, seed)
         sent, past = sent + s, past + p
         assert stats.steps > 0 and stats.unexplained == 0

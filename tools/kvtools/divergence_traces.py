@@ -372,6 +372,19 @@ def scenarios(profile: SemanticsProfile = VLLM_0_25_1) -> dict[str, Scenario | s
                 ],
                 1,
             ),
+            _divergence(
+                "lookahead-lookup-crash",
+                "SWA(2, window 1) alone, look-ahead hashes of 2 tokens (multi-module MTP of 2): a 3-token request "
+                "has no block hash yet (its first block needs tokens 2 and 3 after it), and its lookup limit is 2 "
+                "tokens. vLLM's sliding-window finder reads the hash of block 0, which the request does not have: "
+                "IndexError. kvspec answers the lookup (no hit)",
+                lambda: KVCacheConfig(
+                    profile=p, num_blocks=16, groups=(SlidingWindow(2, 1),), max_model_len=32,
+                    num_hash_lookahead_tokens=2, num_prefill_lookahead=2,
+                ),
+                [_add("r", [0, 0, 0]), {"op": "get_computed_blocks", "rid": "r"}],
+                1,
+            ),
         ]
     )
 

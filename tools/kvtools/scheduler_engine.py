@@ -14,9 +14,9 @@ Everything random comes from one seeded generator, so a run is reproducible.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import deque
-from dataclasses import dataclass
 from typing import Any, Final
 
 from .scheduler_recorder import Recorder
@@ -31,7 +31,7 @@ BATCH_QUEUE: Final = 2
 """Steps in flight under asynchronous scheduling (vLLM's ``max_concurrent_batches``)."""
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Scenario:
     """One recorded run.
 
@@ -152,9 +152,9 @@ class Engine:
             tokens = [t if t >= 0 else self._tokens(1)[0] for t in accepted]
             sampled.append([*tokens, *self._tokens(1)])
         outputs = self.rig.vllm["outputs"]
-        return outputs.ModelRunnerOutput(
-            req_ids=rids, req_id_to_index={r: i for i, r in enumerate(rids)}, sampled_token_ids=sampled
-        )
+        fields = {f.name for f in dataclasses.fields(outputs.ModelRunnerOutput)}
+        extra = {"req_id_to_index": {r: i for i, r in enumerate(rids)}} if "req_id_to_index" in fields else {}
+        return outputs.ModelRunnerOutput(req_ids=rids, sampled_token_ids=sampled, **extra)  # 0.34.0: no index map
 
     def _tokens(self, n: int) -> list[int]:
         return [STOP if self.rng.random() < 0.08 else self.rng.randrange(VOCAB) for _ in range(n)]

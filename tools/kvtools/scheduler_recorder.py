@@ -106,7 +106,7 @@ class Recorder:
         if known is None:
             prompt = tokens[: int(vreq.num_prompt_tokens)]
             op: Json = {"op": "add_request", "rid": rid, "prompt": list(prompt)}
-            if vreq.skip_reading_prefix_cache:
+            if _skips_reads(vreq):
                 op["skip_reading_prefix_cache"] = True
             self.steps.append(op)
             known = self._known[rid] = _Known(prompt, 0, "WAITING", 0)
@@ -191,6 +191,10 @@ class RecordingManager:
             value = kwargs[key]
             if key == "new_computed_blocks":
                 value = None if value is None else ids_to_json(group_ids(self._api, value))
+            elif isinstance(value, tuple | list):  # group ids (skip_zeroing_group_ids): left out when empty
+                if not value:
+                    continue
+                value = [int(v) for v in value]
             op[key] = value if isinstance(value, bool | list) or value is None else int(value)
         out = self._real.allocate_slots(request, num_new_tokens, **kwargs)
         self._rec.facade(op, None if out is None else ids_to_json(group_ids(self._api, out)))
@@ -356,6 +360,21 @@ class _RecordingCoordinator:
         if callable(value):
             raise Unrecordable(f"the scheduler called the coordinator's {name}, which kvref's format cannot express")
         return value
+
+
+def _skips_reads(vreq: Any) -> bool:
+    """Whether the request reads no prefix cache: its ``skip_reading_prefix_cache``
+    (up to 0.33.0), or a hit limit of 0 fixed at construction (0.34.0 on).
+
+    Raises:
+        Unrecordable: A hit limit other than none or 0 (prompt logprobs, which the engine never asks for).
+    """
+    if hasattr(vreq, "skip_reading_prefix_cache"):
+        return bool(vreq.skip_reading_prefix_cache)
+    limit = getattr(vreq, "prefix_cache_hit_limit", None)
+    if limit not in (None, 0):
+        raise Unrecordable(f"request {vreq.request_id!r}: a prefix-cache hit limit of {limit}")
+    return limit == 0
 
 
 def _left_out(name: str, method: Any, recorder: Recorder) -> Any:

@@ -28,6 +28,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
+from types import SimpleNamespace
 from typing import Any, Final
 
 from kvref.adapters.vllm import VllmApi, loaded_api
@@ -159,6 +160,12 @@ class Drafter:
             "disable_lookahead_block_hashes": False,
             "parallel_drafting": False,
             "max_num_new_slots_for_drafting": 0,
+            # 0.34.0 reads the drafter's look-ahead from its speculator config: EAGLE reserves a slot
+            # per draft token and reads one token past a chunk; an n-gram drafter neither.
+            "uses_target_hidden_states": eagle,  # a property from 0.34.0 on
+            "speculator_config": SimpleNamespace(
+                num_lookahead_tokens=num_tokens if eagle else 0, num_prefill_lookahead_tokens=1 if eagle else 0
+            ),
         }
         self._answers: dict[str, bool] = {
             "use_eagle": eagle,
@@ -219,7 +226,8 @@ def build_scheduler(intended: KVCacheConfig, settings: RigSettings) -> Rig:
     manager = scheduler.kv_cache_manager
     config = _recorded_config(api, intended, captured)
     pin_secondary_key_order(api.block_pool(manager))
-    return Rig(scheduler, manager, config, api, api.request_block_hasher(hbs, hash_fn), mods)
+    hasher = api.request_block_hasher(hbs, hash_fn, config.num_hash_lookahead_tokens)
+    return Rig(scheduler, manager, config, api, hasher, mods)
 
 
 def _import_vllm() -> dict[str, Any]:
@@ -278,6 +286,9 @@ def _vllm_config(mods: dict[str, Any], intended: KVCacheConfig, settings: RigSet
     vllm_config.model_config = TextModel(intended.max_model_len, mode is not None)
     if settings.spec_tokens:
         vllm_config.speculative_config = Drafter(settings.drafter, settings.spec_tokens)
+        resolve = getattr(vllm_config, "_resolve_num_hash_lookahead_tokens", None)
+        if resolve is not None:  # 0.34.0 settles the look-ahead hashes when the config is checked
+            vllm_config.num_hash_lookahead_tokens = resolve()
     # VllmConfig settles these from the model it was not given; the scheduler reads them.
     cache.num_gpu_blocks = intended.num_blocks
     cache.enable_prefix_caching = intended.enable_caching

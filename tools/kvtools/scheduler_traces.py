@@ -106,12 +106,19 @@ def record(scenario: Scenario) -> Recording:
     release = installed_vllm_version()
     profile = PROFILES[f"vllm-{release}"]
     kinds = build_kinds(shape_named(scenario.shape), scenario.block_size, scenario.window)
+    eagle = bool(scenario.spec_tokens) and scenario.drafter == "eagle"
+    # What vLLM's scheduler builds its manager with for an EAGLE drafter (one token of
+    # look-ahead): num_prefill_lookahead from 0.28.0 on; from 0.33.0 on, with prefix
+    # caching, look-ahead block hashes instead of the trailing-block drop.
+    ahead = eagle and profile.lookahead_block_hashes
     intended = KVCacheConfig(
         num_blocks=scenario.num_blocks,
         groups=kinds,
         max_model_len=scenario.max_model_len,
-        use_eagle=bool(scenario.spec_tokens) and scenario.drafter == "eagle",
+        use_eagle=eagle and not ahead,
         profile=profile,
+        num_prefill_lookahead=1 if eagle and profile.prefill_lookahead else 0,
+        num_hash_lookahead_tokens=1 if ahead else 0,
     )
     settings = RigSettings(
         asynchronous=scenario.asynchronous,

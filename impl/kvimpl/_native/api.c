@@ -1478,6 +1478,7 @@ static int Core_init(Core *c, PyObject *args, PyObject *kwds) {
     c->stats_at_lookup = (int)dict_int(p, "stats_at_lookup", &err);
     c->inflight_basis = (int)dict_int(p, "skip_on_processed_tokens", &err);
     c->reprefillable = dict_int(p, "num_reprefillable_tokens", &err);
+    c->cache_hashed_only = (int)dict_int(p, "cache_hashed_only", &err);
     int events = (int)dict_int(p, "enable_kv_cache_events", &err);
     if (err)
         return -1;

@@ -545,6 +545,16 @@ int group_cache(Core *c, Py_ssize_t slot, int g, ReqView *rv, Py_ssize_t num_tok
     Py_ssize_t num_full = floordiv(num_tokens, gr->bs);
     if (num_cached >= num_full)
         return 0;
+    if (c->cache_hashed_only) {
+        /* vLLM 0.33.0 on: never past the request's hashed tokens (look-ahead hashes lag the tokens). */
+        Py_ssize_t nh = rv_num_hashes(rv);
+        if (nh < 0)
+            return -1;
+        if (num_full > floordiv(nh * c->hbs, gr->bs))
+            num_full = floordiv(nh * c->hbs, gr->bs);
+        if (num_cached >= num_full)
+            return 0;
+    }
     if (!t) {
         PyErr_SetString(PyExc_IndexError, "cache_blocks: the request has no table");
         return -1;

@@ -166,6 +166,7 @@ typedef struct {
     int unhashed_first, pop_trims, common_zero, adopt_hit, mamba_counts, hashed_cap, stats_at_lookup, lagging_hits;
     int inflight_basis; /* skip_on_processed_tokens: skipped blocks freed below computed - in flight */
     Py_ssize_t reprefillable; /* num_prefill_lookahead - 1: trailing tokens caching leaves out (MTP) */
+    int cache_hashed_only;    /* caching stops at the request's hashed tokens (vLLM 0.33.0 on) */
     PyObject *skip_check;    /* skip_zeroing_group_ids -> a mask of groups (kvimpl.checks.check_skip_zeroing) */
     unsigned long long skip_mask; /* during one allocation: groups whose external blocks are not listed */
     /* block pool */

@@ -82,8 +82,8 @@ def configs(
     the profile refuses it (:class:`kvspec.errors.ConfigError`).
 
     A switch named in ``excluded`` (``caching``, ``eagle``, ``events``,
-    ``stats``, ``watermark``, ``mtp``) is turned off after the draws, so the
-    draws are the same with or without exclusions."""
+    ``stats``, ``watermark``, ``mtp``, ``lookahead_hashes``) is turned off
+    after the draws, so the draws are the same with or without exclusions."""
     shape = draw(st.sampled_from(drawable(shapes, profile)))
     if "mtp" in excluded:  # an MTP shape runs its kinds without the drafter's inputs
         shape = replace(shape, mtp=0)
@@ -124,11 +124,20 @@ def configs(
     # group's block is coarser than the hash block (coarse keys, partial tails, fine-grained hits).
     if draw(st.sampled_from([False, False, False, True])) and caching and len(groups) > 1:
         fields["hash_block_size"] = bs // 2
+    # Look-ahead block hashes, vLLM's default for EAGLE-style drafters with prefix caching from
+    # 0.33.0 on (one run in three keeps the trailing-block drop, which a KV connector or
+    # disable_lookahead_block_hashes selects); drawn last, and only there, so other runs draw as before.
+    ahead = 0
+    if profile.lookahead_block_hashes and eagle and caching and draw(st.sampled_from([True, True, False])):
+        ahead = max(shape.mtp, 1)
     for feature, key, off in _SWITCHES:
         if feature in excluded:
             fields[key] = off
     if not fields["use_eagle"] or not profile.eagle_group_flags:
         fields["eagle_groups"] = ()
+    if ahead and fields["use_eagle"] and fields["enable_caching"] and "lookahead_hashes" not in excluded:
+        # The scheduler then builds the manager without use_eagle; the groups keep their flags.
+        fields["num_hash_lookahead_tokens"], fields["use_eagle"] = ahead, False
     if not profile.admission_controls:  # options the release lacks (drawn all the same, so draws line up)
         fields["watermark"], fields["max_num_batched_tokens"] = 0.0, None
     try:

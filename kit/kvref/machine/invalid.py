@@ -23,7 +23,13 @@ from hypothesis import strategies as st
 from kvref.capabilities import CALLER_ERRORS
 from kvref.hypothesis_compat import boolean, choose
 from kvref.machine.base import Action
-from kvref.machine.invalid_inputs import BAD_CONFIGS, BAD_REQUESTS, MTP_BAD_CONFIGS, InvalidInputs
+from kvref.machine.invalid_inputs import (
+    BAD_CONFIGS,
+    BAD_REQUESTS,
+    HASH_LOOKAHEAD_BAD_CONFIGS,
+    MTP_BAD_CONFIGS,
+    InvalidInputs,
+)
 from kvref.ops import ZEROING_RANGE
 from kvspec.config import FULL_TYPE_KINDS, prefix_cacheable
 
@@ -280,6 +286,9 @@ class InvalidRules(InvalidInputs):
             if self.cfg.num_prefill_lookahead and boolean(data):
                 for mtp_kind in MTP_BAD_CONFIGS:
                     self._invalid_config(mtp_kind)
+            elif self.cfg.num_hash_lookahead_tokens and boolean(data):  # runs with look-ahead hashes alone
+                for hash_kind in HASH_LOOKAHEAD_BAD_CONFIGS:
+                    self._invalid_config(hash_kind)
             else:
                 self._invalid_config(choose(data, BAD_CONFIGS))
             return

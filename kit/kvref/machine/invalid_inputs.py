@@ -41,6 +41,9 @@ MTP_BAD_CONFIGS = ("lookahead", "retained", "lookahead_old_release", "lookahead_
 """Broken multi-module MTP inputs: a negative look-ahead, a negative retained count, the inputs
 under a release before them, a look-ahead past the scheduler block under EAGLE. Under the MTP
 shapes (:data:`kvref.shapes.MTP_SHAPES`) half the broken-config actions try all of them."""
+HASH_LOOKAHEAD_BAD_CONFIGS = ("hash_lookahead", "hash_lookahead_old_release")
+"""Broken look-ahead block hashes: a negative count, and look-ahead hashes under a release before
+them (vLLM 0.32.0). In runs that draw look-ahead hashes half the broken-config actions try both."""
 BAD_REQUESTS = (
     "request_id", "empty_prompt", "str_prompt", "negative_token", "lora_id", "lora_path", "append_str",
     "logprobs_flag", "logprob_start", "start_without_logprobs",
@@ -98,6 +101,8 @@ def bad_config(cfg: KVCacheConfig, kind: str) -> dict[str, Any] | None:
         "retained": {"groups": (SlidingWindow(bs, 2, -1),)},
         "lookahead_old_release": {"profile": VLLM_0_27_1, "num_prefill_lookahead": 2},
         "lookahead_eagle": dict(cached, groups=(FullAttention(2),), use_eagle=True, num_prefill_lookahead=3),
+        "hash_lookahead": {"num_hash_lookahead_tokens": -1},
+        "hash_lookahead_old_release": {"profile": profile_named("vllm-0.32.0"), "num_hash_lookahead_tokens": 1},
     }
     return table[kind]
 

@@ -53,14 +53,14 @@ class MambaRelostRules(ScriptedMoves):
         cfg = self.cfg
         g = next(i for i, k in enumerate(cfg.groups) if isinstance(k, Mamba) and k.mode == "align")
         hbs, bs = cfg.resolved_hash_block_size(), cfg.groups[g].block_size
-        eagle, entries = tail_eagle(cfg), cfg.profile.mamba_tail_entries
+        eagle, entries, ahead = tail_eagle(cfg), cfg.profile.mamba_tail_entries, cfg.num_hash_lookahead_tokens
         lengths = tuple(
-            n for n in range(2, self._prompt_limit() + 1) if 0 < mamba_tail_boundary(n, hbs, eagle, entries) < n
+            n for n in range(2, self._prompt_limit() + 1) if 0 < mamba_tail_boundary(n, hbs, eagle, entries, ahead) < n
         )
         if not lengths:
             return
         n = choose(data, lengths)
-        tail = mamba_tail_boundary(n, hbs, eagle, entries)
+        tail = mamba_tail_boundary(n, hbs, eagle, entries, ahead)
         prompt = draw_tokens(data, n, n)  # not a shared prefix: A's lookup must not already cover its tail
         a = self._add({"prompt": prompt}, reusable=True)
         if not self._admit_now(data, a, connector=False, upto=tail) or not self._prefill(data, a, tail):

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from kvref.hypothesis_compat import integer
 from kvref.machine.base import MachineBase
+from kvref.scheduler_chunks import drafts_tokens
 
 
 class SpeculativeRules(MachineBase):
@@ -22,4 +23,4 @@ class SpeculativeRules(MachineBase):
     def _lookahead(self, data: st.DataObject) -> int:
         """Lookahead slots for a step: 0 to 2 under EAGLE (none otherwise, and
         none drawn), or 0 when this run's swarm turned lookahead off."""
-        return self._swarmed("lookahead", integer(data, 0, 2) if self.cfg.use_eagle else 0)
+        return self._swarmed("lookahead", integer(data, 0, 2) if drafts_tokens(self.cfg) else 0)

@@ -58,15 +58,15 @@ class TailRules(ConnectorRules):
         cfg = self.cfg
         hbs = cfg.resolved_hash_block_size()
         coarse = max(k.block_size for k in cfg.groups)
-        eagle = tail_eagle(cfg)
+        eagle, ahead = tail_eagle(cfg), cfg.num_hash_lookahead_tokens
         lengths = [
             n for n in range(2, self._prompt_limit() + 1)
-            if (t := mamba_tail_boundary(n, hbs, eagle, cfg.profile.mamba_tail_entries)) % coarse and t < n
+            if (t := mamba_tail_boundary(n, hbs, eagle, cfg.profile.mamba_tail_entries, ahead)) % coarse and t < n
         ]  # fmt: skip
         if not lengths:
             return
         n = choose(data, tuple(lengths))
-        tail = mamba_tail_boundary(n, hbs, eagle, cfg.profile.mamba_tail_entries)
+        tail = mamba_tail_boundary(n, hbs, eagle, cfg.profile.mamba_tail_entries, ahead)
         prompt = (choose(data, self.prefixes) + draw_tokens(data, n, n))[:n]
         twin = None
         if integer(data, 0, 3) == 0 and self._delayed_loads():

@@ -52,6 +52,7 @@ def supports(config: KVCacheConfig) -> str | None:
         "op:get_computed_blocks_for_connector",
         "op:truncate_computed_blocks",
         "mtp",  # num_prefill_lookahead and a window's extra_retained_tokens: the MTP shapes run without them
+        "lookahead_hashes",  # num_hash_lookahead_tokens (vLLM 0.33.0 on): EAGLE runs keep the trailing-block drop
     },
 )
 def make(config: KVCacheConfig) -> MyAdapter:

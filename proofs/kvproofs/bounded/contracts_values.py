@@ -86,9 +86,11 @@ def _block_extra_keys() -> Iterator[Case]:
 @contract(
     f"{HS}.extend_block_hashes",
     "sha256 x 9 extra-key sources x 0-6 tokens x hash blocks 1-3 x the hashes of any shorter prefix as "
-    "existing x tagged x resumed from the first feature x v0.25 forms x embeds digest None or the other form",
+    "existing x tagged x resumed from the first feature x v0.25 forms x embeds digest None or the other form; "
+    "look-ahead hashes: the sources x 0-7 tokens x hash blocks 1-2 x look-ahead 1-2 x shorter prefixes x tagged",
 )
 def _extend() -> Iterator[Case]:
+    yield from _extend_ahead()
     fn = get_hash_fn_by_name("sha256")
     seed = none_hash(fn, "0")
     for src, n, hbs, tagged, resume, v025 in product(
@@ -97,7 +99,41 @@ def _extend() -> Iterator[Case]:
         tokens = [t % 3 for t in range(n)]
         for m, digest in product(range(0, n + 1, hbs), (None, not v025)):
             existing = _reference_extend(fn, seed, hbs, (), tokens[:m], src, tagged, resume, v025, digest)
-            yield fn, seed, hbs, existing, tokens, src, tagged, resume, v025, digest
+            yield fn, seed, hbs, existing, tokens, src, tagged, resume, v025, digest, 0
+
+
+def _extend_ahead() -> Iterator[Case]:
+    fn = get_hash_fn_by_name("sha256")
+    seed = none_hash(fn, "0")
+    for src, n, hbs, ahead, tagged in product(_SOURCES, range(8), (1, 2), (1, 2), (False, True)):
+        tokens = [t % 3 for t in range(n)]
+        for m in range(0, n + 1, hbs):
+            existing = _reference_extend(fn, seed, hbs, (), tokens[:m], src, tagged, True, True, None, ahead)
+            yield fn, seed, hbs, existing, tokens, src, tagged, True, True, None, ahead
+
+
+@contract(
+    f"{HS}.lookahead_window_keys",
+    "9 extra-key sources x blocks [start, start + 1..2) for start 0-4 x look-ahead 1-3 x cursor -1/0/1 x tagged",
+)
+def _lookahead_window_keys() -> Iterator[Case]:
+    for src, start, size, ahead, cursor, tagged in product(
+        _SOURCES, range(5), (1, 2), (1, 2, 3), (-1, 0, 1), (False, True)
+    ):
+        yield src, start, start + size, ahead, cursor, tagged, True, None
+
+
+@contract(
+    f"{HS}.lookahead_extra_keys",
+    "9 extra-key sources x blocks [start, start + 1..2) for start 0-3 x look-ahead 1-2 x 8 tokens x cursor "
+    "-1/0 x tagged",
+)
+def _lookahead_extra_keys() -> Iterator[Case]:
+    tokens = [t % 3 for t in range(8)]
+    for src, start, size, ahead, cursor, tagged in product(
+        _SOURCES, range(4), (1, 2), (1, 2), (-1, 0), (False, True)
+    ):
+        yield src, tokens, start, start + size, ahead, cursor, tagged, True, None
 
 
 @contract(

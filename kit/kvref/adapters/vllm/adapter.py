@@ -149,7 +149,7 @@ class VllmAdapter:
         os.environ[env.hash_seed] = self._seed
         api.init_none_hash(self._hash_fn)
         self._none_hash: Any = api.none_hash()
-        self._hasher: Any = api.request_block_hasher(self._hbs, self._hash_fn)
+        self._hasher: Any = api.request_block_hasher(self._hbs, self._hash_fn, config.num_hash_lookahead_tokens)
 
         self.manager: Any
         self.construction_workaround: str | None

@@ -198,13 +198,14 @@ class VllmApi:
             "dcp_world_size": "dcp_world_size",
             "pcp_world_size": "pcp_world_size",
             "num_prefill_lookahead": None,
+            "num_hash_lookahead_tokens": None,
         }
     )
     """kvref config value -> ``KVCacheManager(kv_cache_config, **kw)`` keyword
     (None: the release has no such parameter; see :attr:`manager_arg_defaults`)."""
 
     manager_arg_defaults: ClassVar[Mapping[str, Any]] = _frozen(
-        {"max_num_batched_tokens": None, "watermark": 0.0, "num_prefill_lookahead": 0}
+        {"max_num_batched_tokens": None, "watermark": 0.0, "num_prefill_lookahead": 0, "num_hash_lookahead_tokens": 0}
     )
     """The value a missing ``KVCacheManager`` parameter tolerates. A missing
     ``scheduler_block_size`` is always tolerated: it is derived from the
@@ -374,8 +375,11 @@ class VllmApi:
         """``kv_cache_utils.NONE_HASH`` (None before the first ``init_none_hash``)."""
         return getattr(self.ku, "NONE_HASH", None)
 
-    def request_block_hasher(self, hash_block_size: int, hash_fn: Any) -> Any:
-        """``kv_cache_utils.get_request_block_hasher``."""
+    def request_block_hasher(self, hash_block_size: int, hash_fn: Any, lookahead: int = 0) -> Any:
+        """``kv_cache_utils.get_request_block_hasher`` (with ``lookahead``
+        look-ahead tokens per hash from the 0.33 era on; other eras take 0)."""
+        if lookahead:
+            return self.ku.get_request_block_hasher(hash_block_size, hash_fn, lookahead)
         return self.ku.get_request_block_hasher(hash_block_size, hash_fn)
 
     def block_key(self, block_hash: Any, group: int) -> Any:
@@ -435,6 +439,7 @@ class VllmApi:
             "dcp_world_size": config.dcp_world_size,
             "pcp_world_size": config.pcp_world_size,
             "num_prefill_lookahead": config.num_prefill_lookahead,
+            "num_hash_lookahead_tokens": config.num_hash_lookahead_tokens,
         }
         kwargs: dict[str, Any] = {}
         for name, value in values.items():
@@ -1194,13 +1199,17 @@ class VllmApi033(VllmApi032):
     """vLLM 0.33 era: constructing a cached Mamba group in a mode other than
     ``align`` fails an assertion, reported here as :class:`kvspec.errors.ConfigError`;
     ``KpoolTailSpec`` is gone (since 0.32.0, where kvspec's profile refuses it);
-    ``get_computed_blocks`` takes ``max_cache_hit_length``."""
+    ``get_computed_blocks`` takes ``max_cache_hit_length``; look-ahead block
+    hashes (``KVCacheManager(num_hash_lookahead_tokens=...)``, the request
+    hasher's third argument, ``BlockStored.lookahead_token_ids``)."""
 
     era = "0.33"
     since = (0, 33, 0)
     verified: ClassVar[tuple[str, ...]] = ("0.33.0",)
     spec_classes = _frozen({k: v for k, v in VllmApi032.spec_classes.items() if k != "KpoolTail"})
     hit_length_bound = True
+    manager_args = _frozen({**VllmApi028.manager_args, "num_hash_lookahead_tokens": "num_hash_lookahead_tokens"})
+    block_stored_fields: ClassVar[tuple[str, ...]] = (*VllmApi.block_stored_fields, "lookahead_token_ids")
 
     def check_config(self, config: KVCacheConfig) -> None:
         """Reject a cached Mamba group whose mode is not ``align`` (vLLM asserts)."""

@@ -67,6 +67,8 @@ def convert_event(api: VllmApi, event: Any) -> KVCacheEvent:
         stored["block_size"] = int(stored["block_size"])
         if "extra_keys" in stored:
             stored["extra_keys"] = freeze(stored["extra_keys"])
+        if stored.get("lookahead_token_ids") is not None:
+            stored["lookahead_token_ids"] = tuple(tuple(int(t) for t in ts) for ts in stored["lookahead_token_ids"])
         return BlockStored(**stored)
     if kind == "removed":
         removed = {name: getattr(event, name) for name in api.block_removed_fields}
