@@ -208,6 +208,12 @@ def _eagle_mamba(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, p
     return any(length != n for length in _hit_lengths(cfg, vllm_out))
 
 
+def _answered(spec_out: Json) -> bool:
+    """Whether kvspec answered a lookup (its blocks, or 0.34.0's cached-token count), or there is
+    no kvspec side: the safety level runs a target alone and asks about its crash with None."""
+    return spec_out is None or isinstance(spec_out, int) or (isinstance(spec_out, dict) and "blocks" in spec_out)
+
+
 def _connector_bound_crash(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> bool:
     """vLLM 0.33.0's sliding-window, chunked-local or Mamba finder raising IndexError under a bound
     where kvspec answers (both read the request's hashes up to the bound): in a connector's lookup
@@ -216,7 +222,7 @@ def _connector_bound_crash(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_ou
     plain = op["op"] == "get_computed_blocks" and not any(isinstance(k, FULL_TYPE_KINDS) for k in cfg.groups)
     return (
         (op["op"] == "get_computed_blocks_for_connector" or plain) and "max_cache_hit_length" in op
-        and vllm_out == {"crash": "IndexError"} and isinstance(spec_out, dict) and "blocks" in spec_out
+        and vllm_out == {"crash": "IndexError"} and _answered(spec_out)
         and any(isinstance(k, Mamba | SlidingWindow | ChunkedLocal) for k in cfg.groups)
     )  # fmt: skip
 
@@ -230,7 +236,6 @@ def _lookahead_lookup_crash(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_o
     finder would cut the length first); a KV connector's lookup, which looks each group up
     alone, also in a hybrid with a Mamba group (measured on 0.33.0 and 0.34.0: a hybrid's window
     or chunk group does not meet it there)."""
-    answered = isinstance(spec_out, int) or (isinstance(spec_out, dict) and "blocks" in spec_out)
     no_full = not any(isinstance(k, FULL_TYPE_KINDS) for k in cfg.groups)
     lagging = any(isinstance(k, Mamba | SlidingWindow | ChunkedLocal) for k in cfg.groups)
     plain = op["op"] in ("get_computed_blocks", "get_num_cached_tokens") and no_full and lagging
@@ -238,7 +243,8 @@ def _lookahead_lookup_crash(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_o
         any(isinstance(k, Mamba) for k in cfg.groups) or (no_full and lagging)
     )
     return (
-        cfg.num_hash_lookahead_tokens >= 2 and (plain or connector) and vllm_out == {"crash": "IndexError"} and answered
+        cfg.num_hash_lookahead_tokens >= 2 and (plain or connector) and vllm_out == {"crash": "IndexError"}
+        and _answered(spec_out)
     )
 
 

@@ -238,6 +238,7 @@ def test_lookahead_crash_only_from_two_tokens_and_without_a_full_attention_group
     connector = {"op": "get_computed_blocks_for_connector", "rid": "r"}
     answered = {"blocks": [[], []], "num_tokens": 0, "hit_diverged": False}
     assert explain(hybrid, connector, crash, answered, False) is None  # a hybrid's window group answers
+    assert explain(window, lookup, crash, None, False) == "lookahead-lookup-crash"  # the safety level: no kvspec side
     mamba_hybrid = config(2, FullAttention(2), Mamba(2, "align"))
     assert explain(mamba_hybrid, connector, crash, answered, False) == "lookahead-lookup-crash"
     assert explain(mamba_hybrid, lookup, crash, {"blocks": [[], []], "num_tokens": 0}, False) is None
