@@ -128,9 +128,14 @@ if [[ -n "$OTHER_CORPORA" ]]; then
 fi
 if vllm_in python; then
     timed "replay $BASELINE corpus (vllm)" replay kvref "$BASE_CORPUS" vllm
+    # vLLM's own scheduler recorded again and compared with the stored scheduler traces:
+    # catches a recorder that no longer records what is stored (or cannot record at all).
+    timed "scheduler traces of vLLM $BASELINE re-recorded (--check)" python -m kvtools scheduler-traces --check
 fi
 if [[ -x "$NEWEST_VENV/bin/kvref" ]] && vllm_in "$NEWEST_VENV/bin/python"; then
     timed "replay $NEWEST corpus (vllm)" replay "$NEWEST_VENV/bin/kvref" "$NEW_CORPUS" vllm
+    timed "scheduler traces of vLLM $NEWEST re-recorded (--check)" \
+        "$NEWEST_VENV/bin/python" -m kvtools scheduler-traces --check
     # kvimpl's device tables against the newest release's own worker tables (pytest runs
     # tests/conformance/test_worker_tables.py against the baseline release), where its worker
     # still has the v1 InputBatch (up to vLLM 0.33.0; 0.34.0's model runner keeps another layout).

@@ -276,38 +276,27 @@ class RequestHasher:
 
     def extend(self, tokens: list[int], hashes: list[BlockHash], extra: ExtraKeySource) -> None:
         """Append the hash of every block of ``tokens`` that is full and not
-        hashed yet (``kvspec.hashing.extend_block_hashes``, incrementally)."""
+        hashed yet (``kvspec.hashing.extend_block_hashes``, incrementally);
+        under look-ahead hashes a block once the ``lookahead`` tokens after it
+        exist, its extra keys those of its look-ahead window."""
         bs, fn, ahead = self.hash_block_size, self.fn, self.lookahead
         start = len(hashes) * bs
-        if ahead:
-            self._extend_ahead(tokens, hashes, extra)
-            return
-        if _no_extra_keys(extra):
+        if not ahead and _no_extra_keys(extra):
             while start + bs <= len(tokens):
                 parent = hashes[-1] if hashes else self.seed_hash
                 hashes.append(BlockHash(fn((parent, tuple(tokens[start : start + bs]), None))))
                 start += bs
             return
-        cursor = 0 if start == 0 or self.resume_from_first else -1
-        while start + bs <= len(tokens):
-            end = start + bs
-            keys, cursor = block_extra_keys(extra, start, end, cursor, self.tagged, self.v025_forms, self.embeds_digest)
-            parent = hashes[-1] if hashes else self.seed_hash
-            hashes.append(hash_block_tokens(fn, parent, tokens[start:end], keys))
-            start = end
-
-    def _extend_ahead(self, tokens: list[int], hashes: list[BlockHash], extra: ExtraKeySource) -> None:
-        """:meth:`extend` under look-ahead hashes: a block once the tokens after it exist."""
-        bs, ahead = self.hash_block_size, self.lookahead
-        start = len(hashes) * bs
+        tagged, forms, digest = self.tagged, self.v025_forms, self.embeds_digest
         cursor = 0 if start == 0 or self.resume_from_first else -1
         while start + bs + ahead <= len(tokens):
             end = start + bs
-            keys, cursor = lookahead_extra_keys(
-                extra, tokens, start, end, ahead, cursor, self.tagged, self.v025_forms, self.embeds_digest
-            )
+            if ahead:
+                keys, cursor = lookahead_extra_keys(extra, tokens, start, end, ahead, cursor, tagged, forms, digest)
+            else:
+                keys, cursor = block_extra_keys(extra, start, end, cursor, tagged, forms, digest)
             parent = hashes[-1] if hashes else self.seed_hash
-            hashes.append(hash_block_tokens(self.fn, parent, tokens[start:end], keys))
+            hashes.append(hash_block_tokens(fn, parent, tokens[start:end], keys))
             start = end
 
     def _hashed_in_c(self, extra: ExtraKeySource) -> bool:

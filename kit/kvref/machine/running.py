@@ -112,7 +112,8 @@ class RunningRules(SpeculativeRules):
             # copy-on-write copies every step, on every model (configurations with copies hand
             # them off after each allocation already: kvref.scheduler.Scheduler.hand_off_copies).
             self._call({"op": "take_kv_cache_block_copies"})
-        if self.zeroes and self._allowed("op:take_new_block_ids"):
+        drained = self.zeroes and self._allowed("op:take_new_block_ids")
+        if drained:
             # The end of the previous step's scheduling: a scheduler whose model zeroes fresh
             # blocks (one with a Mamba group) drains the zeroing list every step (vLLM 0.24.0 on,
             # vllm/v1/core/sched/scheduler.py), so the list a step zeroes is that step's own.
@@ -126,7 +127,7 @@ class RunningRules(SpeculativeRules):
             if multi and boolean(data):
                 ids = [choose(data, multi)]  # a block with secondary keys: every key leaves with it
             self._call({"op": "evict_blocks", "block_ids": ids})
-        elif which:
+        elif which and not (drained and which == "take_new_block_ids"):  # drained above: nothing new since
             self._call({"op": which})
 
     def _multi_key_blocks(self) -> tuple[int, ...]:
