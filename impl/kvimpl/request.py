@@ -289,6 +289,7 @@ class RequestHasher:
             return
         tagged, forms, digest = self.tagged, self.v025_forms, self.embeds_digest
         cursor = 0 if start == 0 or self.resume_from_first else -1
+        keys: tuple[Any, ...] | None
         while start + bs + ahead <= len(tokens):
             end = start + bs
             if ahead:
