@@ -205,7 +205,18 @@ def _eagle_mamba(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, p
     # than the hit (the look-ahead raised the hit after full attention was
     # trimmed), or a list longer than a hit that an earlier pass cut.
     n = vllm_out["num_tokens"]
-    return any(length != n for length in _hit_lengths(cfg, vllm_out))
+    if any(length != n for length in _hit_lengths(cfg, vllm_out)):
+        return True
+    # Or a longer hit whose lists agree: the Mamba look-ahead raised the candidate after
+    # a window group's drop had cut it, and the next pass took the window group's drop as
+    # verified (its look-ahead block is not cached). The hit then ends on the state block
+    # an EAGLE Mamba group found.
+    longer = isinstance(spec_out, dict) and isinstance(spec_out.get("num_tokens"), int) and n > spec_out["num_tokens"]
+    return longer and any(
+        isinstance(k, Mamba) and g in eagle and vllm_out["blocks"][g] and vllm_out["blocks"][g][-1] != 0
+        and len(vllm_out["blocks"][g]) * k.block_size == n
+        for g, k in enumerate(cfg.manager_groups())
+    )  # fmt: skip
 
 
 def _answered(spec_out: Json) -> bool:

@@ -105,6 +105,19 @@ def test_eagle_mamba_hit_with_lists_longer_than_a_shrunk_hit() -> None:
     assert explain(EAGLE_MAMBA_ALIGN_SWA, LOOKUP, vllm_out, spec_out, False) == "eagle-mamba-hit"
 
 
+def test_eagle_mamba_hit_longer_and_ending_on_a_mamba_state() -> None:
+    """The third form: a longer hit whose lists agree, ending on the state block the
+    EAGLE Mamba group found with its look-ahead (FullAttention(2) + SlidingWindow(2,
+    window 1) + Mamba(2, align), the window and Mamba groups flagged)."""
+    cfg = KVCacheConfig(
+        num_blocks=16, max_model_len=32, use_eagle=True, eagle_groups=(1, 2), profile=VLLM_0_25_1,
+        groups=(FullAttention(2), SlidingWindow(2, 1), Mamba(2, "align")),
+    )  # fmt: skip
+    spec_out = {"blocks": [[], [], []], "num_tokens": 0}
+    assert explain(cfg, LOOKUP, {"blocks": [[1], [2], [3]], "num_tokens": 2}, spec_out, False) == "eagle-mamba-hit"
+    assert explain(cfg, LOOKUP, {"blocks": [[1], [2], [0]], "num_tokens": 2}, spec_out, False) is None
+
+
 def test_a_well_formed_difference_is_not_explained() -> None:
     vllm_out = {"blocks": [[1], [0], [0, 7]], "num_tokens": 4}
     spec_out = {"blocks": [[], [], []], "num_tokens": 0}
