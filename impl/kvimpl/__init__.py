@@ -58,6 +58,8 @@ PROFILE_SWITCHES = frozenset(
         "skip_zeroing_arg",  # checks.check_skip_zeroing
         "prefill_lookahead",  # config_rules.admission_cap, num_skipped_tokens, KVCacheCoordinator.cache_blocks
         "lookahead_block_hashes",  # request.RequestHasher, SingleTypeKVCacheManager.cache_blocks, block_pool events
+        "retention_kinds", "retention_zero_any_model",  # retention.retention_applies (and kvspec's validation)
+        "retention_boundaries",  # retention.reachable_boundaries
         "connector_lookup_op",  # kv_cache_manager.require_operation, config_rules.lagging_hits
         "truncate_mamba_lagging",  # kv_cache_manager.truncated_group
         "per_group_eagle_margin",  # kv_cache_coordinator.HybridCoordinator.find_longest_cache_hit_per_group

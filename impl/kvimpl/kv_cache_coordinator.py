@@ -38,6 +38,7 @@ from kvimpl.partial_hits import (
     partial_hash_hits_enabled,
 )
 from kvimpl.partial_tail import registers_partial_tail
+from kvimpl.retention import retention_applies
 from kvimpl.single_type_kv_cache_manager import eagle_window_hit_before_drop, find_longest_cache_hit, make_manager
 from kvspec.block_pool import BlockId
 from kvspec.config import AttentionKind, ChunkedLocal, CrossAttention, KVCacheConfig, Mamba, SlidingWindow
@@ -98,8 +99,12 @@ class KVCacheCoordinator:
         # (hybrid_cache_reachable_only off).
         if not p.hybrid_cache_reachable_only:
             mask_alignment = None
-        for m in self.managers:
+        retention, replay_eagle = config.prefix_cache_retention_interval, bool(self.eagle_group_ids)
+        for m, engine_kind in zip(self.managers, config.groups, strict=True):
             m.cache_mask_alignment = mask_alignment
+            m.replay_eagle = replay_eagle
+            if retention_applies(engine_kind, p):
+                m.retention = retention
         self.is_cross = tuple(isinstance(kind, CrossAttention) for kind in config.groups)
         # Only these kinds ever skip leading tokens; the others' remove_skipped_blocks is a no-op.
         self.skipping = tuple(m for m in self.managers if isinstance(m.kind, SlidingWindow | ChunkedLocal | Mamba))

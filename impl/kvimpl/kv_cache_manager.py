@@ -142,7 +142,10 @@ class KVCacheManager(StepAPI):
         self.prefix_cache_stats = PrefixCacheStats() if config.log_stats else None
         self.shared_prefix_boundary: dict[str, int] = {}
         """Non-zero ``shared_prefix_boundary`` of each request's latest lookup
-        (vLLM keeps it on the request; :meth:`get_prefix_hint`)."""
+        (vLLM keeps it on the request; :meth:`get_prefix_hint`; the retention
+        masks of the group managers read it)."""
+        for m in self.coordinator.managers:
+            m.junctions = self.shared_prefix_boundary
         p = config.profile
         self.stats_at_lookup = p.stats_at_lookup
         self.lookup_returns_boundary = p.lookup_returns_boundary

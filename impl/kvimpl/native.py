@@ -118,6 +118,9 @@ NATIVE_SWITCHES = frozenset(
         # Look-ahead block hashes: core parameter cache_hashed_only (caching stops at the hashed
         # tokens); a configuration that sets num_hash_lookahead_tokens is declined (native_unsupported).
         "lookahead_block_hashes",
+        # The retention interval: its switches act only with one, and a configuration that sets
+        # one is declined (native_unsupported).
+        "retention_kinds", "retention_boundaries", "retention_zero_any_model",
         # The lookup's entry in Python (NativeKVCacheManager.get_computed_blocks, get_num_cached_tokens):
         # the length of a lookup is computed there and passed to the core's lookup_bounded.
         "num_cached_tokens_op", "hit_limit_at_construction", "hit_length_bound",
@@ -189,6 +192,9 @@ def native_unsupported(config: KVCacheConfig) -> str | None:
     if config.num_hash_lookahead_tokens:
         # Its cache path counts full blocks from the tokens alone; look-ahead hashes lag them.
         return f"look-ahead block hashes (num_hash_lookahead_tokens={config.num_hash_lookahead_tokens})"
+    if config.prefix_cache_retention_interval is not None:
+        # Its cache path masks with the dense window rule only.
+        return f"a prefix-cache retention interval ({config.prefix_cache_retention_interval})"
     if len(config.groups) > 64:
         return f"{len(config.groups)} groups (the native core takes up to 64)"
     for gid, kind in enumerate(config.groups):

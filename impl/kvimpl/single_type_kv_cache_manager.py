@@ -26,6 +26,7 @@ from kvimpl.invariants import require
 from kvimpl.mamba_tail import cache_mamba_tail_block, registers_mamba_tail
 from kvimpl.partial_hits import apply_cow, has_partial_local_hit, move_block_hashes, record_partial_hit
 from kvimpl.partial_tail import cache_partial_tail_block, registers_partial_tail
+from kvimpl.retention import reachable_boundaries
 from kvspec.block_pool import BlockId
 from kvspec.config import (
     MLA,
@@ -87,11 +88,13 @@ class SingleTypeKVCacheManager:
         self.scheduler_block_size = scheduler_block_size
         self.admission_cap = admission_cap
         self.eagle_reach = config.profile.hybrid_cache_eagle_reach
+        """An EAGLE group caches for its look-ahead block (vLLM 0.23.0 on; profile switch
+        ``hybrid_cache_eagle_reach``, kvspec's ``caches_eagle_peek``)."""
         self.cache_hashed_only = config.profile.lookahead_block_hashes
         """Caching stops at the request's hashed tokens (vLLM 0.33.0 on; profile switch
         ``lookahead_block_hashes``); before, a request with fewer hashes raises IndexError."""
-        """An EAGLE group caches for its look-ahead block (vLLM 0.23.0 on; profile switch
-        ``hybrid_cache_eagle_reach``, kvspec's ``caches_eagle_peek``)."""
+        self.profile = config.profile
+        """The semantics profile (read for the retention boundaries, :func:`kvimpl.retention.reachable_boundaries`)."""
         self.use_eagle = False
         self.mask_kind = kind
         """The kind the sliding-window cache mask counts in: the engine's
@@ -102,6 +105,12 @@ class SingleTypeKVCacheManager:
         self.new_block_ids: list[BlockId] = []
         self.cache_mask_alignment: int | None = scheduler_block_size
         """Alignment of the caching mask, None for no mask (set by the coordinator)."""
+        self.retention: int | None = None
+        """The retention interval this group thins its caching by (set by the coordinator)."""
+        self.replay_eagle = False
+        """The model has EAGLE groups (set by the coordinator)."""
+        self.junctions: dict[str, int] = {}
+        """Each request's shared-prefix boundary (the manager's dict, set by it)."""
         self.partial_hit: dict[str, tuple[int, BlockId]] = {}
         """Requests whose table entry (index, block) is shared and is privatised at
         their next allocation (upstream ``_partial_hit_reqs``)."""
@@ -217,7 +226,16 @@ class SingleTypeKVCacheManager:
             mask = None
             if align is not None:
                 eagle = self.use_eagle and self.eagle_reach
-                mask = reachable_block_mask(self.mask_kind, num_cached, num_full, align, eagle)
+                if self.retention is None:
+                    mask = reachable_block_mask(self.mask_kind, num_cached, num_full, align, eagle)
+                else:
+                    bounds = reachable_boundaries(
+                        self.profile, request.num_prompt_tokens, self.scheduler_block_size, self.replay_eagle,
+                        self.junctions.get(rid, 0), self.use_eagle, self.block_size,
+                    )  # fmt: skip
+                    mask = retention_block_mask(
+                        self.mask_kind, num_cached, num_full, align, eagle, self.retention, bounds
+                    )
             table = self.req_to_blocks.setdefault(rid, [])
             self.pool.cache_full_blocks(request, table, num_cached, num_full, self.block_size, self.group_id, mask)
             self.num_cached_block[rid] = num_full
@@ -977,6 +995,49 @@ def reachable_block_mask(
         return None
     shift = 1 if use_eagle else 0
     return [i >= shift and (i - shift) % per >= per - need for i in range(start, end)]
+
+
+def retention_block_mask(
+    kind: AttentionKind,
+    start: int,
+    end: int,
+    alignment: int,
+    use_eagle: bool,
+    retention: int,
+    boundaries: Sequence[int],
+) -> list[bool] | None:
+    """Which of blocks ``[start, end)`` a group caches under the retention
+    interval ``retention`` (``kvspec.single_type_kv_cache_manager.retention_block_mask``);
+    None means all. A window group keeps the ``need`` blocks below each
+    multiple of ``retention`` (none at 0) and below each boundary, aligned
+    down (one block further under EAGLE); a Mamba group the state block
+    ending on each of them.
+
+    pre: 0 <= start <= end and alignment >= 1 and retention >= 0
+    post: __return__ is None or len(__return__) == end - start
+    """
+    if isinstance(kind, SlidingWindow):
+        bs = kind.block_size
+        need = contiguous_blocks_for_hit(kind.window, bs, use_eagle)
+        shift = int(use_eagle)
+        if retention and need >= retention // bs:
+            return None
+        keep: set[int] = set()
+        if retention:
+            per = retention // bs
+            keep.update(i for i in range(start, end) if i >= shift and (i - shift) % per >= per - need)
+        for b in boundaries:
+            top = b // alignment * alignment // bs + shift
+            keep.update(range(max(start, top - need), min(end, top)))
+        return [i in keep for i in range(start, end)]
+    if isinstance(kind, Mamba):
+        bs = kind.block_size
+        per = retention // bs
+        if retention and per <= 1:
+            return None
+        ends = {b // alignment * alignment // bs - 1 for b in boundaries}
+        return [(retention > 0 and (i + 1) % per == 0) or i in ends for i in range(start, end)]
+    return None
 
 
 def common_prefix_length(table: Sequence[BlockId], tables: dict[str, list[BlockId]], holders: list[int]) -> int:

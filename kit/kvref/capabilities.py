@@ -101,12 +101,13 @@ CAPABILITIES = {
 }
 """The capabilities :func:`declare` names and the features each leaves out."""
 
-CONFIG_FEATURES = ("caching", "eagle", "events", "stats", "watermark", "hybrid", "mtp", "lookahead_hashes")
+CONFIG_FEATURES = ("caching", "eagle", "events", "stats", "watermark", "hybrid", "mtp", "lookahead_hashes", "retention")
 """Features a configuration uses (besides its ``kind:<Class>`` names); ``mtp``:
 multi-module MTP inputs (``num_prefill_lookahead``, a window's
 ``extra_retained_tokens``; vLLM 0.28.0 on); ``lookahead_hashes``: look-ahead
 block hashes (``num_hash_lookahead_tokens``; vLLM 0.33.0 on, where EAGLE-style
-speculative decoding with prefix caching uses them by default)."""
+speculative decoding with prefix caching uses them by default); ``retention``: a
+prefix-cache retention interval (``prefix_cache_retention_interval``; vLLM 0.23.0 on)."""
 REQUEST_FEATURES = ("lora", "mm", "cache_salt", "prompt_embeds", "skip_reading_prefix_cache", "prompt_logprobs")
 """Features of ``add_request``: its extra-key sources, the skip flag and prompt logprobs."""
 ALLOCATE_FEATURES = {
@@ -328,6 +329,7 @@ def config_features(config: KVCacheConfig) -> set[str]:
         "hybrid": len(config.groups) > 1,
         "mtp": uses_prefill_lookahead(config),
         "lookahead_hashes": config.num_hash_lookahead_tokens > 0,
+        "retention": config.prefix_cache_retention_interval is not None,
     }
     return found | {name for name, on in flags.items() if on}
 

@@ -53,6 +53,9 @@ def _eagle(cfg: KVCacheConfig) -> str:
     return "some groups" if 0 < len(cfg.eagle_group_ids()) < len(cfg.groups) else "every group"
 
 
+RETENTION_CLASSES = ("retention interval 0", "retention interval above 0")
+"""The classes of runs with a prefix-cache retention interval (the verdict counts them)."""
+
 PROPERTIES: tuple[tuple[str, Predicate], ...] = (
     ("block = scheduler block", lambda c: Fraction(1) in _ratios(c, False)),
     ("block = 1/2 scheduler block", lambda c: Fraction(1, 2) in _ratios(c, False)),
@@ -75,6 +78,8 @@ PROPERTIES: tuple[tuple[str, Predicate], ...] = (
     ("eagle: every group", lambda c: _eagle(c) == "every group"),
     ("eagle: some groups", lambda c: _eagle(c) == "some groups"),
     ("eagle: look-ahead block hashes", lambda c: c.num_hash_lookahead_tokens > 0),
+    (RETENTION_CLASSES[0], lambda c: c.prefix_cache_retention_interval == 0),
+    (RETENTION_CLASSES[1], lambda c: (c.prefix_cache_retention_interval or 0) > 0),
     ("pool: at most 2 usable blocks", lambda c: c.num_blocks <= 3),
     ("pool: fewer usable blocks than 2 per group", lambda c: 3 < c.num_blocks <= 2 * len(c.groups)),
     ("pool: 6 to 8 blocks", lambda c: 6 <= c.num_blocks <= 8),

@@ -398,12 +398,14 @@ def config_to_json(cfg: KVCacheConfig) -> Json:
     """A config as a JSON object; kinds are ``{"kind": ClassName, ...fields}``.
     The semantics profile is not part of it (a trace header names it), nor are
     context-parallel world sizes of 1, a ``num_prefill_lookahead`` or
-    ``num_hash_lookahead_tokens`` of 0 or a window's ``extra_retained_tokens``
-    of 0 (traces older than them stay byte-equal)."""
+    ``num_hash_lookahead_tokens`` of 0, a ``prefix_cache_retention_interval``
+    of None or a window's ``extra_retained_tokens`` of 0 (traces older than
+    them stay byte-equal)."""
     data = asdict(cfg)
     del data["profile"]
     defaults = (
         ("dcp_world_size", 1), ("pcp_world_size", 1), ("num_prefill_lookahead", 0), ("num_hash_lookahead_tokens", 0),
+        ("prefix_cache_retention_interval", None),
     )  # fmt: skip
     for name, default in defaults:
         if data[name] == default:

@@ -106,6 +106,9 @@ def summary(stats: RunStats, title: str, excluded: frozenset[str] = frozenset())
         lines.append("  hit limits drawn: " + ", ".join(f"{k} {v:,}" for k, v in sorted(stats.hit_limits.items())))
     if stats.connector:
         lines.append("  connector lookups: " + ", ".join(f"{k} {v:,}" for k, v in sorted(stats.connector.items())))
+    retention = {name: stats.config_properties[name] for name in config_coverage.RETENTION_CLASSES}
+    if any(retention.values()):
+        lines.append("  runs with a retention interval: " + ", ".join(f"{k} {v:,}" for k, v in retention.items()))
     if stats.fallback_steps:
         lines.append(f"  steps on a fallback build: {sum(stats.fallback_steps.values()):,} of {stats.steps:,}")
         lines += [f"    x{n} {key}" for key, n in stats.fallback_steps.most_common()]

@@ -38,6 +38,7 @@ kvspec's status of the same name.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
@@ -186,7 +187,11 @@ def config_from_vllm(
         if required not in values:
             raise ConfigError(f"KVCacheManager needs {required}=..., which vLLM requires too")
 
-    _check_defaults(kv_cache_config, "KVCacheConfig", allowed={"num_blocks", "kv_cache_groups", "hash_block_size"})
+    _check_defaults(
+        kv_cache_config, "KVCacheConfig",
+        allowed={"num_blocks", "kv_cache_groups", "hash_block_size", "prefix_cache_retention_interval"},
+    )  # fmt: skip
+    retention = _retention(era, kv_cache_config)
     config_hbs = getattr(kv_cache_config, "hash_block_size", None)
     if config_hbs is not None and config_hbs != values["hash_block_size"]:
         raise ConfigError(
@@ -225,6 +230,7 @@ def config_from_vllm(
         hash_seed=hash_seed,
         int_block_hashes=int_block_hashes,
         profile=profile,
+        prefix_cache_retention_interval=retention,
         **values,
     )
     if scheduler_block_size is not None and scheduler_block_size != config.scheduler_block_size:
@@ -233,6 +239,28 @@ def config_from_vllm(
             "(the LCM of the group block sizes) and takes no other"
         )
     return config
+
+
+def _retention(era: _Release, kv_cache_config: Any) -> int | None:
+    """The retention interval the release's coordinator would read: the
+    ``KVCacheConfig`` field from the 0.29 era on, before it the environment
+    variable ``VLLM_PREFIX_CACHE_RETENTION_INTERVAL`` of this process (read
+    when the coordinator is built).
+
+    Raises:
+        ConfigError: A variable that is not an int.
+    """
+    if era.api.retention_field:
+        value = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
+        return None if value is None else int(value)
+    name = era.api.env.retention_interval
+    raw = None if name is None else os.environ.get(name)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an int") from None
 
 
 def _check_cp_sharding(specs: list[Any]) -> None:

@@ -269,6 +269,13 @@ class KVCacheConfig:
             ``use_eagle``): each block hash also covers the next this many
             tokens (:class:`kvspec.request.RequestBlockHasher`), so blocks are
             cached only up to the hashed tokens.
+        prefix_cache_retention_interval: Sparse caching in sliding-window
+            and Mamba groups (vLLM 0.23.0 on; upstream the environment
+            variable ``VLLM_PREFIX_CACHE_RETENTION_INTERVAL`` up to 0.28.0,
+            the ``KVCacheConfig`` field of this name from 0.29.0 on): None
+            caches as before, 0 only what the reachable boundaries need, a
+            positive multiple of the scheduler block size also what a hit at
+            each of its multiples needs (:mod:`kvspec.retention`).
         profile: The vLLM release whose behaviour applies (default: the newest
             supported, :data:`kvspec.profiles.NEWEST`).
 
@@ -294,6 +301,7 @@ class KVCacheConfig:
     pcp_world_size: int = 1
     num_prefill_lookahead: int = 0
     num_hash_lookahead_tokens: int = 0
+    prefix_cache_retention_interval: int | None = None
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -379,6 +387,7 @@ def _validate(cfg: KVCacheConfig) -> None:
         if not 0 <= gid < len(cfg.groups):
             raise ConfigError(f"eagle_groups names group {gid}, but there are {len(cfg.groups)} groups")
     validate_prefill_lookahead(cfg)
+    validate_retention(cfg)
     hbs = cfg.resolved_hash_block_size()
     if hbs < 1 or cfg.scheduler_block_size % hbs:
         raise ConfigError(f"hash_block_size {hbs} must divide the scheduler block size")
@@ -430,9 +439,7 @@ def validate_release_options(cfg: KVCacheConfig) -> None:
                 "vllm-0.24.0 (0.16.0-0.19.1 lack it)"
             )
     if not p.eagle_group_flags and cfg.eagle_groups:
-        raise UnsupportedByProfileError(
-            f"{p.name} has no per-group EAGLE flags (got eagle_groups={cfg.eagle_groups})"
-        )
+        raise UnsupportedByProfileError(f"{p.name} has no per-group EAGLE flags (got eagle_groups={cfg.eagle_groups})")
 
 
 def uses_prefill_lookahead(cfg: KVCacheConfig) -> bool:
@@ -475,6 +482,44 @@ def validate_prefill_lookahead(cfg: KVCacheConfig) -> None:
             f"num_prefill_lookahead {cfg.num_prefill_lookahead} exceeds the scheduler block size "
             f"{cfg.scheduler_block_size}: with prefix caching and EAGLE groups, a hit's dropped tail "
             "must hold every look-ahead token"
+        )
+
+
+def validate_retention(cfg: KVCacheConfig) -> None:
+    """The retention interval: a release that has one (profile switch
+    ``retention_kinds``), not under context parallelism or with ring groups
+    (not modelled), a model with a group that acts on it (a sliding window;
+    from vLLM 0.24.0 on a Mamba group too; from 0.29.0 on an interval of 0 is
+    accepted in any model), and a non-negative multiple of the scheduler
+    block size (vLLM raises ValueError when the coordinator is built).
+
+    raises: ConfigError, UnsupportedByProfileError
+    post: cfg.prefix_cache_retention_interval is None or cfg.prefix_cache_retention_interval % cfg.scheduler_block_size == 0
+    post: cfg.prefix_cache_retention_interval is None or cfg.profile.retention_kinds != "none"
+    """  # noqa: E501 - a PEP 316 condition is one line
+    ret, p = cfg.prefix_cache_retention_interval, cfg.profile
+    if ret is None:
+        return
+    if not isinstance(ret, int) or isinstance(ret, bool):
+        raise ConfigError(f"prefix_cache_retention_interval must be None or an int, got {ret!r}")
+    if p.retention_kinds == "none":
+        raise UnsupportedByProfileError(
+            f"{p.name} has no prefix-cache retention interval (got {ret}); it is new in vllm-0.23.0"
+        )
+    if cfg.dcp_world_size * cfg.pcp_world_size > 1 or any(isinstance(g, RING_KINDS) for g in cfg.groups):
+        raise UnsupportedByProfileError(
+            f"{p.name}: a retention interval (got {ret}) with context parallelism or ring groups is not modelled"
+        )
+    kinds = (SlidingWindow, Mamba) if p.retention_kinds == "swa+mamba" else (SlidingWindow,)
+    if not any(isinstance(g, kinds) for g in cfg.groups) and not (ret == 0 and p.retention_zero_any_model):
+        acting = "sliding-window or Mamba" if p.retention_kinds == "swa+mamba" else "sliding-window"
+        raise ConfigError(
+            f"prefix_cache_retention_interval={ret}: the model has no {acting} group, the only groups it acts on"
+        )
+    if ret < 0 or ret % cfg.scheduler_block_size:
+        raise ConfigError(
+            f"prefix_cache_retention_interval={ret} must be a non-negative multiple of the scheduler block "
+            f"size {cfg.scheduler_block_size}"
         )
 
 
@@ -693,6 +738,5 @@ def validate_unitary_hash_block(cfg: KVCacheConfig) -> None:
     factor = bs // cfg.groups[0].block_size
     which = f"context-parallel manager block size {bs} (block_size {cfg.groups[0].block_size} x {factor})"
     raise ConfigError(
-        f"hash_block_size {hbs} must equal the {which if factor > 1 else f'block size {bs}'} "
-        "for one group with caching"
+        f"hash_block_size {hbs} must equal the {which if factor > 1 else f'block size {bs}'} for one group with caching"
     )

@@ -37,6 +37,7 @@ from kvspec.partial_hits import (
     partial_hash_hits_enabled,
 )
 from kvspec.request import Request
+from kvspec.retention import retention_applies
 from kvspec.single_type_kv_cache_manager import (
     MambaManager,
     caches_eagle_peek,
@@ -88,8 +89,16 @@ class KVCacheCoordinator:
         """Hits may end on any hash boundary (:mod:`kvspec.partial_hits`)."""
         self.hit_alignment = self.hash_block_size if self.partial_hash_hits else self.scheduler_block_size
         """Every hit length is a multiple of this (upstream ``_cache_hit_alignment_tokens``)."""
+        self.shared_prefix_boundary: dict[str, int] = {}
+        """Non-zero ``shared_prefix_boundary`` of each request's latest lookup
+        (vLLM keeps it on the request; the retention masks read it)."""
+        retention, replay_eagle = config.prefix_cache_retention_interval, bool(config.eagle_group_ids())
         for m, engine_kind in zip(self.managers, config.groups, strict=True):
             m.cache_mask_alignment = self.cache_mask_alignment()
+            m.junctions = self.shared_prefix_boundary
+            m.replay_eagle = replay_eagle
+            if retention_applies(engine_kind, config.profile):
+                m.retention = retention
             if isinstance(m, MambaManager):
                 m.drop_eagle_checkpoint = config.use_eagle
             if config.profile.cp_swa_mask_unscaled:

@@ -83,9 +83,10 @@ class KVCacheManager:
         self.event_keys: Counter[tuple[object, int | None]] = Counter()
         """Cache keys implied by the events taken so far (:func:`inv_events_replay_to_cache`)."""
         self.prefix_cache_stats = PrefixCacheStats() if config.log_stats else None
-        self.shared_prefix_boundary: dict[str, int] = {}
+        self.shared_prefix_boundary = self.coordinator.shared_prefix_boundary
         """Non-zero ``shared_prefix_boundary`` of each request's latest lookup
-        (vLLM keeps it on the request; :meth:`get_prefix_hint`)."""
+        (vLLM keeps it on the request; :meth:`get_prefix_hint`; the
+        coordinator's dict, which the retention masks read)."""
 
     @property
     def usage(self) -> float:

@@ -40,6 +40,8 @@ CommonPrefix = Literal["tables", "zero", "absent"]
 HitLengthBound = Literal["absent", "as-given", "capped"]
 CpBlockScaling = Literal["dcp-pcp", "dcp", "dcp-full-attention", "dcp-sharded"]
 TailEagle = Literal["none", "group", "model"]
+RetentionKinds = Literal["none", "swa", "swa+mamba"]
+RetentionBoundaries = Literal["prompt", "junction", "replay", "replay-eagle-junction"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,6 +367,20 @@ class SemanticsProfile:
     once they do; blocks are cached up to the hashed tokens, the Mamba tail sits
     at or below ``num_prompt_tokens - L``, and stored events name the look-ahead
     tokens: :func:`kvspec.hashing.extend_block_hashes`."""
+    retention_kinds: RetentionKinds = "swa+mamba"
+    """Which groups thin their caching under a prefix-cache retention interval
+    (new in 0.23.0, sliding-window groups; Mamba groups too from 0.24.0 on);
+    "none": the release has no retention interval:
+    :mod:`kvspec.retention`."""
+    retention_boundaries: RetentionBoundaries = "prompt"
+    """The positions a sparse caching mask keeps reachable: the prompt's last
+    token; from 0.26.0 also the request's shared-prefix boundary; from 0.30.0
+    the replay positions under EAGLE; from 0.33.0 also one block below the
+    junction in an EAGLE group: :func:`kvspec.retention.reachable_boundaries`."""
+    retention_zero_any_model: bool = False
+    """A retention interval of 0 is accepted in a model without sliding-window
+    and Mamba groups (0.29.0 on; before, any interval is refused there):
+    :func:`kvspec.config.validate_retention`."""
 
 
 VLLM_0_16_0 = SemanticsProfile(
@@ -394,6 +410,7 @@ VLLM_0_16_0 = SemanticsProfile(
     v016_swa_eagle_realign=False,
     external_cap_any_skip=False,
     cp_swa_mask_unscaled=False,
+    retention_kinds="none",
 )
 """vLLM 0.16.0, the oldest modelled release: freed blocks all go to the
 free-queue tail; multimodal keys are bare identifiers (closed at a feature's
@@ -421,9 +438,7 @@ VLLM_0_17_0 = replace(
 keys; Mamba subtracts its speculative block count when freeing skipped
 blocks and a state cached this step waits for ``new_step_starts``."""
 
-VLLM_0_17_1 = replace(
-    VLLM_0_17_0, name="vllm-0.17.1", release="0.17.1", new_block_ids_list=True, new_block_ids="full"
-)
+VLLM_0_17_1 = replace(VLLM_0_17_0, name="vllm-0.17.1", release="0.17.1", new_block_ids_list=True, new_block_ids="full")
 """0.17.1: ``take_new_block_ids`` reports the fresh blocks of full-attention
 groups (exactly ``FullAttentionSpec``: not MLA)."""
 
@@ -485,11 +500,13 @@ VLLM_0_23_0 = replace(
     new_block_ids="full-mla",
     skipped_unhashed_first=True,
     cp_swa_mask_unscaled=True,
+    retention_kinds="swa",
 )
 """0.23.0: an EAGLE group of a cached hybrid caches one block further;
 ``allocate_slots(reserved_blocks=...)``; ``take_new_block_ids`` reports MLA
 groups too; skipped blocks and a sliding-window request's freed blocks go
-unhashed first; the window cache mask counts in the unscaled block size."""
+unhashed first; the window cache mask counts in the unscaled block size;
+the prefix-cache retention interval (sliding-window groups)."""
 
 VLLM_0_24_0 = replace(
     VLLM_0_23_0,
@@ -501,11 +518,12 @@ VLLM_0_24_0 = replace(
     prefix_hint_op=True,
     coarse_hash_last_fine=True,
     external_cap_any_skip=True,
+    retention_kinds="swa+mamba",
 )
 """0.24.0: every free puts unhashed blocks first; the watermark and
 ``has_scheduled_reqs``; ``pop_blocks_for_free``; the prefix hint; a coarse
 block's key is its last fine hash; the external-token cap applies whenever
-tokens are skipped."""
+tokens are skipped; the retention interval thins Mamba groups too."""
 
 VLLM_0_25_0 = replace(VLLM_0_24_0, name="vllm-0.25.0", release="0.25.0", computed_block_ids_op=True)
 """0.25.0: ``get_block_ids_for_computed_tokens``."""
@@ -535,6 +553,7 @@ VLLM_0_26_0 = replace(
     record_zeroing_op=True,
     zeroing_range_op=True,
     skip_on_processed_tokens=True,
+    retention_boundaries="junction",
 )
 """0.26.0: fresh-block ids are recorded only for models with a Mamba group;
 Mamba keeps no speculative slack when freeing skipped blocks and gets no EAGLE
@@ -543,7 +562,8 @@ align groups coarser than the hash block get fine-grained hits with
 copy-on-write; the lookup returns the shared-prefix boundary as the
 scheduler's prefix hint; PCP no longer scales block sizes, nor DCP a Mamba
 group's; ``estimate_cached_tokens`` and ``record_blocks_for_zeroing`` are new; skipped blocks are freed on the
-processed-token basis (the request's in-flight tokens are subtracted)."""
+processed-token basis (the request's in-flight tokens are subtracted); the
+retention masks keep the shared-prefix boundary reachable."""
 
 VLLM_0_27_0 = replace(
     VLLM_0_26_0,
@@ -587,12 +607,13 @@ VLLM_0_29_0 = replace(
     cache_mask_hit_alignment=True,
     circular_buffer_kind=True,
     cp_block_scaling="dcp-full-attention",
+    retention_zero_any_model=True,
 )
 """0.29.0: every full-attention group is trimmed to the hit (kvspec always
 did; the ``second-full-group`` divergence ends); cached models whose groups
 share one kind are allowed; the sliding-window caching mask follows the hit
 alignment; the ring kind ``CircularBuffer``; DCP scales only
-full-attention-type groups."""
+full-attention-type groups; a retention interval of 0 is accepted in any model."""
 
 VLLM_0_30_0 = replace(
     VLLM_0_29_0,
@@ -604,12 +625,14 @@ VLLM_0_30_0 = replace(
     cp_swa_mask_unscaled=False,
     estimate_skips_uncacheable=True,
     mamba_align_retired_mark=True,
+    retention_boundaries="replay",
 )
 """0.30.0: SinkFull groups reserve no sink blocks (plain full attention); an
 EAGLE Mamba group's tail boundary is one hash unit lower; the ring kind
 ``KpoolTail``; the window cache mask counts in the DCP-scaled block size;
 ``estimate_cached_tokens`` leaves out the groups that are not prefix cacheable;
-Mamba align removes skipped state blocks across null gaps, above a retired mark."""
+Mamba align removes skipped state blocks across null gaps, above a retired mark;
+under EAGLE the retention masks keep the replay positions."""
 
 VLLM_0_31_0 = replace(
     VLLM_0_30_0,
@@ -658,11 +681,13 @@ VLLM_0_33_0 = replace(
     mamba_tail_skip_keyed=True,
     hit_length_bound="as-given",
     lookahead_block_hashes=True,
+    retention_boundaries="replay-eagle-junction",
 )
 """0.33.0: ``pop_blocks_for_free`` drops leading nulls; cached Mamba groups
 must use align mode; EAGLE group flags need ``use_eagle``; the Mamba tail
 skips a block already keyed at the boundary; ``get_computed_blocks`` takes
-an upper bound on the hit length; look-ahead block hashes."""
+an upper bound on the hit length; look-ahead block hashes; an EAGLE group's
+retention mask keeps one block below the junction too."""
 
 VLLM_0_34_0 = replace(
     VLLM_0_33_0,

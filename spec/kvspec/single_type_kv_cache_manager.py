@@ -35,6 +35,7 @@ from kvspec.partial_hits import apply_cow, has_partial_local_hit, move_block_has
 from kvspec.partial_tail import cache_partial_tail_block, registers_partial_tail
 from kvspec.profiles import NEWEST, SemanticsProfile
 from kvspec.request import Request
+from kvspec.retention import reachable_boundaries
 
 
 def cdiv(a: int, b: int) -> int:
@@ -90,6 +91,15 @@ class SingleTypeKVCacheManager:
         self.cache_mask_alignment: int | None = scheduler_block_size
         """Alignment of the caching mask, None for no mask (set by the
         coordinator, :meth:`kvspec.kv_cache_coordinator.KVCacheCoordinator.cache_mask_alignment`)."""
+        self.retention: int | None = None
+        """The retention interval this group thins its caching by, None for
+        none (set by the coordinator where :func:`kvspec.retention.retention_applies`)."""
+        self.replay_eagle = False
+        """The model has EAGLE groups (the reachable boundaries follow them from
+        vLLM 0.30.0 on; set by the coordinator)."""
+        self.junctions: dict[str, int] = {}
+        """Each request's shared-prefix boundary (the coordinator's dict,
+        :attr:`kvspec.kv_cache_manager.KVCacheManager.shared_prefix_boundary`)."""
         self.partial_hit: dict[str, tuple[int, BlockId]] = {}
         """Requests whose table entry (index, block) is shared and is privatised at
         their next allocation (upstream ``_partial_hit_reqs``)."""
@@ -179,7 +189,9 @@ class SingleTypeKVCacheManager:
         """Hash the table's full blocks up to ``num_tokens`` that are not cached
         yet (from vLLM 0.33.0 on never past the request's hashed tokens, which
         lag under look-ahead block hashes: profile switch
-        ``lookahead_block_hashes``); then, from vLLM 0.26.0 on, a full-attention
+        ``lookahead_block_hashes``), a sliding-window group only those a hit
+        can read, thinned further under a retention interval
+        (:func:`retention_block_mask`); then, from vLLM 0.26.0 on, a full-attention
         group coarser than the hash block registers its partial tail
         (:mod:`kvspec.partial_tail`)."""
         rid = request.request_id
@@ -189,7 +201,15 @@ class SingleTypeKVCacheManager:
         if num_cached < num_full:
             align = self.cache_mask_alignment
             mask = None
-            if align is not None:
+            if align is not None and self.retention is not None:
+                bounds = reachable_boundaries(
+                    self.profile, request.num_prompt_tokens, self.scheduler_block_size, self.replay_eagle,
+                    self.junctions.get(rid, 0), self.use_eagle, self.block_size,
+                )  # fmt: skip
+                mask = retention_block_mask(
+                    self.mask_kind, num_cached, num_full, align, caches_eagle_peek(self), self.retention, bounds
+                )
+            elif align is not None:
                 mask = reachable_block_mask(self.mask_kind, num_cached, num_full, align, caches_eagle_peek(self))
             table = self.req_to_blocks.setdefault(rid, [])
             self.pool.cache_full_blocks(request, table, num_cached, num_full, self.block_size, self.group_id, mask)
@@ -930,6 +950,63 @@ def reachable_block_mask(
         return None
     shift = 1 if use_eagle else 0
     return [i >= shift and (i - shift) % per >= per - need for i in range(start, end)]
+
+
+def retention_block_mask(
+    kind: AttentionKind,
+    start: int,
+    end: int,
+    alignment: int,
+    use_eagle: bool,
+    retention: int,
+    boundaries: Sequence[int],
+) -> list[bool] | None:
+    """Which of blocks ``[start, end)`` a group of ``kind`` caches under the
+    retention interval ``retention``; None means all of them (every kind
+    other than a sliding window or a Mamba group, and an interval too fine
+    to leave a block out).
+
+    A sliding-window hit ending on a boundary reads the ``need`` blocks
+    below it (one block further under EAGLE, whose hits are one block
+    longer); a Mamba hit reads the state block that ends on it. A boundary
+    counts at the alignment boundary at or below it.
+
+    pre: 0 <= start <= end and alignment >= 1 and retention >= 0
+    pre: not isinstance(kind, SlidingWindow | Mamba) or kind.block_size >= 1
+    pre: not isinstance(kind, SlidingWindow) or kind.window >= 1
+    post: __return__ is None or len(__return__) == end - start
+    post: isinstance(kind, SlidingWindow | Mamba) or __return__ is None
+    post: retention != 0 or __return__ is not None or not isinstance(kind, SlidingWindow | Mamba)
+    """
+    if isinstance(kind, SlidingWindow):
+        bs = kind.block_size
+        need = contiguous_blocks_for_hit(kind.window, bs, use_eagle)
+        shift = 1 if use_eagle else 0
+        mask = [False] * (end - start)
+        if retention:
+            per = retention // bs
+            if need >= per:
+                return None
+            mask = [i >= shift and (i - shift) % per >= per - need for i in range(start, end)]
+        for b in boundaries:
+            top = (b // alignment * alignment) // bs + shift
+            for j in range(max(start, top - need), min(end, top)):
+                mask[j - start] = True
+        return mask
+    if isinstance(kind, Mamba):
+        bs = kind.block_size
+        mask = [False] * (end - start)
+        if retention:
+            per = retention // bs
+            if per <= 1:
+                return None
+            mask = [(i + 1) % per == 0 for i in range(start, end)]
+        for b in boundaries:
+            last = (b // alignment * alignment) // bs - 1
+            if start <= last < end:
+                mask[last - start] = True
+        return mask
+    return None
 
 
 def common_prefix_length(table: Sequence[BlockId], tables: Sequence[Sequence[BlockId]]) -> int:

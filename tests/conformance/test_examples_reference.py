@@ -418,7 +418,6 @@ def test_common_prefix_pending_over_report(target: str) -> None:
 )
 def test_swa_cache_mask(target: str, use_eagle: bool, swa_pattern: str, swa_tokens: int) -> None:
     """BlockStored token_ids span unstored blocks: fa(16)+swa(4,8), 70 tokens."""
-    # The retention-interval rows of A.8 (retention 0 / 32) are out of scope (README).
     kv = make_kv(
         target, FullAttention(16), SlidingWindow(4, 8), num_blocks=32, use_eagle=use_eagle, enable_kv_cache_events=True
     )
@@ -435,6 +434,49 @@ def test_swa_cache_mask(target: str, use_eagle: bool, swa_pattern: str, swa_toke
     assert swa_ev.token_ids == tuple(range(swa_tokens))
     expected = [external_block_hash(a.block_hashes[i], True) for i, c in enumerate(swa_pattern) if c == "h"]
     assert list(swa_ev.block_hashes) == expected
+
+
+@pytest.mark.parametrize(
+    ("retention", "use_eagle", "swa_cached"),
+    [
+        (0, False, [14, 15]),
+        (32, False, [6, 7, 14, 15]),
+        (0, True, [14, 15, 16]),
+        (32, True, [6, 7, 8, 14, 15, 16]),
+    ],
+    ids=["retention 0", "retention 32", "retention 0 eagle", "retention 32 eagle"],
+)
+def test_swa_cache_mask_retention(target: str, retention: int, use_eagle: bool, swa_cached: list[int]) -> None:
+    """The same prompt under a retention interval (upstream the environment
+    variable ``VLLM_PREFIX_CACHE_RETENTION_INTERVAL``): 0 keeps only the
+    blocks a replay of the prompt reads (ending at 64, the last scheduler-block
+    boundary below its last token), 32 also those a hit ending at 32 reads;
+    full attention is not thinned."""
+    kv = make_kv(
+        target, FullAttention(16), SlidingWindow(4, 8), num_blocks=32, use_eagle=use_eagle,
+        prefix_cache_retention_interval=retention,
+    )  # fmt: skip
+    a = kv.req("a", range(70))
+    assert kv.a.allocate_slots(a, 70) is not None
+    fa, swa = kv.table("a")
+    hashed = kv.hashed()
+    assert pattern(kv, fa) == "hhhh-"
+    assert [i for i, b in enumerate(swa) if b in hashed] == swa_cached
+
+
+def test_mamba_cache_mask_retention(target: str) -> None:
+    """Mamba ``all`` mode under retention 8 (two blocks of 4): the states
+    ending on a multiple of 8 and the replay state (ending at 24, the last
+    block boundary at or below the prompt's last token, 25); without
+    retention every block."""
+    for retention, cached in ((None, [0, 1, 2, 3, 4, 5]), (8, [1, 3, 5])):
+        kv = make_kv(
+            target, FullAttention(4), Mamba(4, "all"), num_blocks=32, prefix_cache_retention_interval=retention
+        )
+        a = kv.req("a", range(26))
+        assert kv.a.allocate_slots(a, 26) is not None
+        hashed = kv.hashed()
+        assert [i for i, b in enumerate(kv.table("a")[1]) if b in hashed] == cached, retention
 
 
 # --------------------------------------------------------------------------- sharp edges

@@ -56,6 +56,7 @@ from kvspec.profiles import (
     VLLM_0_20_0,
     VLLM_0_21_0,
     VLLM_0_23_0,
+    VLLM_0_24_0,
     VLLM_0_25_1,
     VLLM_0_26_0,
     VLLM_0_27_0,
@@ -446,6 +447,13 @@ def hashed_only(mgr: Any, h: RequestBlockHasher) -> object:
     return mgr.get_computed_blocks(h.new_request("b", list(range(17))))
 
 
+def retained(mgr: Any, h: RequestBlockHasher) -> object:
+    """A 70-token prompt under a retention interval: which blocks each group caches
+    (the view's cache map)."""
+    admit(mgr, h.new_request("a", list(range(70))))
+    return None
+
+
 CONNECTOR_HYBRID = (FullAttention(4), Mamba(4, "align"))
 """The hybrid of the connector lookup's cases."""
 
@@ -637,6 +645,20 @@ CASES = [
     Case(
         "per_group_eagle_margin", VLLM_0_32_0, False, connector_eagle,
         {"groups": CONNECTOR_HYBRID, "use_eagle": True},
+    ),
+    Case(
+        "retention_kinds", VLLM_0_24_0, "swa", retained,
+        {"groups": (FullAttention(4), SlidingWindow(4, 4), Mamba(4, "all")), "prefix_cache_retention_interval": 8,
+         "max_model_len": 128, "num_blocks": 96},
+    ),
+    Case(
+        "retention_boundaries", VLLM_0_30_0, "junction", retained,
+        {"groups": (FullAttention(16), SlidingWindow(4, 8)), "use_eagle": True, "prefix_cache_retention_interval": 0,
+         "max_model_len": 128, "num_blocks": 64},
+    ),
+    Case(
+        "retention_zero_any_model", VLLM_0_29_0, False, retained,
+        {"groups": (FullAttention(4),), "prefix_cache_retention_interval": 0, "max_model_len": 128},
     ),
     Case("estimate_skips_uncacheable", VLLM_0_30_0, False, estimate, {"groups": (FullAttention(4), CircularBuffer(2))}),
     Case("kpool_tail_kind", VLLM_0_30_0, False, hybrid_hit, {"groups": (FullAttention(4), KpoolTail(2, 8))}),

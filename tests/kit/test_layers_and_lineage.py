@@ -390,11 +390,12 @@ def test_the_guides_fork_recipe_catches_a_planted_hit_cap(renamed_fork: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     """vLLM 0.25.1 renamed as a fork, with its prefix hit capped at every token instead of all but the last:
     ``kvref check --target renamed_fork:make_planted --against spec`` at its default settings finds it (seed 0:
-    after 3,796 steps, 5 s into the run; the dev goal of 2,000 steps it once had passed it)."""
+    after 3,796 steps, 5 s into the run, at a lookup; since the retention interval joined the draws, at the
+    prefix hint that reads the same capped hit; the dev goal of 2,000 steps it once had passed it)."""
     code = main(["check", "--target", "renamed_fork:make_planted", "--against", "spec"])
     err = capsys.readouterr().err
     assert code == DIVERGENCE, err[-1500:]
-    assert "unexplained divergence: fork-planted returned {'blocks'" in err
+    assert "unexplained divergence: fork-planted returned" in err
 
 
 @needs_vllm

@@ -184,11 +184,27 @@ def test_context_parallel_sizes_pass_through() -> None:
     assert old.scheduler_block_size == 64
 
 
-def test_config_fields_and_missing_keywords_are_refused() -> None:
-    kvc = standin(FullAttentionSpec(16))
+def test_retention_interval_is_translated() -> None:
+    """The 0.29 era's ``KVCacheConfig`` field, and the environment variable
+    the coordinator of the releases before it reads; kvspec's validation
+    applies to both (30 is not a multiple of the scheduler block, 16)."""
+    kvc = standin(FullAttentionSpec(16), SlidingWindowSpec(16, 32))
+    kvc.prefix_cache_retention_interval = 32
+    assert config_from_vllm(kvc, release="0.29.0", **MANAGER).prefix_cache_retention_interval == 32
     kvc.prefix_cache_retention_interval = 30
     with pytest.raises(ConfigError, match="prefix_cache_retention_interval=30"):
         config_from_vllm(kvc, release="0.29.0", **MANAGER)
+    old = standin(FullAttentionSpec(16), SlidingWindowSpec(16, 32))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", "0")
+        assert config_from_vllm(old, release="0.25.1", **MANAGER).prefix_cache_retention_interval == 0
+        mp.setenv("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", "x")
+        with pytest.raises(ConfigError, match="not an int"):
+            config_from_vllm(old, release="0.25.1", **MANAGER)
+    assert config_from_vllm(old, release="0.25.1", **MANAGER).prefix_cache_retention_interval is None
+
+
+def test_config_fields_and_missing_keywords_are_refused() -> None:
     with pytest.raises(ConfigError, match="hash_block_size"):
         config_from_vllm(standin(FullAttentionSpec(16)), release="0.29.0", max_model_len=64)
     with pytest.raises(ConfigError, match=r"no semantics profile for vLLM 0\.26\.1"):

@@ -43,7 +43,9 @@ def _run(tmp_path: Path, target: str, seed: int) -> RunStats:
 
 
 def test_the_flood_catches_hits_touched_per_group(tmp_path: Path) -> None:
-    with pytest.raises(LockstepFailure, match="views differ after allocate_slots"):
+    # caught where the hits' blocks are touched (the views differ) or where a later
+    # allocation hands out the blocks that order left free (the outputs differ)
+    with pytest.raises(LockstepFailure, match=r"views differ after allocate_slots|hits_touched_per_group returned"):
         for seed in range(3):
             _run(tmp_path, "kvtools.zoo:hits_touched_per_group", seed)
 

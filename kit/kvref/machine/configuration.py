@@ -8,6 +8,7 @@ tokens of every prompt the machine makes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,11 +23,12 @@ from kvref.hypothesis_compat import byte_string
 from kvref.lockstep import RunStats
 from kvref.shapes import SHAPES, Shape, build_kinds, drawable
 from kvref.swarm import swarm_default
-from kvspec.config import KVCacheConfig
+from kvspec.config import RING_KINDS, AttentionKind, KVCacheConfig
 from kvspec.errors import ConfigError
 from kvspec.hashing import HASH_FUNCTION_NAMES
 from kvspec.partial_tail import registers_partial_tail
 from kvspec.profiles import NEWEST, SemanticsProfile
+from kvspec.retention import retention_applies
 
 VOCAB = 4
 """Tokens are drawn from a tiny vocabulary so equal blocks recur by chance too."""
@@ -82,7 +84,7 @@ def configs(
     the profile refuses it (:class:`kvspec.errors.ConfigError`).
 
     A switch named in ``excluded`` (``caching``, ``eagle``, ``events``,
-    ``stats``, ``watermark``, ``mtp``, ``lookahead_hashes``) is turned off
+    ``stats``, ``watermark``, ``mtp``, ``lookahead_hashes``, ``retention``) is turned off
     after the draws, so the draws are the same with or without exclusions."""
     shape = draw(st.sampled_from(drawable(shapes, profile)))
     if "mtp" in excluded:  # an MTP shape runs its kinds without the drafter's inputs
@@ -130,6 +132,15 @@ def configs(
     ahead = 0
     if profile.lookahead_block_hashes and eagle and caching and draw(st.sampled_from([True, True, False])):
         ahead = max(shape.mtp, 1)
+    # A prefix-cache retention interval (vLLM 0.23.0 on) in runs with a group it thins: None in a
+    # third of them, 0 in a sixth, 1, 2 or 4 scheduler blocks in half; drawn last, and only there,
+    # so other runs draw as before.
+    retention = None
+    if caching and retention_drawable(groups, profile, shape):
+        step = math.lcm(*(g.block_size for g in groups))
+        retention = draw(st.sampled_from([None, None, 0, 1, 2, 4]))
+        retention = None if retention is None else retention * step
+        fields["prefix_cache_retention_interval"] = None if "retention" in excluded else retention
     for feature, key, off in _SWITCHES:
         if feature in excluded:
             fields[key] = off
@@ -144,6 +155,14 @@ def configs(
         return shape.name, KVCacheConfig(profile=profile, **fields)
     except ConfigError as exc:  # valid under another release, not under this profile
         return shape.name, f"{type(exc).__name__}: {exc}"
+
+
+def retention_drawable(groups: Sequence[AttentionKind], profile: SemanticsProfile, shape: Shape) -> bool:
+    """Whether a run of ``groups`` under ``profile`` draws a retention interval:
+    the release has one and a group acts on it (``kvspec.retention.retention_applies``),
+    without context parallelism or ring groups (kvspec does not model those with one)."""
+    plain = shape.dcp * shape.pcp == 1 and not any(isinstance(g, RING_KINDS) for g in groups)
+    return plain and any(retention_applies(g, profile) for g in groups)
 
 
 _SWITCHES = (

@@ -28,6 +28,7 @@ from kvref.machine.invalid_inputs import (
     BAD_REQUESTS,
     HASH_LOOKAHEAD_BAD_CONFIGS,
     MTP_BAD_CONFIGS,
+    RETENTION_BAD_CONFIGS,
     InvalidInputs,
 )
 from kvref.ops import ZEROING_RANGE
@@ -289,6 +290,9 @@ class InvalidRules(InvalidInputs):
             elif self.cfg.num_hash_lookahead_tokens and boolean(data):  # runs with look-ahead hashes alone
                 for hash_kind in HASH_LOOKAHEAD_BAD_CONFIGS:
                     self._invalid_config(hash_kind)
+            elif self.cfg.prefix_cache_retention_interval is not None and boolean(data):  # runs with one alone
+                for retention_kind in RETENTION_BAD_CONFIGS:
+                    self._invalid_config(retention_kind)
             else:
                 self._invalid_config(choose(data, BAD_CONFIGS))
             return

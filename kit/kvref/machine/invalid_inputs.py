@@ -44,6 +44,12 @@ shapes (:data:`kvref.shapes.MTP_SHAPES`) half the broken-config actions try all 
 HASH_LOOKAHEAD_BAD_CONFIGS = ("hash_lookahead", "hash_lookahead_old_release")
 """Broken look-ahead block hashes: a negative count, and look-ahead hashes under a release before
 them (vLLM 0.32.0). In runs that draw look-ahead hashes half the broken-config actions try both."""
+RETENTION_BAD_CONFIGS = (
+    "retention_negative", "retention_type", "retention_unaligned", "retention_no_group", "retention_old_release",
+)  # fmt: skip
+"""Broken retention intervals: a negative one, one that is not an int, one that is not a multiple of
+the scheduler block, one in a model without a group it acts on, one under a release before them
+(vLLM 0.22.1). In runs that draw a retention interval half the broken-config actions try all of them."""
 BAD_REQUESTS = (
     "request_id", "empty_prompt", "str_prompt", "negative_token", "lora_id", "lora_path", "append_str",
     "logprobs_flag", "logprob_start", "start_without_logprobs",
@@ -103,6 +109,11 @@ def bad_config(cfg: KVCacheConfig, kind: str) -> dict[str, Any] | None:
         "lookahead_eagle": dict(cached, groups=(FullAttention(2),), use_eagle=True, num_prefill_lookahead=3),
         "hash_lookahead": {"num_hash_lookahead_tokens": -1},
         "hash_lookahead_old_release": {"profile": profile_named("vllm-0.32.0"), "num_hash_lookahead_tokens": 1},
+        "retention_negative": {"prefix_cache_retention_interval": -sbs},
+        "retention_type": {"prefix_cache_retention_interval": str(sbs)},
+        "retention_unaligned": {"prefix_cache_retention_interval": sbs + 1},
+        "retention_no_group": dict(cached, groups=(FullAttention(bs),), prefix_cache_retention_interval=sbs),
+        "retention_old_release": {"profile": profile_named("vllm-0.22.1"), "prefix_cache_retention_interval": 0},
     }
     return table[kind]
 

@@ -53,6 +53,7 @@ def supports(config: KVCacheConfig) -> str | None:
         "op:truncate_computed_blocks",
         "mtp",  # num_prefill_lookahead and a window's extra_retained_tokens: the MTP shapes run without them
         "lookahead_hashes",  # num_hash_lookahead_tokens (vLLM 0.33.0 on): EAGLE runs keep the trailing-block drop
+        "retention",  # prefix_cache_retention_interval (vLLM 0.23.0 on): runs cache densely
     },
 )
 def make(config: KVCacheConfig) -> MyAdapter:

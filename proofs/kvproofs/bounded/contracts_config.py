@@ -256,3 +256,58 @@ def _truncated_group() -> Iterator[Case]:
     lists: tuple[list[int], ...] = ([], [5], [0, 5], [5, 6, 7])
     for kind, ids, n, profile in product(KINDS, lists, range(11), PROFILE_LIST):
         yield kind, list(ids), n, 0, profile
+
+
+_RETENTION_GROUPS = (
+    (FullAttention(2),),
+    (SlidingWindow(2, 3),),
+    (Mamba(2, "align"),),
+    (FullAttention(4), SlidingWindow(2, 3)),
+    (FullAttention(2), Mamba(2, "all")),
+    (FullAttention(2), CircularBuffer(1)),
+)
+
+
+@contract(
+    f"{CFG}.validate_retention",
+    "full attention, a window, Mamba, full attention with a window (scheduler block 4), with Mamba, with a ring "
+    "x retention None, 0, 2, 3, 4, 8, -4, True x DCP 1/2 x every profile",
+)
+def _retention() -> Iterator[Case]:
+    for groups, retention, dcp, profile in product(
+        _RETENTION_GROUPS, (None, 0, 2, 3, 4, 8, -4, True), (1, 2), PROFILE_LIST
+    ):
+        yield (raw_config(groups, profile, prefix_cache_retention_interval=retention, dcp_world_size=dcp),)
+
+
+@contract(
+    "kvspec.retention.reachable_boundaries",
+    "every profile x prompts of 1-9 tokens x scheduler blocks 2/4 x an EAGLE model or not x junctions 0-9 "
+    "x an EAGLE group or not x group blocks 1/2",
+)
+def _boundaries() -> Iterator[Case]:
+    yield from product(
+        PROFILE_LIST, range(1, 10), (2, 4), (False, True), range(10), (False, True), (1, 2)
+    )
+
+
+@contract("kvspec.retention.retention_applies", "every kind of the catalog x every profile")
+def _retention_applies() -> Iterator[Case]:
+    yield from product(KINDS, PROFILE_LIST)
+
+
+@contract(
+    "kvspec.single_type_kv_cache_manager.retention_block_mask",
+    "full attention, windows of 1, 3 and 5 tokens and Mamba at blocks 1-2 x blocks [start, end) within 0-6 "
+    "x alignment 1-2 blocks x EAGLE x retention 0-3 alignments x up to two boundaries in -2..13",
+)
+def _retention_mask() -> Iterator[Case]:
+    kinds: tuple[FullAttention | SlidingWindow | Mamba, ...] = (
+        FullAttention(2), SlidingWindow(1, 1), SlidingWindow(2, 3), SlidingWindow(2, 5), Mamba(1, "all"),
+        Mamba(2, "align"),
+    )  # fmt: skip
+    spans = [(s, e) for s in range(7) for e in range(s, 7)]
+    bounds = ((), (5,), (-2,), (13,), (3, 9))
+    for kind, (start, end), per, eagle, ret, bs in product(kinds, spans, (1, 2), (False, True), range(4), bounds):
+        alignment = per * kind.block_size
+        yield kind, start, end, alignment, eagle, ret * alignment, bs

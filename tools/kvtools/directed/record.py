@@ -13,12 +13,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kvspec.profiles import profile_named
-from kvtools.directed import allocation, arguments, boundary, hits
+from kvtools.directed import allocation, arguments, boundary, hits, retention
 from kvtools.directed.script import Scenario
 
 ROOT = Path(__file__).resolve().parents[3]
 DIRECTED_DIR = ROOT / "traces" / "vllm-0.25.1" / "directed"
-THEMES = (allocation, arguments, hits, boundary)
+THEMES = (allocation, arguments, hits, boundary, retention)
 """The scenario modules (the trace files sort by scenario name, whatever the theme)."""
 
 

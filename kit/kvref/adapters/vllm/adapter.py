@@ -143,8 +143,6 @@ class VllmAdapter:
         self._num_groups = len(config.groups)
 
         env = api.env
-        if env.retention_interval is not None:
-            os.environ.pop(env.retention_interval, None)
         os.environ[env.int_block_hashes] = self._int_flag
         os.environ[env.hash_seed] = self._seed
         api.init_none_hash(self._hash_fn)

@@ -59,8 +59,10 @@ def build_manager(api: VllmApi, config: KVCacheConfig, hash_block_size: int) -> 
         api.group_spec(f"layer.{i}", make_attention_spec(api, kind), i in config.eagle_groups)
         for i, kind in enumerate(config.groups)
     ]
-    kv_cache_config = api.kv_cache_config(config.num_blocks, groups)
+    retention = config.prefix_cache_retention_interval
+    kv_cache_config = api.kv_cache_config(config.num_blocks, groups, retention)
     kwargs = api.manager_kwargs(config, hash_block_size)
+    api.apply_retention(retention)  # read when the coordinator is built (up to the 0.28 era)
     defect = api.sinkfull_ctor_defect
     try:
         return api.new_manager(kv_cache_config, kwargs), None

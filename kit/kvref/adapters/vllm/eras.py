@@ -416,9 +416,37 @@ class VllmApi:
         """
         del config
 
-    def kv_cache_config(self, num_blocks: int, groups: Sequence[Any]) -> Any:
-        """``vllm.v1.kv_cache_interface.KVCacheConfig`` without tensors."""
-        return self.kci.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=list(groups))
+    retention_field: ClassVar[bool] = False
+    """The retention interval is a ``KVCacheConfig`` field (the 0.29 era on);
+    before, the coordinator reads the environment variable
+    :attr:`EnvNames.retention_interval` when it is built."""
+
+    def kv_cache_config(self, num_blocks: int, groups: Sequence[Any], retention: int | None = None) -> Any:
+        """``vllm.v1.kv_cache_interface.KVCacheConfig`` without tensors; a
+        retention interval goes in its field where the era has one (else
+        :meth:`apply_retention` sets the variable).
+
+        Raises:
+            Unsupported: A retention interval in a release with neither.
+        """
+        if retention is not None and not self.retention_field and self.env.retention_interval is None:
+            raise self.unsupported("the prefix-cache retention interval", f"the config sets {retention}")
+        extra = {"prefix_cache_retention_interval": retention} if self.retention_field else {}
+        return self.kci.KVCacheConfig(
+            num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=list(groups), **extra
+        )
+
+    def apply_retention(self, retention: int | None) -> None:
+        """Set (or, for None, unset) the retention-interval variable the
+        era's coordinator reads when it is built; nothing where it reads the
+        ``KVCacheConfig`` field or has no interval."""
+        name = self.env.retention_interval
+        if name is None:
+            return
+        if retention is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = str(retention)
 
     def manager_kwargs(self, config: KVCacheConfig, hash_block_size: int) -> dict[str, Any]:
         """``KVCacheManager`` keywords for ``config``.
@@ -1170,6 +1198,7 @@ class VllmApi029(VllmApi028):
         retention_interval=None,
         logging_level="VLLM_LOGGING_LEVEL",
     )
+    retention_field = True
 
 
 class VllmApi030(VllmApi029):
