@@ -272,11 +272,15 @@ class SafetyMonitor(StepChecks):
 
     def _copies_may_follow(self, op: Json) -> bool:
         """Whether the allocation ``op`` may have left copy-on-write copies for the
-        scheduler to hand off (a prefix hit under a release with fine-grained
-        hits, vLLM 0.29.0 on): its step reads the copies' destinations, so
-        without the pipeline it runs only after them, at the next call (the
-        scheduler hands copies off at the end of its pass, before the step)."""
-        return bool(self.config.profile.partial_hash_hits and any(any(g) for g in op.get("new_computed_blocks") or ()))
+        scheduler to hand off, under a configuration with fine-grained hits: a
+        prefix hit inside a block (its step reads the copy's destination), or a
+        running request's step past its own Mamba tail entry (vLLM 0.29.0 moves
+        that entry to a fresh block the copy fills, while the step writes on in
+        the source). Without the pipeline the step then runs only after the
+        copies, at the next call (the scheduler hands copies off at the end of
+        its pass, before the step runs)."""
+        del op
+        return self.fine_hits
 
     def _run_deferred(self) -> None:
         """Run the step that waited for its copies (:attr:`deferred`)."""

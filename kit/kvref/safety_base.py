@@ -26,6 +26,7 @@ from kvref.content import (
 from kvref.ops import RequestBook
 from kvref.scheduler_chunks import drafts_tokens
 from kvspec.config import CrossAttention, KVCacheConfig, Mamba
+from kvspec.partial_hits import partial_hash_hits_enabled
 
 Json = Any
 COMPARED = {"KV": "slots compared", "state": "states compared", "encoder KV": "encoder slots compared"}
@@ -161,6 +162,8 @@ class MonitorState:
         self.drafted: set[str] = set()
         """Requests a step with draft tokens ran for since their table was new: their Mamba
         states are not checked (:meth:`_run_states`)."""
+        self.fine_hits = partial_hash_hits_enabled(config)
+        """Hits may end inside a block, served by copy-on-write: any allocation may leave copies."""
         self.zeroing = any(isinstance(k, Mamba) for k in config.groups) if zeroing is None else zeroing
         self.skip_load_zeroing = skip_load_zeroing
         self.range_skip: set[int] = set()

@@ -247,6 +247,21 @@ def test_a_copy_on_write_hit_is_read_after_its_copy() -> None:
     assert safety_replay(before_copy, load_factory("spec")(trace.config)) is None  # the step waits
 
 
+def test_a_running_requests_own_tail_copy_runs_before_its_step() -> None:
+    """vLLM 0.29.0: a running request's step past its own Mamba tail entry (a state
+    inside a block) moves the entry to a fresh block the copy fills, while the
+    step writes on in the source block. Without the pipeline the monitor ran
+    the step at its allocation (no prefix hit, so it did not wait for copies)
+    and copied afterwards, so the moved entry seemed to hold the state one
+    token later and a later hit on it a state of another prefix (kvimpl under
+    0.29.0 with a retention interval of 0, seed 0); the step now waits for the
+    copies under any configuration with fine-grained hits."""
+    trace = load(Path(__file__).with_name("safety_traces") / "own-tail-copy-before-step.jsonl")
+    assert trace.config.prefix_cache_retention_interval == 0
+    for engine in ("spec", "impl"):
+        assert safety_replay(trace, load_factory(engine)(trace.config)) is None, engine
+
+
 def test_a_block_listed_again_after_its_listing_was_drained_is_zeroed_now() -> None:
     """A block listed when it is handed out is zeroed before the writes that
     follow; listed again after that listing was drained (an adopted hit), the
