@@ -19,6 +19,7 @@ back.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -310,7 +311,7 @@ class KVCacheConfig:
     def scheduler_block_size(self) -> int:
         """The LCM of the manager block sizes (the group's size for one group;
         context parallelism scales them, :meth:`manager_groups`)."""
-        return math.lcm(*(g.block_size for g in self.manager_groups()))
+        return scheduler_block_size_of(self.manager_groups())
 
     def resolved_hash_block_size(self) -> int:
         """Hash granularity: the override, else the GCD of the prefix-cacheable
@@ -602,6 +603,18 @@ def validate_ring_kind(where: str, kind: CircularBuffer | KpoolTail, profile: Se
         raise ConfigError(f"{where}: CircularBufferSpec is new in vLLM 0.29.0; not in {profile.name}")
     if isinstance(kind, KpoolTail) and not profile.kpool_tail_kind:
         raise ConfigError(f"{where}: KpoolTailSpec exists in vLLM 0.30.0 and 0.31.0 only, not in {profile.name}")
+
+
+def scheduler_block_size_of(kinds: Sequence[AttentionKind]) -> int:
+    """The scheduler block of groups of these manager kinds: the LCM of their
+    block sizes (:attr:`KVCacheConfig.scheduler_block_size`; a draw that has
+    the kinds before the configuration exists computes it here too).
+
+    pre: len(kinds) >= 1
+    post: all(__return__ % k.block_size == 0 for k in kinds)
+    post: all(any(m % k.block_size for k in kinds) for m in range(1, __return__))
+    """
+    return math.lcm(*(k.block_size for k in kinds))
 
 
 def cp_scale(kind: AttentionKind, cfg: KVCacheConfig) -> int:

@@ -8,7 +8,6 @@ tokens of every prompt the machine makes.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,7 +22,7 @@ from kvref.hypothesis_compat import byte_string
 from kvref.lockstep import RunStats
 from kvref.shapes import SHAPES, Shape, build_kinds, drawable
 from kvref.swarm import swarm_default
-from kvspec.config import RING_KINDS, AttentionKind, KVCacheConfig
+from kvspec.config import RING_KINDS, AttentionKind, KVCacheConfig, scheduler_block_size_of
 from kvspec.errors import ConfigError
 from kvspec.hashing import HASH_FUNCTION_NAMES
 from kvspec.partial_tail import registers_partial_tail
@@ -137,7 +136,7 @@ def configs(
     # so other runs draw as before.
     retention = None
     if caching and retention_drawable(groups, profile, shape):
-        step = math.lcm(*(g.block_size for g in groups))
+        step = scheduler_block_size_of(groups)  # no context parallelism in a run that draws it
         retention = draw(st.sampled_from([None, None, 0, 1, 2, 4]))
         retention = None if retention is None else retention * step
         fields["prefix_cache_retention_interval"] = None if "retention" in excluded else retention

@@ -14,6 +14,7 @@ from itertools import product
 from kvproofs.bounded.domains import KINDS, PROFILE_LIST, configs, raw_config, refused_configs
 from kvproofs.bounded.pep316 import Case, contract
 from kvspec.config import (
+    AttentionKind,
     ChunkedLocal,
     CircularBuffer,
     FullAttention,
@@ -131,6 +132,23 @@ def _kind() -> Iterator[Case]:
 def _cp_scale() -> Iterator[Case]:
     for kind, dcp, pcp, profile in product(KINDS, (1, 2, 4), (1, 2), PROFILE_LIST):
         yield kind, raw_config((kind,), profile, dcp_world_size=dcp, pcp_world_size=pcp)
+
+
+_ODD_SIZES: tuple[AttentionKind, ...] = (FullAttention(3), SlidingWindow(6, 4), Mamba(5, "align"), FullAttention(9))
+
+
+@contract(
+    f"{CFG}.scheduler_block_size_of",
+    "every one- and two-group tuple of the kind catalog and of kinds of block 3, 5, 6 and 9, "
+    "and every three-group tuple of those four",
+)
+def _scheduler_block_size_of() -> Iterator[Case]:
+    pool = KINDS + _ODD_SIZES
+    for n in (1, 2):
+        for kinds in product(pool, repeat=n):
+            yield (kinds,)
+    for kinds in product(_ODD_SIZES, repeat=3):
+        yield (kinds,)
 
 
 @contract(f"{CFG}.cp_lookup_refusal", "the kind catalog x dcp 1/2/4 x pcp 1/2 x every profile")
