@@ -52,6 +52,7 @@ PROFILE_SWITCHES = frozenset(
         "admission_controls", "deferred_free", "new_block_ids_list",  # kv_cache_manager
         "stats_at_lookup", "adopt_hit_without_new_tokens", "common_prefix",  # kv_cache_manager
         "lookup_returns_boundary",  # kv_cache_manager.get_prefix_hint
+        "report_mode_full",  # kv_cache_manager.KVCacheManager.get_computed_blocks (reports_hits)
         "skip_on_processed_tokens",  # kv_cache_manager.skip_basis (and StepAPI._running_step)
         "num_cached_tokens_op", "record_zeroing_op",  # kv_cache_manager.require_operation
         "zeroing_range_op",  # kv_cache_manager.require_operation (get_zeroing_block_ids_in_range)

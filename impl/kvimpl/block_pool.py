@@ -18,7 +18,7 @@ from kvimpl.invariants import require
 from kvspec.block_pool import BlockId as BlockId  # noqa: PLC0414 - re-exported: callers of this module name ids with it
 from kvspec.config import KVCacheConfig
 from kvspec.errors import DoubleFreeError, InvalidBlockIdError, InvalidTokenCountError, PoolExhaustedError
-from kvspec.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from kvspec.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, ExternalHash, KVCacheEvent
 from kvspec.hashing import (
     BlockHash,
     BlockHashWithGroupId,
@@ -199,6 +199,8 @@ class BlockPool:
         self.cached: dict[BlockHashWithGroupId, list[BlockId]] = {}
         self.sink: list[BlockId] = []
         self.events: list[KVCacheEvent] = []
+        self.reannounced: Counter[tuple[ExternalHash, int | None]] = Counter()
+        """(external hash, group) entries :meth:`emit_cached_block_events` announced since the last clear."""
         self.num_hash_lookahead_tokens = 0
         """Look-ahead tokens of the requests' block hashes, reported by stored
         events (vLLM 0.33.0 on; the coordinator sets it from the configuration)."""
@@ -400,6 +402,20 @@ class BlockPool:
             if bh[b] is not None:
                 self._evict(BlockId(b))
 
+    def emit_cached_block_events(self, request: Request, num_blocks: int, block_size: int, group_id: int) -> None:
+        """Announce the first ``num_blocks`` blocks of ``request`` again (report
+        mode "full"; ``kvspec.block_pool.BlockPool.emit_cached_block_events``):
+        at most its hashed blocks, nothing with events off or at a block size
+        that is not a multiple of the hash block."""
+        k = block_size // self.hash_block_size
+        named = self.enable_kv_cache_events and block_size % self.hash_block_size == 0
+        n = min(num_blocks, len(request.block_hashes) // k) if named else 0
+        if n == 0:
+            return
+        ev = _stored_event(self, request, k, list(range(n)), 0, n, block_size, group_id)
+        self.events.append(ev)
+        self.reannounced.update((h, ev.group_idx) for h in ev.block_hashes)
+
     def reset_prefix_cache(self) -> bool:
         """Forget every hash if no block but the null block is in use."""
         if self.num_gpu_blocks - len(self.free_queue) != 1:
@@ -408,6 +424,7 @@ class BlockPool:
         self.block_hash = [None] * self.num_gpu_blocks
         if self.enable_kv_cache_events:
             self.events.append(AllBlocksCleared())
+            self.reannounced.clear()
         return True
 
     def keys_of(self, b: BlockId) -> list[BlockHashWithGroupId]:

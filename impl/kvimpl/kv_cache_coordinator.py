@@ -99,9 +99,13 @@ class KVCacheCoordinator:
         # (hybrid_cache_reachable_only off).
         if not p.hybrid_cache_reachable_only:
             mask_alignment = None
+        self.shared_prefix_boundary: dict[str, int] = {}
+        """Non-zero ``shared_prefix_boundary`` of each request's latest lookup
+        (vLLM keeps it on the request; the retention masks read it)."""
         retention, replay_eagle = config.prefix_cache_retention_interval, bool(self.eagle_group_ids)
         for m, engine_kind in zip(self.managers, config.groups, strict=True):
             m.cache_mask_alignment = mask_alignment
+            m.junctions = self.shared_prefix_boundary
             m.replay_eagle = replay_eagle
             if retention_applies(engine_kind, p):
                 m.retention = retention
@@ -185,6 +189,13 @@ class KVCacheCoordinator:
         """Each group frees its table, last entry first, in group order."""
         for m in self.managers:
             m.free(request_id)
+
+    def emit_cached_block_events(self, request: Request, hit: Sequence[Sequence[BlockId]]) -> None:
+        """Announce a lookup's hit again, one BlockStored per group whose list
+        is not empty, at the group's configured (unscaled) block size."""
+        for gid, blocks in enumerate(hit):
+            if blocks:
+                self.pool.emit_cached_block_events(request, len(blocks), self.config.groups[gid].block_size, gid)
 
     def pop_blocks_for_free(self, request_id: str) -> list[BlockId]:
         """Every group's table, concatenated in group order."""

@@ -140,16 +140,16 @@ class KVCacheManager(StepAPI):
         self.event_keys: Counter[tuple[object, int | None]] = Counter()
         """Cache keys implied by the events taken so far (:func:`inv_events_replay_to_cache`)."""
         self.prefix_cache_stats = PrefixCacheStats() if config.log_stats else None
-        self.shared_prefix_boundary: dict[str, int] = {}
+        self.shared_prefix_boundary = self.coordinator.shared_prefix_boundary
         """Non-zero ``shared_prefix_boundary`` of each request's latest lookup
-        (vLLM keeps it on the request; :meth:`get_prefix_hint`; the retention
-        masks of the group managers read it)."""
-        for m in self.coordinator.managers:
-            m.junctions = self.shared_prefix_boundary
+        (vLLM keeps it on the request; :meth:`get_prefix_hint`; the coordinator
+        owns the dict, which the group managers' retention masks read)."""
         p = config.profile
         self.stats_at_lookup = p.stats_at_lookup
         self.lookup_returns_boundary = p.lookup_returns_boundary
         """Profile switch read by :meth:`get_prefix_hint`."""
+        self.reports_hits = config.enable_kv_cache_events and p.report_mode_full
+        """A hit of a request in report mode "full" is announced again (profile switch ``report_mode_full``)."""
         """Profile switch: lookups record the statistics (else ``record_prefix_cache_stats`` does)."""
         self.adopt_hit_without_new_tokens = p.adopt_hit_without_new_tokens
         """Profile switch read by :func:`allocation_without_tokens`."""
@@ -194,6 +194,8 @@ class KVCacheManager(StepAPI):
             return self._ids(tuple([] for _ in self.config.groups)), 0
         max_len = lookup_length(p, request, max_cache_hit_length)
         blocks, n = self.coordinator.find_longest_cache_hit(request.block_hashes, max_len)
+        if n > 0 and self.reports_hits and request.kv_cache_report_mode == "full":
+            self.coordinator.emit_cached_block_events(request, blocks)
         uncached = self.coordinator.num_uncached_common_prefix_tokens
         if uncached:
             self.shared_prefix_boundary[request.request_id] = n + uncached
@@ -907,6 +909,7 @@ def inv_events_replay_to_cache(mgr: KVCacheManager) -> bool:
         return True
     keys = Counter(mgr.event_keys)
     replay_events(keys, pool.events)
+    keys.subtract(pool.reannounced)
     expected: Counter[tuple[object, int | None]] = Counter()
     for key, ids in pool.cached.items():
         digest, gid = split_key(key)

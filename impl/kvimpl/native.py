@@ -67,7 +67,7 @@ from kvimpl.kv_cache_manager import (
     truncated_lists,
 )
 from kvimpl.native_checks import native_invariants, native_view
-from kvimpl.native_events import events_from_records, replay_events
+from kvimpl.native_events import events_from_records, reannounced_event, replay_events
 from kvimpl.native_hint import CachedMap, cached_map
 from kvimpl.request import RequestHasher
 from kvspec import errors as kv_errors
@@ -127,6 +127,7 @@ NATIVE_SWITCHES = frozenset(
         # Applied by the request hasher (kvimpl.request.RequestHasher).
         "prompt_logprobs_hit_cap", "token_ids_int32",
         "computed_block_ids_op",  # NativeKVCacheManager.get_block_ids_for_computed_tokens (in Python)
+        "report_mode_full",  # NativeKVCacheManager._announce_hit (in Python)
         "prefix_hint_op",  # NativeKVCacheManager.get_prefix_hint (in Python)
         "estimate_cached_tokens_op", "estimate_skips_uncacheable",  # NativeKVCacheManager.estimate_cached_tokens
         "record_zeroing_op",  # NativeKVCacheManager.record_blocks_for_zeroing (in Python)
@@ -394,6 +395,12 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
         self.hasher = RequestHasher.for_config(config, native=True)
         self.event_keys: Counter[tuple[object, int | None]] = Counter()
         """Cache keys implied by the events taken so far (the events-replay invariant)."""
+        self.reports_hits = config.enable_kv_cache_events and config.profile.report_mode_full
+        """A hit of a request in report mode "full" is announced again (built in Python)."""
+        self.drained_events: list[KVCacheEvent] = []
+        """Events taken from the core early, to put a re-announcement after them (:meth:`_announce_hit`)."""
+        self.reannounced: Counter[tuple[object, int | None]] = Counter()
+        """(external hash, group) entries re-announced since the last clear."""
         self._hybrid_hint = config.enable_caching and len(config.groups) > 1
         """Whether the prefix hint can be non-zero (a cached hybrid; :mod:`kvimpl.native_hint`)."""
         self.num_uncached_common_prefix_tokens = 0
@@ -456,6 +463,8 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
         if self.enable_caching and reads:
             self._refuse_cp_lookup("get_computed_blocks")
         out = super().get_computed_blocks(lookup) if length is None else self.lookup_bounded(lookup, length)
+        if out[1] > 0 and self.reports_hits and getattr(request, "kv_cache_report_mode", "incremental") == "full":
+            self._announce_hit(request, out[0])
         self.shared_prefix_boundary.pop(request.request_id, None)
         if self._hybrid_hint and reads:
             hit = out[1]
@@ -463,6 +472,25 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
             if uncached:
                 self.shared_prefix_boundary[request.request_id] = hit + uncached
         return out
+
+    def _announce_hit(self, request: Any, hit: Any) -> None:
+        """Report mode "full": the core's pending events first, then one
+        BlockStored per group with hit blocks (``kvimpl.kv_cache_coordinator.
+        KVCacheCoordinator.emit_cached_block_events``). Only Python requests
+        carry the mode (the hasher makes them for it)."""
+        self.drained_events += events_from_records(self.config, self._take_raw_events())
+        for gid, ids in enumerate(hit):
+            ev = reannounced_event(self.config, request, len(ids), self.config.groups[gid].block_size, gid)
+            if ev is not None:
+                self.drained_events.append(ev)
+                self.reannounced.update((h, ev.group_idx) for h in ev.block_hashes)
+
+    def reset_prefix_cache(self) -> bool:
+        """The core's reset; a reset that clears forgets the re-announcements too."""
+        cleared = bool(super().reset_prefix_cache())
+        if cleared:
+            self.reannounced.clear()
+        return cleared
 
     def get_num_cached_tokens(self, request: Any) -> int:
         """How many leading tokens a lookup would hit now (vLLM 0.34.0 on; see
@@ -698,7 +726,8 @@ class NativeKVCacheManager(_Base):  # type: ignore[misc]  # the C core's type is
     def take_events(self) -> list[KVCacheEvent]:
         """Drain the events (none unless ``enable_kv_cache_events``); BlockStored
         carries its group's kind and window, as the Python manager's."""
-        events = events_from_records(self.config, self._take_raw_events())
+        events = self.drained_events + events_from_records(self.config, self._take_raw_events())
+        self.drained_events = []
         replay_events(self.event_keys, events)
         return events
 

@@ -118,7 +118,8 @@ def inv_events_replay_to_cache(mgr: Any, st: CoreState) -> bool:
     from kvimpl.native_events import events_from_records, replay_events  # noqa: PLC0415 - only with events on
 
     keys = Counter(mgr.event_keys)
-    replay_events(keys, events_from_records(mgr.config, mgr._pending_raw_events()))
+    replay_events(keys, [*mgr.drained_events, *events_from_records(mgr.config, mgr._pending_raw_events())])
+    keys.subtract(mgr.reannounced)
     as_int = mgr.config.int_block_hashes
     expected: Counter[tuple[object, int | None]] = Counter()
     for key, ids in st.cached.items():

@@ -69,6 +69,27 @@ def _stored(config: KVCacheConfig, rec: tuple[Any, ...], as_int: bool) -> BlockS
     )
 
 
+def reannounced_event(
+    config: KVCacheConfig, request: Any, num_blocks: int, block_size: int, gid: int
+) -> BlockStored | None:
+    """The BlockStored that announces the first ``num_blocks`` blocks of
+    ``request`` in group ``gid`` again (report mode "full";
+    ``kvimpl.block_pool.BlockPool.emit_cached_block_events``): at most its
+    hashed blocks, with no parent; None for ``num_blocks`` 0 or a block size
+    that is not a multiple of the hash block. The native profiles view fine
+    hashes at a coarser block by the last fine hash inside it."""
+    hash_block = config.resolved_hash_block_size()
+    k = block_size // hash_block
+    fine = request.block_hashes
+    n = min(num_blocks, len(fine) // k) if block_size % hash_block == 0 else 0
+    if n == 0:
+        return None
+    digests = [fine[(i + 1) * k - 1] for i in range(n)]
+    tokens = tuple(request.all_token_ids[: n * block_size])
+    rec = (STORED, gid, range(n), digests, None, tokens, block_size, request.extra)
+    return _stored(config, rec, config.int_block_hashes)
+
+
 def replay_events(keys: Counter[tuple[object, int | None]], events: Sequence[KVCacheEvent]) -> None:
     """Apply events to a multiset of (external hash, group) cache entries
     (:func:`kvimpl.kv_cache_manager.replay_events`, written again so that the

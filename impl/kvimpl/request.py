@@ -47,7 +47,7 @@ from kvspec.hashing import (
     lookahead_extra_keys,
     none_hash,
 )
-from kvspec.request import RequestStatus
+from kvspec.request import REPORT_MODES, ReportMode, RequestStatus
 
 if TYPE_CHECKING:
     from kvspec.config import KVCacheConfig
@@ -79,6 +79,7 @@ class Request:
         "_tokens",
         "_tokens_tuple",
         "extra",
+        "kv_cache_report_mode",
         "num_computed_tokens",
         "num_in_flight_tokens",
         "num_preemptions",
@@ -102,6 +103,7 @@ class Request:
         prompt_logprobs: bool = False,
         prompt_logprob_start: int | None = None,
         prefix_cache_hit_limit: int | None = None,
+        kv_cache_report_mode: ReportMode = "incremental",
     ) -> None:
         """A WAITING request with its prompt hashed (use :meth:`RequestHasher.new_request`)."""
         self._hasher = hasher
@@ -117,6 +119,7 @@ class Request:
         self.prompt_logprobs = prompt_logprobs
         self.prompt_logprob_start = prompt_logprob_start
         self.prefix_cache_hit_limit = prefix_cache_hit_limit
+        self.kv_cache_report_mode = kv_cache_report_mode
         self.num_computed_tokens = 0
         self.num_preemptions = 0
         self.num_in_flight_tokens = 0
@@ -243,11 +246,13 @@ class RequestHasher:
         skip_reading_prefix_cache: bool | None = None,
         prompt_logprobs: bool = False,
         prompt_logprob_start: int | None = None,
+        kv_cache_report_mode: ReportMode = "incremental",
     ) -> Any:
         """A WAITING request with its prompt hashed: a C request when the
         native core is in use and can hold the tokens (and the request asks
-        for no prompt logprobs, and the release has no token-id limit and
-        reads no hit limit), else a :class:`Request`.
+        for no prompt logprobs and is in report mode "incremental", and the
+        release has no token-id limit and reads no hit limit), else a
+        :class:`Request`.
 
         Raises:
             InvalidRequestError: As ``kvspec.request.RequestBlockHasher.new_request``.
@@ -258,6 +263,7 @@ class RequestHasher:
             raise InvalidRequestError(f"request {request_id!r}: the prompt must be a non-empty sequence of token ids")
         tokens = token_list(request_id, prompt_token_ids, self.token_limit)
         check_prompt_logprobs(request_id, prompt_logprobs, prompt_logprob_start)
+        check_report_mode(request_id, kv_cache_report_mode)
         if extra.lora is not None and not extra.lora.path and self.tagged:
             raise InvalidRequestError(
                 f"request {request_id!r}: LoRA {extra.lora.name!r} has no path, which tagged extra keys hash"
@@ -265,14 +271,16 @@ class RequestHasher:
         skip = prompt_logprobs if skip_reading_prefix_cache is None else bool(skip_reading_prefix_cache)
         limit = 0 if skip else (prompt_logprob_start or 0) if prompt_logprobs and self.logprobs_cap else None
         native = self._native_type()
-        plain = not prompt_logprobs and self.c_requests_fit
+        plain = not prompt_logprobs and kv_cache_report_mode == "incremental" and self.c_requests_fit
         if native is not None and plain and max(tokens) < NATIVE_TOKEN_LIMIT:
             pyhash = None if self._hashed_in_c(extra) else block_hasher(self, extra)
             return native(
                 request_id, tokens, self.hash_block_size, self.seed_hash, pyhash, self.resume_from_first, extra,
                 skip,
             )  # fmt: skip
-        return Request(self, request_id, tokens, extra, skip, prompt_logprobs, prompt_logprob_start, limit)
+        return Request(
+            self, request_id, tokens, extra, skip, prompt_logprobs, prompt_logprob_start, limit, kv_cache_report_mode
+        )
 
     def extend(self, tokens: list[int], hashes: list[BlockHash], extra: ExtraKeySource) -> None:
         """Append the hash of every block of ``tokens`` that is full and not
@@ -321,6 +329,15 @@ def block_hasher(hasher: RequestHasher, extra: ExtraKeySource) -> BlockHasher:
         return hash_block_tokens(fn, BlockHash(parent), tokens, keys), cursor
 
     return hash_one
+
+
+def check_report_mode(request_id: str, mode: object) -> None:
+    """Raise InvalidRequestError unless ``mode`` is "incremental" or "full"
+    (``kvspec.request.check_report_mode``)."""
+    if not isinstance(mode, str) or mode not in REPORT_MODES:
+        raise InvalidRequestError(
+            f"request {request_id!r}: kv_cache_report_mode must be one of {REPORT_MODES}, got {mode!r}"
+        )
 
 
 def check_prompt_logprobs(request_id: str, prompt_logprobs: object, start: object) -> None:

@@ -108,8 +108,12 @@ multi-module MTP inputs (``num_prefill_lookahead``, a window's
 block hashes (``num_hash_lookahead_tokens``; vLLM 0.33.0 on, where EAGLE-style
 speculative decoding with prefix caching uses them by default); ``retention``: a
 prefix-cache retention interval (``prefix_cache_retention_interval``; vLLM 0.23.0 on)."""
-REQUEST_FEATURES = ("lora", "mm", "cache_salt", "prompt_embeds", "skip_reading_prefix_cache", "prompt_logprobs")
-"""Features of ``add_request``: its extra-key sources, the skip flag and prompt logprobs."""
+REQUEST_FEATURES = (
+    "lora", "mm", "cache_salt", "prompt_embeds", "skip_reading_prefix_cache", "prompt_logprobs", "report_mode_full",
+)  # fmt: skip
+"""Features of ``add_request``: its extra-key sources, the skip flag, prompt
+logprobs and report mode "full" (``kv_cache_report_mode``; vLLM 0.26.0 on a
+lookup announces a hit again in the KV-cache events)."""
 ALLOCATE_FEATURES = {
     "num_lookahead_tokens": "lookahead",
     "num_external_computed_tokens": "external",
@@ -345,6 +349,8 @@ def op_features(op: Json) -> set[str]:
             found.add("skip_reading_prefix_cache")
         if op.get("prompt_logprobs"):
             found.add("prompt_logprobs")
+        if op.get("kv_cache_report_mode", "incremental") != "incremental":
+            found.add("report_mode_full")
         return found
     if name in ("append_tokens", "set_request") or name is None:
         return set()

@@ -28,6 +28,7 @@ from typing import Any
 from kvref.exits import InputError
 from kvref.targets import load_callable
 from kvspec.config import FULL_TYPE_KINDS, ChunkedLocal, CrossAttention, KVCacheConfig, Mamba, SlidingWindow
+from kvspec.partial_hits import partial_hash_hits_enabled
 from kvspec.view import KVView
 
 Json = Any
@@ -259,6 +260,40 @@ def _lookahead_lookup_crash(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_o
     )
 
 
+def _report_mode_cp_crash(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> bool:
+    """vLLM 0.26.0 on: a lookup raising AssertionError under context parallelism with events on
+    where kvspec answers with a hit (or there is no kvspec side): the announcement of a report-mode
+    "full" request's hit resolves the request's hashes at the group's configured block size, a
+    fraction of the scaled hash block, and asserts that it is a multiple of it (measured on 0.34.0:
+    FullAttention(4) under DCP 2)."""
+    lookup = op["op"] in ("get_computed_blocks", "get_computed_blocks_for_connector")
+    hit = spec_out is None or (isinstance(spec_out, dict) and bool(spec_out.get("num_tokens")))
+    return (
+        cfg.dcp_world_size * cfg.pcp_world_size > 1 and cfg.enable_kv_cache_events and lookup
+        and vllm_out == {"crash": "AssertionError"} and _answered(spec_out) and hit
+    )  # fmt: skip
+
+
+def _report_mode_partial_hit_crash(
+    cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool
+) -> bool:
+    """vLLM 0.26.0 on: a lookup raising IndexError with events on under fine-grained hits
+    (``kvspec.partial_hits.partial_hash_hits_enabled``), where kvspec answered with a hit that ends inside a block
+    of a group with hit blocks (that group's list then has a block more than the request's
+    hashed blocks at its size can name, once the prompt ends before that block does: the
+    announcement of a report-mode "full" request reads past them; measured on 0.27.1 and
+    0.29.0). At the safety level (no kvspec side) the configuration and the call alone."""
+    lookup = op["op"] in ("get_computed_blocks", "get_computed_blocks_for_connector")
+    fine = cfg.enable_kv_cache_events and partial_hash_hits_enabled(cfg)
+    if not (lookup and fine and vllm_out == {"crash": "IndexError"} and _answered(spec_out)):
+        return False
+    if spec_out is None:
+        return True
+    n = spec_out.get("num_tokens") or 0
+    blocks = spec_out.get("blocks") or []
+    return any(ids and n % k.block_size for ids, k in zip(blocks, cfg.groups, strict=False))
+
+
 def _second_full(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> bool:
     """A full-attention-type group's list longer than the hit, in a lookup or (vLLM 0.27.x and
     0.28.x) a KV connector's lookup, which trims the same way (its lagging lists are only ever
@@ -440,6 +475,8 @@ MATCHERS: dict[str, Callable[[KVCacheConfig, Json, Json, Json, bool], bool]] = {
     "swa-eagle-fallback": _swa_eagle,
     "connector-lookup-bound-crash": _connector_bound_crash,
     "lookahead-lookup-crash": _lookahead_lookup_crash,
+    "report-mode-cp-crash": _report_mode_cp_crash,
+    "report-mode-partial-hit-crash": _report_mode_partial_hit_crash,
     "swa-eagle-window-lost": _swa_eagle_window,
     "common-prefix-pending": _common_prefix,
     "mamba-align-external-estimate": _mamba_external,

@@ -63,8 +63,9 @@ from kvref.ops import ABSENT, REQUEST_OPS, RequestBook, execute, output_problem
 from kvref.safety import SafetyMonitor, SafetyViolation
 from kvref.safety_defects import registered
 from kvref.traces import Trace
-from kvspec.config import KVCacheConfig
+from kvspec.config import KVCacheConfig, Mamba
 from kvspec.invariants import inv_hash_lifetime, inv_tables_append_only
+from kvspec.request import Request
 from kvspec.view import KVView, diff_views
 
 Json = Any
@@ -104,6 +105,11 @@ class RunStats:
     unexplained: int = 0
     event_log_checks: int = 0
     """Times an adapter's consumer-side event index was compared with its view."""
+    event_log_rebuilds: int = 0
+    """Of those, times the index was rebuilt from the view instead (a connector's lookup of
+    a report-mode "full" request may or may not have announced its hit: :class:`EventLog`)."""
+    announcing_lookups: int = 0
+    """Lookups of report-mode "full" requests that hit, with events on (their hits announced again)."""
     started: float = field(default_factory=time.monotonic)
     invalid_configs: int = 0
     config_properties: Counter[str] = field(default_factory=Counter)
@@ -541,6 +547,8 @@ class Lockstep:
         self._check_invariants(op, changed, dog)
         if op["op"] == "take_events":
             self._check_event_logs(op, outs, dog)
+        elif op["op"] in ("get_computed_blocks", "get_computed_blocks_for_connector"):
+            self._expect_announcements(op, outs)
         if self.monitor is not None:
             self.watch(lambda m: m.after(op, outs[0], ref_view), op)
         return outs[0]
@@ -632,11 +640,33 @@ class Lockstep:
         for a, log, out in zip(self.adapters, self.event_logs, outs, strict=True):
             if log is None or not isinstance(out, list):
                 continue
+            unsure = log.unsure
             problem = log.consume(out) or log.compare(self._view(dog, a, op))
             if problem:
                 message = f"{a.name}: the event stream is not a faithful log of the prefix cache: {problem}"
                 self._fail(message, op, "events")
             self.stats.event_log_checks += 1
+            self.stats.event_log_rebuilds += unsure
+
+    def _expect_announcements(self, op: Json, outs: list[Json]) -> None:
+        """Tell each event log what a lookup that hit announces again (report
+        mode "full"). A connector's lookup in a cached Mamba hybrid announces
+        only when it falls back to the plain lookup: never when it reports a
+        diverged hit, and undecided from its result otherwise."""
+        req = self.book.requests.get(op.get("rid", ""))
+        cfg = self.config
+        per_group = (
+            op["op"] == "get_computed_blocks_for_connector" and cfg.enable_caching and len(cfg.groups) > 1
+            and any(isinstance(k, Mamba) for k in cfg.groups)
+        )  # fmt: skip
+        for log, out in zip(self.event_logs, outs, strict=True):
+            if log is None or req is None or not isinstance(out, dict) or not out.get("num_tokens"):
+                continue
+            if log is self.event_logs[0] and req.kv_cache_report_mode == "full" and cfg.profile.report_mode_full:
+                self.stats.announcing_lookups += 1
+            if per_group and out.get("hit_diverged"):
+                continue
+            log.expect_announcement(cfg, req, out.get("blocks") or [], sure=not per_group)
 
     def _skip(self, adapter: KVCacheAdapter, op: Json, exc: BaseException) -> None:
         """``adapter`` cannot run ``op``: count it and stop comparing this run
@@ -824,15 +854,60 @@ class EventLog:
         self.parents: dict[tuple[Json, Json], Json] = {}
         """``(hash, group) -> parent hash`` as the events told it (kept across
         clears); without group indices ``(hash, block size)``."""
+        self.announced: list[tuple[Json, tuple[Json, ...]]] = []
+        """Re-announcements the lookups since the last drain emitted (report
+        mode "full"): ``(group, hashes)`` each (:meth:`expect_announcement`)."""
+        self.unsure = False
+        """A lookup since the last drain may or may not have announced its hit:
+        the next comparison rebuilds the index from the cache instead."""
+        self.resyncs = 0
+        """Comparisons skipped for that reason."""
+
+    def expect_announcement(
+        self, config: KVCacheConfig, request: Request, blocks: list[list[int]], sure: bool = True
+    ) -> None:
+        """A lookup of ``request`` hit ``blocks`` (per group): under report mode
+        "full" each group with hit blocks announces them again, naming the
+        request's own hashes (at most its hashed blocks). Such an event stores
+        nothing: :meth:`consume` leaves it out of the index (:meth:`_announcements`)
+        at the next drain, which holds every event the lookups made.
+        Without ``sure`` the lookup may have announced nothing (a connector's
+        lookup in a Mamba hybrid searches group by group and announces only
+        when it falls back to the plain lookup, which its result does not
+        always tell): the drain's events are then applied as they come and
+        the index is rebuilt from the cache at the comparison.
+        """
+        if not (config.profile.report_mode_full and request.kv_cache_report_mode == "full"):
+            return
+        if not sure:
+            self.unsure = True
+            return
+        hash_block = config.resolved_hash_block_size()
+        for gid, ids in enumerate(blocks):
+            size = config.groups[gid].block_size
+            if not ids or size % hash_block:
+                continue
+            k = size // hash_block
+            fine = request.block_hashes
+            n = min(len(ids), len(fine) // k)
+            digests = [fine[(i + 1) * k - 1] for i in range(n)]
+            if digests:
+                self.announced.append((gid if self.grouped else None, tuple(self._external(d) for d in digests)))
+
+    def _external(self, digest: bytes) -> Json:
+        return int.from_bytes(digest[-8:], "big") if self.int_block_hashes else digest.hex()
 
     def consume(self, events: list[Json]) -> str:
         """Apply events (as :func:`kvref.ops.event_to_json` writes them);
         return a problem description, or "" if they applied cleanly."""
-        for event in events:
+        skip = self._announcements(events)
+        for i, event in enumerate(events):
             self.consumed += 1
             kind = event.get("type")
             if kind == "AllBlocksCleared":
                 self.counts.clear()
+                continue
+            if i in skip:
                 continue
             group = event.get("group_idx")
             if kind == "BlockStored":
@@ -853,6 +928,26 @@ class EventLog:
                     if not self.counts[key]:
                         del self.counts[key]
         return ""
+
+    def _announcements(self, events: list[Json]) -> set[int]:
+        """The positions in ``events`` of the announcements the lookups since
+        the last drain made: for each, the last event that matches it (a
+        BlockStored of its group and hashes, with no parent) and no earlier
+        announcement took. A block stored from block 0 with the very same
+        hashes is the same event to a consumer; taking the last one never
+        makes a later removal look premature, and the index ends the same."""
+        announced, self.announced = self.announced, []
+        taken: set[int] = set()
+        for group, hashes in announced:
+            for i in range(len(events) - 1, -1, -1):
+                e = events[i]
+                if (
+                    i not in taken and e.get("type") == "BlockStored" and e.get("parent_block_hash") is None
+                    and e.get("group_idx") == group and tuple(e.get("block_hashes", [])) == hashes
+                ):  # fmt: skip
+                    taken.add(i)
+                    break
+        return taken
 
     def _check_chain(self, event: Json, group: Json) -> str:
         """A stored block's parent must be the one every earlier event gave it.
@@ -888,6 +983,11 @@ class EventLog:
             ext: Json = int.from_bytes(digest[-8:], "big") if self.int_block_hashes else digest.hex()
             where = group if self.grouped else None
             expected[(ext, where)] = expected.get((ext, where), 0) + len(ids)
+        if self.unsure:
+            self.unsure = False
+            if expected != self.counts:
+                self.counts, self.resyncs = expected, self.resyncs + 1
+            return ""
         if expected == self.counts:
             return ""
         diffs = [

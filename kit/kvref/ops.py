@@ -136,6 +136,7 @@ class RequestBook:
             req = self.hasher.new_request(
                 rid, op["prompt"], extra, None if skip is None else bool(skip),
                 bool(op.get("prompt_logprobs")), op.get("prompt_logprob_start"),
+                op.get("kv_cache_report_mode", "incremental"),
             )  # fmt: skip
             self.requests[rid] = req
         elif name == "append_tokens":

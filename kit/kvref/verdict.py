@@ -85,10 +85,14 @@ def summary(stats: RunStats, title: str, excluded: frozenset[str] = frozenset())
                      + (f"; not: {', '.join(missing)}" if missing else ""))  # fmt: skip
     absent = Counter({k: n for k, n in stats.invalid_calls.items() if k.endswith(":UnsupportedOperationError")})
     invalid = stats.invalid_calls - absent
+    rebuilt = stats.event_log_rebuilds
     lines.append(
-        f"  invariant checks: {stats.invariant_checks:,}; event-log checks: {stats.event_log_checks:,}; "
-        f"prefix hints read: {stats.prefix_hint_reads:,} ({stats.prefix_hints:,} not 0)"
+        f"  invariant checks: {stats.invariant_checks:,}; event-log checks: {stats.event_log_checks:,}"
+        + (f" ({rebuilt:,} rebuilt after an undecided announcement)" if rebuilt else "")
+        + f"; prefix hints read: {stats.prefix_hint_reads:,} ({stats.prefix_hints:,} not 0)"
     )
+    if stats.announcing_lookups:
+        lines.append(f"  lookups that hit for report-mode full requests: {stats.announcing_lookups:,}")
     kinds = ", ".join(sorted(invalid)) or "none"
     lines.append(f"  invalid calls rejected: {sum(invalid.values()):,} ({len(invalid)} kinds: {kinds})")
     if absent:

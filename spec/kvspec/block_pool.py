@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from typing import NewType, TypeVar
 
 from kvspec.errors import DoubleFreeError, InvalidBlockIdError, InvalidTokenCountError, PoolExhaustedError
-from kvspec.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from kvspec.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, ExternalHash, KVCacheEvent
 from kvspec.hashing import (
     BlockHash,
     BlockHashWithGroupId,
@@ -84,6 +84,9 @@ class BlockPool:
         self.cached: dict[BlockHashWithGroupId, list[BlockId]] = {}
         self.sink: list[BlockId] = []
         self.events: list[KVCacheEvent] = []
+        self.reannounced: Counter[tuple[ExternalHash, int | None]] = Counter()
+        """(external hash, group) entries that :meth:`emit_cached_block_events`
+        announced since the last clear: events that store nothing new."""
 
     def get_num_free_blocks(self) -> int:
         """Free blocks, cached-but-evictable ones included."""
@@ -206,6 +209,30 @@ class BlockPool:
                 _stored_event(self, request, hashes, stored, num_cached_blocks, num_full_blocks, block_size, group_id)
             )
 
+    def emit_cached_block_events(self, request: Request, num_blocks: int, block_size: int, group_id: int) -> None:
+        """Announce the first ``num_blocks`` blocks of ``request`` (at
+        ``block_size``) in group ``group_id`` again, as one BlockStored with no
+        parent, for a request in report mode "full" (vLLM 0.26.0 on). Nothing
+        is cached: the event names the request's own hashes and tokens, for
+        every position of the hit, null entries of a window or Mamba group
+        included. No event with events off or ``num_blocks`` 0.
+
+        NOTE: at most the request's hashed blocks at ``block_size`` are named
+        (past them vLLM raises IndexError: the divergence
+        ``report-mode-partial-hit-crash``). A block size that is not a
+        multiple of the hash block (a group's configured size under context
+        parallelism, where the hash block is the scaled one) names none (vLLM
+        asserts there: ``report-mode-cp-crash``).
+        """
+        named = self.enable_kv_cache_events and block_size % self.hash_block_size == 0
+        hashes = self._hashes_at(request, block_size) if named else ()
+        n = min(num_blocks, len(hashes))
+        if n == 0:
+            return
+        ev = _stored_event(self, request, hashes, list(range(n)), 0, n, block_size, group_id)
+        self.events.append(ev)
+        self.reannounced.update((h, ev.group_idx) for h in ev.block_hashes)
+
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Remove the given blocks from the prefix cache, in ascending id order.
 
@@ -237,6 +264,7 @@ class BlockPool:
         self.secondary = {}
         if self.enable_kv_cache_events:
             self.events.append(AllBlocksCleared())
+            self.reannounced.clear()
         return True
 
     def take_sink_blocks(self, num_blocks: int) -> list[BlockId]:

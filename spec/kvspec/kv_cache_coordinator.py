@@ -193,6 +193,16 @@ class KVCacheCoordinator:
         for m in self.managers:
             m.free(request_id)
 
+    def emit_cached_block_events(self, request: Request, hit: Sequence[Sequence[BlockId]]) -> None:
+        """Announce a lookup's hit again, group by group, for a request in
+        report mode "full": one BlockStored per group whose hit list is not
+        empty, as many blocks as the list has entries, at the group's block
+        size as configured (unscaled by context parallelism, while the list
+        counts the manager's blocks)."""
+        for gid, blocks in enumerate(hit):
+            if blocks:
+                self.pool.emit_cached_block_events(request, len(blocks), self.config.groups[gid].block_size, gid)
+
     def pop_blocks_for_free(self, request_id: str) -> list[BlockId]:
         """Every group's table, concatenated in group order."""
         return [b for m in self.managers for b in m.pop_blocks_for_free(request_id)]

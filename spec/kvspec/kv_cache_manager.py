@@ -97,8 +97,9 @@ class KVCacheManager:
         """The longest prefix-cache hit, at most ``num_tokens - 1`` tokens (the
         last token is always recomputed for its logits; :func:`lookup_length`
         says how the request's own limit and ``max_cache_hit_length``, vLLM
-        0.33.0 on, change that). Changes nothing: the hit blocks are only
-        pinned by ``allocate_slots``.
+        0.33.0 on, change that). Changes nothing but the event queue: the hit
+        blocks are only pinned by ``allocate_slots``; a hit of a request in
+        report mode "full" is announced again (:func:`reports_hits`).
 
         Raises:
             UnsupportedOperationError: ``max_cache_hit_length`` before vLLM 0.33.0.
@@ -119,6 +120,8 @@ class KVCacheManager:
             return self._ids(tuple([] for _ in self.config.groups)), 0
         max_len = lookup_length(self.config.profile, request, max_cache_hit_length)
         blocks, n = self.coordinator.find_longest_cache_hit(request.block_hashes, max_len)
+        if n > 0 and reports_hits(self.config, request):
+            self.coordinator.emit_cached_block_events(request, blocks)
         uncached = self.coordinator.num_uncached_common_prefix_tokens
         if uncached:
             self.shared_prefix_boundary[request.request_id] = n + uncached
@@ -1192,14 +1195,26 @@ def replay_events(keys: Counter[tuple[object, int | None]], events: Sequence[KVC
             keys.clear()
 
 
+def reports_hits(config: KVCacheConfig, request: Request) -> bool:
+    """Whether a lookup that hits announces the hit blocks again: events on
+    and the request in report mode "full", from vLLM 0.26.0 on (profile
+    switch ``report_mode_full``).
+
+    post: __return__ == (config.enable_kv_cache_events and config.profile.report_mode_full and request.kv_cache_report_mode == "full")
+    """  # noqa: E501 - a PEP 316 condition is one line
+    return config.enable_kv_cache_events and config.profile.report_mode_full and request.kv_cache_report_mode == "full"
+
+
 def inv_events_replay_to_cache(mgr: KVCacheManager) -> bool:
     """With events on, replaying every event since construction rebuilds the
-    cache map's entries exactly."""
+    cache map's entries exactly, once the re-announcements of report mode
+    "full" (which store nothing) are taken out."""
     pool = mgr.block_pool
     if not pool.enable_kv_cache_events:
         return True
     keys = Counter(mgr.event_keys)
     replay_events(keys, pool.events)
+    keys.subtract(pool.reannounced)
     expected: Counter[tuple[object, int | None]] = Counter()
     for key, ids in pool.cached.items():
         digest, gid = split_key(key)

@@ -284,6 +284,11 @@ class SemanticsProfile:
     (``get_computed_blocks`` returns it, the request keeps it), not the
     coordinator's last ``num_uncached_common_prefix_tokens``:
     :func:`kvspec.kv_cache_manager.prefix_hint`."""
+    report_mode_full: bool = False
+    """A lookup that hits announces the hit blocks again, one ``BlockStored``
+    per group with hit blocks, for a request whose ``kv_cache_report_mode`` is
+    "full" (vLLM 0.26.0 on; the request's sampling parameters'
+    ``extra_args``): :meth:`kvspec.kv_cache_coordinator.KVCacheCoordinator.emit_cached_block_events`."""
     skip_on_processed_tokens: bool = False
     """``allocate_slots`` frees the blocks attention no longer reads on the
     processed-token basis, the computed tokens less the request's
@@ -548,6 +553,7 @@ VLLM_0_26_0 = replace(
     partial_tail_entries=True,
     partial_hash_hits=True,
     lookup_returns_boundary=True,
+    report_mode_full=True,
     cp_block_scaling="dcp",
     estimate_cached_tokens_op=True,
     record_zeroing_op=True,
@@ -563,7 +569,8 @@ copy-on-write; the lookup returns the shared-prefix boundary as the
 scheduler's prefix hint; PCP no longer scales block sizes, nor DCP a Mamba
 group's; ``estimate_cached_tokens`` and ``record_blocks_for_zeroing`` are new; skipped blocks are freed on the
 processed-token basis (the request's in-flight tokens are subtracted); the
-retention masks keep the shared-prefix boundary reachable."""
+retention masks keep the shared-prefix boundary reachable; a request in
+report mode "full" has its hit blocks announced again at each lookup."""
 
 VLLM_0_27_0 = replace(
     VLLM_0_26_0,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, NewType
+from typing import TYPE_CHECKING, Literal, NewType
 
 from kvspec.errors import InvalidRequestError
 from kvspec.hashing import (
@@ -37,6 +37,9 @@ if TYPE_CHECKING:
     from kvspec.config import KVCacheConfig
 
 RequestId = NewType("RequestId", str)
+ReportMode = Literal["incremental", "full"]
+"""A request's ``kv_cache_report_mode`` (:attr:`Request.kv_cache_report_mode`)."""
+REPORT_MODES: tuple[ReportMode, ...] = ("incremental", "full")
 
 
 class RequestStatus(enum.Enum):
@@ -100,6 +103,11 @@ class Request:
     ``prompt_logprob_token_ids`` set)."""
     prompt_logprob_start: int | None = None
     """The first prompt row scored (vLLM's ``prompt_logprob_start``; None: the first)."""
+    kv_cache_report_mode: ReportMode = "incremental"
+    """How the request's cached blocks are reported in KV-cache events (vLLM's
+    sampling-parameter ``extra_args`` key ``kv_cache_report_mode``): "full"
+    also announces the blocks a lookup hits (vLLM 0.26.0 on, profile switch
+    ``report_mode_full``; earlier releases ignore it)."""
     prefix_cache_hit_limit: int | None = None
     """How many leading tokens the request may read from the prefix cache
     (None: no limit; 0: none), fixed by :meth:`RequestBlockHasher.new_request`
@@ -140,6 +148,7 @@ class RequestBlockHasher:
         skip_reading_prefix_cache: bool | None = None,
         prompt_logprobs: bool = False,
         prompt_logprob_start: int | None = None,
+        kv_cache_report_mode: ReportMode = "incremental",
     ) -> Request:
         """A WAITING request with its prompt hashed.
 
@@ -152,7 +161,8 @@ class RequestBlockHasher:
                 or not a sequence of non-negative int token ids (below 2**31
                 where the profile stores 32-bit ids), a prompt-logprob start is
                 not an int >= 0 or comes without prompt logprobs, or (in
-                profiles that hash it) a LoRA has no path.
+                profiles that hash it) a LoRA has no path, or the report mode
+                is not "incremental" or "full".
         """
         if not isinstance(request_id, str):
             raise InvalidRequestError(f"request id must be a str, got {request_id!r}")
@@ -160,6 +170,7 @@ class RequestBlockHasher:
             raise InvalidRequestError(f"request {request_id!r}: the prompt must be a non-empty sequence of token ids")
         tokens = valid_token_ids(request_id, prompt_token_ids, token_id_limit(self.profile))
         check_prompt_logprobs(request_id, prompt_logprobs, prompt_logprob_start)
+        check_report_mode(request_id, kv_cache_report_mode)
         if extra.lora is not None and not extra.lora.path and self.profile.extra_keys_tagged:
             raise InvalidRequestError(
                 f"request {request_id!r}: LoRA {extra.lora.name!r} has no path, which {self.profile.name} hashes"
@@ -175,6 +186,7 @@ class RequestBlockHasher:
             skip_reading_prefix_cache=skip,
             prompt_logprobs=bool(prompt_logprobs),
             prompt_logprob_start=prompt_logprob_start,
+            kv_cache_report_mode=kv_cache_report_mode,
             prefix_cache_hit_limit=construction_hit_limit(self.profile, skip, prompt_logprobs, prompt_logprob_start),
         )
 
@@ -262,6 +274,18 @@ def check_prompt_logprobs(request_id: str, prompt_logprobs: object, start: objec
         raise InvalidRequestError(f"request {request_id!r}: prompt_logprob_start {start!r} is not an int >= 0")
     if not prompt_logprobs:
         raise InvalidRequestError(f"request {request_id!r}: prompt_logprob_start {start} without prompt logprobs")
+
+
+def check_report_mode(request_id: str, mode: object) -> None:
+    """Raise InvalidRequestError unless ``mode`` is one of :data:`REPORT_MODES`.
+
+    raises: InvalidRequestError
+    post: mode in REPORT_MODES
+    """
+    if not isinstance(mode, str) or mode not in REPORT_MODES:
+        raise InvalidRequestError(
+            f"request {request_id!r}: kv_cache_report_mode must be one of {REPORT_MODES}, got {mode!r}"
+        )
 
 
 def valid_token_ids(request_id: str, token_ids: Sequence[int], limit: int | None = None) -> tuple[int, ...]:

@@ -454,6 +454,14 @@ def retained(mgr: Any, h: RequestBlockHasher) -> object:
     return None
 
 
+def reannounced(mgr: Any, h: RequestBlockHasher) -> object:
+    """``a`` (9 tokens) is cached and freed; a lookup of ``b`` in report mode
+    "full" hits 8 tokens and (where the release has the mode) announces them."""
+    admit(mgr, h.new_request("a", list(range(9))))
+    mgr.free("a")
+    return mgr.get_computed_blocks(h.new_request("b", list(range(9)), kv_cache_report_mode="full"))
+
+
 CONNECTOR_HYBRID = (FullAttention(4), Mamba(4, "align"))
 """The hybrid of the connector lookup's cases."""
 
@@ -582,6 +590,10 @@ CASES = [
     Case(
         "lookup_returns_boundary", VLLM_0_26_0, False, prefix_hint,
         {"groups": (FullAttention(4), Mamba(4, "align", 0))},
+    ),
+    Case(
+        "report_mode_full", VLLM_0_26_0, False, reannounced,
+        {"groups": (FullAttention(4), SlidingWindow(4, 4)), "enable_kv_cache_events": True},
     ),
     Case("common_prefix", VLLM_0_32_0, "tables", common_prefix, {"groups": (FullAttention(4),)}),
     Case("skip_on_processed_tokens", VLLM_0_26_0, False, in_flight_basis, {"groups": (SlidingWindow(4, 4),)}),

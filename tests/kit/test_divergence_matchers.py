@@ -46,6 +46,8 @@ def _trace_step(div_id: str) -> tuple[KVCacheConfig, dict[str, Any], Any]:
         ("mamba-cow-owner", [[], [5], [6]]),
         ("connector-lookup-bound-crash", {"crash": "IndexError"}),
         ("lookahead-lookup-crash", {"crash": "IndexError"}),
+        ("report-mode-cp-crash", {"crash": "AssertionError"}),
+        ("report-mode-partial-hit-crash", {"crash": "IndexError"}),
     ],
 )
 def test_matcher_explains_vllms_output_on_its_trace(div_id: str, vllm_out: Any) -> None:
@@ -255,3 +257,51 @@ def test_lookahead_crash_only_from_two_tokens_and_without_a_full_attention_group
     mamba_hybrid = config(2, FullAttention(2), Mamba(2, "align"))
     assert explain(mamba_hybrid, connector, crash, answered, False) == "lookahead-lookup-crash"
     assert explain(mamba_hybrid, lookup, crash, {"blocks": [[], []], "num_tokens": 0}, False) is None
+
+
+def test_report_mode_crash_needs_context_parallelism_events_and_a_hit() -> None:
+    """The announcement of a report-mode "full" hit asserts only under context parallelism
+    (the group's configured block then is a fraction of the hash block; measured on real
+    0.34.0); without it, without events, without a hit or before 0.26.0 an AssertionError
+    stays unexplained."""
+    crash = {"crash": "AssertionError"}
+    hit = {"blocks": [[1, 2]], "num_tokens": 16}
+
+    def config(profile: Any = VLLM_0_34_0, dcp: int = 2, events: bool = True) -> KVCacheConfig:
+        return KVCacheConfig(
+            num_blocks=16, groups=(FullAttention(4),), max_model_len=32, profile=profile, dcp_world_size=dcp,
+            enable_kv_cache_events=events,
+        )  # fmt: skip
+
+    assert explain(config(), LOOKUP, crash, hit, False) == "report-mode-cp-crash"
+    assert explain(config(), {"op": "get_computed_blocks_for_connector", "rid": "b"}, crash, hit, False) == (
+        "report-mode-cp-crash"
+    )
+    assert explain(config(), LOOKUP, crash, None, False) == "report-mode-cp-crash"  # the safety level
+    assert explain(config(dcp=1), LOOKUP, crash, hit, False) is None
+    assert explain(config(events=False), LOOKUP, crash, hit, False) is None
+    assert explain(config(), LOOKUP, crash, {"blocks": [[]], "num_tokens": 0}, False) is None
+    assert explain(config(), LOOKUP, {"crash": "IndexError"}, hit, False) is None
+    assert explain(config(VLLM_0_25_1), LOOKUP, crash, hit, False) is None
+
+
+def test_report_mode_partial_hit_crash_needs_a_hit_inside_a_block() -> None:
+    """The announcement of a report-mode "full" hit reads past the request's hashes only under
+    fine-grained hits, for a hit that ends inside a group's block (real 0.27.1 and 0.29.0):
+    a hit on a block boundary, events off or plain hashing leave an IndexError unexplained."""
+    crash = {"crash": "IndexError"}
+    inside = {"blocks": [[1, 2], [0, 4]], "num_tokens": 6}
+
+    def config(hash_block: int | None = 2, events: bool = True) -> KVCacheConfig:
+        return KVCacheConfig(
+            num_blocks=32, groups=(FullAttention(4), Mamba(4, "align")), max_model_len=32, profile=VLLM_0_26_0,
+            hash_block_size=hash_block, enable_kv_cache_events=events,
+        )  # fmt: skip
+
+    assert explain(config(), LOOKUP, crash, inside, False) == "report-mode-partial-hit-crash"
+    assert explain(config(), LOOKUP, crash, None, False) == "report-mode-partial-hit-crash"  # the safety level
+    assert explain(config(), LOOKUP, crash, {"blocks": [[1, 2], [0, 4]], "num_tokens": 8}, False) is None
+    assert explain(config(events=False), LOOKUP, crash, inside, False) is None
+    assert explain(config(hash_block=None), LOOKUP, crash, inside, False) is None
+    assert explain(config(), LOOKUP, {"crash": "AssertionError"}, inside, False) is None
+

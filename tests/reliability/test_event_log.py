@@ -21,7 +21,8 @@ from kvref.lockstep import EventLog, Lockstep, LockstepFailure, RunStats
 from kvref.stateful import MachineSetup, make_lockstep_machine
 from kvspec.config import FullAttention, KVCacheConfig
 from kvspec.events import BlockRemoved, KVCacheEvent
-from kvspec.profiles import VLLM_0_25_1
+from kvspec.profiles import VLLM_0_25_1, VLLM_0_34_0
+from kvspec.request import RequestBlockHasher
 from kvspec.view import KVView
 
 CFG = KVCacheConfig(
@@ -82,6 +83,56 @@ def test_event_log_detects_lost_duplicated_and_misordered_events() -> None:
     assert "events say 2, cache holds 1" in duplicated.compare(view_with(((KEY, (3,)),)))
     misordered = EventLog(True)
     assert "no earlier event stored" in misordered.consume([removed(INT_HASH), stored(INT_HASH)])
+
+
+def test_event_log_leaves_announcements_out() -> None:
+    """A report-mode "full" request's hit, announced again (vLLM 0.26.0 on), stores
+    nothing: the lookup tells the log, which leaves the matching event out of its index
+    once; a second announcement nobody predicted counts as a duplicate; a lookup whose
+    announcement is undecided (a connector's, in a Mamba hybrid) makes the next
+    comparison rebuild the index instead of judging it."""
+    cfg = KVCacheConfig(
+        num_blocks=6, groups=(FullAttention(2),), max_model_len=16, enable_kv_cache_events=True, profile=VLLM_0_34_0
+    )
+    request = RequestBlockHasher.for_config(cfg).new_request("b", [1, 2, 3], kv_cache_report_mode="full")
+    h = int.from_bytes(request.block_hashes[0][-8:], "big")
+    key = request.block_hashes[0] + (0).to_bytes(4, "big")
+    log = EventLog(int_block_hashes=True)
+    assert log.consume([stored(h)]) == ""
+    log.expect_announcement(cfg, request, [[1]])
+    again = {**stored(h), "parent_block_hash": None}
+    assert log.consume([again]) == ""
+    assert log.compare(view_with(((key, (1,)),))) == ""
+    assert log.consume([again]) == ""
+    assert "events say 2, cache holds 1" in log.compare(view_with(((key, (1,)),)))
+    incremental = RequestBlockHasher.for_config(cfg).new_request("c", [1, 2, 3])
+    log = EventLog(int_block_hashes=True)
+    log.consume([stored(h)])
+    log.expect_announcement(cfg, incremental, [[1]])
+    assert "events say 2" in (log.consume([again]) or log.compare(view_with(((key, (1,)),))))
+    log = EventLog(int_block_hashes=True)
+    log.consume([stored(h)])
+    log.expect_announcement(cfg, request, [[1]], sure=False)
+    assert log.consume([again]) == ""
+    assert log.compare(view_with(((key, (1,)),))) == ""
+    assert log.resyncs == 1 and not log.unsure
+
+
+def test_event_log_takes_the_last_matching_event_as_the_announcement() -> None:
+    """A block stored from block 0 under the hashes a later lookup announces, then
+    removed, then stored again: the announcement is the last matching event, so the
+    removal finds its hash (taking the first would leave the removal nothing to remove)."""
+    cfg = KVCacheConfig(
+        num_blocks=6, groups=(FullAttention(2),), max_model_len=16, enable_kv_cache_events=True, profile=VLLM_0_34_0
+    )
+    request = RequestBlockHasher.for_config(cfg).new_request("b", [1, 2, 3], kv_cache_report_mode="full")
+    h = int.from_bytes(request.block_hashes[0][-8:], "big")
+    key = request.block_hashes[0] + (0).to_bytes(4, "big")
+    store = {**stored(h), "parent_block_hash": None}
+    log = EventLog(int_block_hashes=True)
+    log.expect_announcement(cfg, request, [[1]])
+    assert log.consume([store, removed(h), store, store]) == ""
+    assert log.compare(view_with(((key, (1,)),))) == ""
 
 
 def test_lockstep_counts_event_log_checks(tmp_path: Path) -> None:

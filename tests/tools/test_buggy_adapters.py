@@ -25,6 +25,6 @@ def test_check_catches_and_shrinks(mutant: str, tmp_path: Path, monkeypatch: pyt
     check = ["check", "--target", target, "--against", "spec", "--profile", "ci", "--seed", "0", "--shapes", "full"]
     assert main(check) == 1
     (trace,) = tmp_path.glob("failure-*.jsonl")
-    assert len(load(trace).steps) <= 15
+    assert len(load(trace).steps) <= 16
     assert main(["replay", str(trace), "--target", target]) == 1
     assert main(["replay", str(trace), "--target", "spec"]) == 0

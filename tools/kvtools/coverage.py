@@ -152,6 +152,10 @@ that lags the drafter's look-ahead, windows that keep extra tokens, the look-ahe
 scheduler block under EAGLE, and their broken inputs (``MTP_BAD_CONFIGS``). Not drawn by the full
 runs."""
 
+FINE_SWA_SHAPES = "full+swa@2x"
+"""A hybrid whose window group's block is half the scheduler block, under the newest profile: its
+hits are aligned down a block (``align_down`` drops one), which the full runs meet at some seeds only."""
+
 ARRAY_PROFILE = "vllm-0.33.0"
 """The run of kvimpl's array API (``impl-array``) under the newest release whose requests fit the C
 request: from vLLM 0.34.0 on a request holds a hit limit fixed at construction and token ids are
@@ -203,7 +207,7 @@ def ci_runs() -> list[Run]:
     situations the full runs meet at some seeds only: :data:`CHUNKED_SHAPES`
     through the batch API, :data:`SINK_SHAPES` under :data:`SINK_PROFILE`,
     :data:`RING_SHAPES`, :data:`MAMBA_SHAPES`, :data:`EAGLE_WINDOW_SHAPES`
-    under :data:`EAGLE_WINDOW_PROFILE`, :data:`REKEYED_SHAPES` and :data:`MTP_SHAPES`. Profiles
+    under :data:`EAGLE_WINDOW_PROFILE`, :data:`REKEYED_SHAPES`, :data:`MTP_SHAPES` and :data:`FINE_SWA_SHAPES`. Profiles
     with the same switches take the same steps, so ``impl`` runs once per
     :func:`behaviours` group."""
     from kvref.adapters.impl import IMPL_PROFILES  # noqa: PLC0415 - imports kvimpl
@@ -227,6 +231,7 @@ def ci_runs() -> list[Run]:
         Run(EAGLE_WINDOW_PROFILE, "impl", shapes=EAGLE_WINDOW_SHAPES),
         Run(NEWEST.name, "impl", shapes=REKEYED_SHAPES, min_steps=REKEYED_STEPS),
         Run(NEWEST.name, "impl", shapes=MTP_SHAPES),
+        Run(NEWEST.name, "impl", shapes=FINE_SWA_SHAPES),
     ]
 
 

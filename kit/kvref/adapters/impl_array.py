@@ -208,9 +208,13 @@ class ArrayNativeAdapter(ArrayCalls, MutableNativeImplAdapter):  # type: ignore[
     name = "impl-array"
 
 
-@declare()
+@declare(unsupported={"report_mode_full"})
 def make_impl_array_adapter(config: KVCacheConfig) -> Any:
     """Factory for ``--target impl-array``: kvimpl's native manager driven through its array API.
+
+    A request in report mode "full" is a Python request in kvimpl (the C request
+    has no such field), which the array API does not advance: the target lacks
+    the feature ``report_mode_full`` (the other native targets run it).
 
     Raises:
         UnsupportedByProfileError: As ``--target impl-native`` (the native manager

@@ -64,7 +64,7 @@ from kvspec.view import BlockIds
 PROBES = (
     "request id", "empty prompt", "negative token", "lora without path", "append str", "append negative",
     "unknown hash function", "token past the limit", "append past the limit", "prompt_logprobs not a bool",
-    "negative logprob start", "logprob start without logprobs",
+    "negative logprob start", "logprob start without logprobs", "unknown report mode",
 )  # fmt: skip
 """The caller errors new mirrors check in turn (see the module docstring)."""
 
@@ -109,7 +109,7 @@ class MutableRequests:
             prompt = tokens[: request.num_prompt_tokens]
             made = hasher.new_request(
                 rid, prompt, request.extra, _construction_skip(request, self._profile), request.prompt_logprobs,
-                request.prompt_logprob_start,
+                request.prompt_logprob_start, request.kv_cache_report_mode,
             )  # fmt: skip
             mirror = self._mirrors[rid] = _Mirror(
                 made, prompt, request.num_prompt_tokens, request.extra, _logprobs(request)
@@ -190,6 +190,7 @@ def _probe(probe: str, hasher: Any, mreq: Any, request: Request, profile: Semant
         "prompt_logprobs not a bool": lambda: hasher.new_request(rid, prompt, prompt_logprobs=1),
         "negative logprob start": lambda: hasher.new_request(rid, prompt, request.extra, None, True, -1),
         "logprob start without logprobs": lambda: hasher.new_request(rid, prompt, prompt_logprob_start=0),
+        "unknown report mode": lambda: hasher.new_request(rid, prompt, kv_cache_report_mode="all"),
     }
     try:
         calls[probe]()
@@ -232,6 +233,7 @@ def _same_request(mirror: _Mirror, request: Request) -> bool:
         and tokens[:have] == mirror.tokens
         and (mirror.extra is request.extra or mirror.extra == request.extra)
         and mirror.logprobs == _logprobs(request)
+        and getattr(mirror.request, "kv_cache_report_mode", "incremental") == request.kv_cache_report_mode
     )
 
 

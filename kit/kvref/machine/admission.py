@@ -61,11 +61,22 @@ class AdmissionRules(ConnectorRules, SpeculativeRules):
         skip = choose(data, (False,) * 9 + (True,))
         if skip and self._allowed("skip_reading_prefix_cache") and self._on("skip_reading"):
             op["skip_reading_prefix_cache"] = True
+        # One request in three asks for report mode "full" in runs whose release announces hits
+        # again (vLLM 0.26.0 on) with events on; drawn only there, so other runs draw as before.
+        if self._reports_drawable() and choose(data, (False, False, True)) and self._allowed("report_mode_full"):
+            op["kv_cache_report_mode"] = "full"
         # encoder tokens for cross attention; 0 is a request without encoder input (no cross-attention block)
         enc = integer(data, 0, 12) if self.cross else 0
         self._sched.add(op, enc, reusable)
         if reusable:
             self._remember(op["prompt"], op.get("extra"))
+
+    def _reports_drawable(self) -> bool:
+        """Whether requests of this run draw a report mode: events and caching on,
+        and a release that announces hits again (under context parallelism vLLM
+        then asserts: the registered divergence ``report-mode-cp-crash``)."""
+        cfg = self.cfg
+        return cfg.enable_kv_cache_events and cfg.enable_caching and cfg.profile.report_mode_full
 
     def _fresh_prompt(self, data: st.DataObject, rid: str) -> tuple[Json, bool]:
         """A prompt from the prefix universe, with extra keys drawn; returns

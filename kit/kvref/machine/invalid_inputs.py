@@ -52,7 +52,7 @@ the scheduler block, one in a model without a group it acts on, one under a rele
 (vLLM 0.22.1). In runs that draw a retention interval half the broken-config actions try all of them."""
 BAD_REQUESTS = (
     "request_id", "empty_prompt", "str_prompt", "negative_token", "lora_id", "lora_path", "append_str",
-    "logprobs_flag", "logprob_start", "start_without_logprobs",
+    "logprobs_flag", "logprob_start", "start_without_logprobs", "report_mode",
 )  # fmt: skip
 """Caller errors of kvspec's request hasher (each must raise InvalidRequestError)."""
 
@@ -156,6 +156,7 @@ class InvalidInputs(MachineBase):
             "logprobs_flag": lambda: hasher.new_request("bad", [1], prompt_logprobs=1),  # type: ignore[arg-type]  # the broken argument
             "logprob_start": lambda: hasher.new_request("bad", [1], prompt_logprobs=True, prompt_logprob_start=-1),
             "start_without_logprobs": lambda: hasher.new_request("bad", [1], prompt_logprob_start=0),
+            "report_mode": lambda: hasher.new_request("bad", [1], kv_cache_report_mode="all"),  # type: ignore[arg-type]  # the broken argument
         }
         if kind == "lora_path" and not self.cfg.profile.extra_keys_tagged:
             return  # untagged extra keys do not hash the path: a LoRA without one is valid

@@ -23,6 +23,7 @@ from kvspec.config import (
     AttentionKind,
     CrossAttention,
     FullAttention,
+    KVCacheConfig,
     Mamba,
     SlidingWindow,
     prefix_cacheable,
@@ -30,7 +31,7 @@ from kvspec.config import (
 from kvspec.events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from kvspec.hashing import BlockHash, ExtraKeySource, LoRA, MultiModalFeature, make_key
 from kvspec.profiles import SemanticsProfile
-from kvspec.request import Request, RequestBlockHasher
+from kvspec.request import REPORT_MODES, Request, RequestBlockHasher
 from kvspec.single_type_kv_cache_manager import MambaManager, SingleTypeKVCacheManager, make_manager
 from kvspec.view import KVView
 
@@ -327,6 +328,20 @@ def _reads_case(args: tuple[int, bool | None, bool, int | None, bool], profile: 
 def _reads_prefix_cache() -> Iterator[Scenario]:
     for args in _HIT_REQUESTS:
         yield Scenario(partial(_reads_case, args))
+
+
+@contract(
+    f"{KCM}.reports_hits",
+    "full attention with events on or off x caching on or off x report mode incremental or full x every profile",
+)
+def _reports_hits() -> Iterator[Case]:
+    for events, caching, mode, profile in product((True, False), (True, False), REPORT_MODES, PROFILE_LIST):
+        cfg = KVCacheConfig(
+            num_blocks=8, groups=(FullAttention(2),), max_model_len=16, profile=profile,
+            enable_kv_cache_events=events, enable_caching=caching,
+        )  # fmt: skip
+        request = RequestBlockHasher.for_config(cfg).new_request("r", [1, 2, 3], kv_cache_report_mode=mode)
+        yield cfg, request
 
 
 def _length_case(

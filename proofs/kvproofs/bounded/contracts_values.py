@@ -217,6 +217,15 @@ def _check_prompt_logprobs() -> Iterator[Case]:
         yield "r", logprobs, start
 
 
+@contract(
+    "kvspec.request.check_report_mode",
+    "modes incremental, full, all, FULL, the empty str, None, 1 and a list",
+)
+def _check_report_mode() -> Iterator[Case]:
+    for mode in ("incremental", "full", "all", "FULL", "", None, 1, ["full"]):
+        yield "r", mode
+
+
 _RELEASES = ("0.15.0", "0.16.0", "0.17.1", "0.25.1.dev3", "vllm-0.30.0", "0.33.2", "0.40.0", "1.0", "0", "x.y", "")
 
 

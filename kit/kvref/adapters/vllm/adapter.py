@@ -217,6 +217,7 @@ class VllmAdapter:
             block_hasher=self._hasher,
             prompt_logprobs=request.prompt_logprobs,
             prompt_logprob_start=request.prompt_logprob_start,
+            report_mode=request.kv_cache_report_mode,
         )
 
     def vllm_status(self, name: str) -> Any:
@@ -247,6 +248,7 @@ class VllmAdapter:
                 or len(tokens) < have
                 or tokens[:have] != mirror.tokens
                 or (mirror.extra is not request.extra and mirror.extra != request.extra)
+                or getattr(mirror.vreq, "kv_cache_report_mode", "incremental") != request.kv_cache_report_mode
             ):
                 mirror = None  # a different request reusing the id
                 self._last_hits.pop(rid, None)

@@ -632,6 +632,7 @@ class VllmApi:
         block_hasher: Any,
         prompt_logprobs: bool = False,
         prompt_logprob_start: int | None = None,
+        report_mode: str = "incremental",
     ) -> Any:
         """``vllm.v1.request.Request`` hashed by ``block_hasher``.
 
@@ -649,6 +650,8 @@ class VllmApi:
             prompt_logprobs: Ask for one prompt logprob per row (``prompt_logprobs=1``).
             prompt_logprob_start: The sampling parameter of that name (sent
                 where :attr:`sampling_logprob_start`).
+            report_mode: ``kv_cache_report_mode`` of the sampling parameters'
+                ``extra_args`` (sent only when "full"; read from vLLM 0.26.0 on).
         """
         lora_request = None
         if lora is not None:
@@ -662,11 +665,13 @@ class VllmApi:
             )
             for identifier, offset, length in mm_features
         ]
-        logprobs: dict[str, Any] = {"prompt_logprobs": 1} if prompt_logprobs else {}
+        params: dict[str, Any] = {"prompt_logprobs": 1} if prompt_logprobs else {}
         if prompt_logprob_start is not None and self.sampling_logprob_start:
-            logprobs["prompt_logprob_start"] = prompt_logprob_start
+            params["prompt_logprob_start"] = prompt_logprob_start
+        if report_mode != "incremental":
+            params["extra_args"] = {"kv_cache_report_mode": report_mode}
         sampling = self.sampling.SamplingParams(
-            max_tokens=max_tokens, skip_reading_prefix_cache=skip_reading_prefix_cache, **logprobs
+            max_tokens=max_tokens, skip_reading_prefix_cache=skip_reading_prefix_cache, **params
         )
         return self.request.Request(
             request_id=request_id,
