@@ -653,8 +653,10 @@ class Lockstep:
         mode "full"). A connector's lookup in a cached Mamba hybrid announces
         only when it falls back to the plain lookup: never when it reports a
         diverged hit, and undecided from its result otherwise."""
-        req = self.book.requests.get(op.get("rid", ""))
         cfg = self.config
+        if not (cfg.enable_kv_cache_events and cfg.profile.report_mode_full):
+            return
+        req = self.book.requests.get(op.get("rid", ""))
         per_group = (
             op["op"] == "get_computed_blocks_for_connector" and cfg.enable_caching and len(cfg.groups) > 1
             and any(isinstance(k, Mamba) for k in cfg.groups)
@@ -662,7 +664,7 @@ class Lockstep:
         for log, out in zip(self.event_logs, outs, strict=True):
             if log is None or req is None or not isinstance(out, dict) or not out.get("num_tokens"):
                 continue
-            if log is self.event_logs[0] and req.kv_cache_report_mode == "full" and cfg.profile.report_mode_full:
+            if log is self.event_logs[0] and req.kv_cache_report_mode == "full":
                 self.stats.announcing_lookups += 1
             if per_group and out.get("hit_diverged"):
                 continue
@@ -895,6 +897,7 @@ class EventLog:
                 self.announced.append((gid if self.grouped else None, tuple(self._external(d) for d in digests)))
 
     def _external(self, digest: bytes) -> Json:
+        """A digest's external form: its low 64 bits (big-endian) or its hex."""
         return int.from_bytes(digest[-8:], "big") if self.int_block_hashes else digest.hex()
 
     def consume(self, events: list[Json]) -> str:
@@ -980,7 +983,7 @@ class EventLog:
         expected: dict[tuple[Json, Json], int] = {}
         for key, ids in view.cached:
             digest, group = key[:-4], int.from_bytes(key[-4:], "big")
-            ext: Json = int.from_bytes(digest[-8:], "big") if self.int_block_hashes else digest.hex()
+            ext = self._external(digest)
             where = group if self.grouped else None
             expected[(ext, where)] = expected.get((ext, where), 0) + len(ids)
         if self.unsure:
