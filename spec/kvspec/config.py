@@ -87,11 +87,25 @@ class Mamba:
     states), ``all`` (cache the state at every block boundary) or ``align``
     (cache states that land on block boundaries at step ends). The default is
     vLLM's: ``none``.
+
+    ``num_prefill_checkpoint_blocks`` (vLLM 0.29.0 on; profile switch
+    ``prefill_checkpoints``): in align mode a prefill chunk may keep one more
+    state block, a checkpoint below its running state
+    (:mod:`kvspec.prefill_checkpoints`); other modes ignore it. vLLM takes
+    any int: 0 or less disables checkpoints, and every value above 1 acts as
+    1 (one checkpoint block per chunk); kvspec refuses a negative count.
+    ``prefill_checkpoint_alignment`` (vLLM 0.30.0 on): the token granularity
+    at which the kernel can export a state, counted from the chunk start;
+    None disables checkpoints. vLLM accepts 0 and negative values and fails
+    an assertion inside ``allocate_slots`` at the first chunk it weighs for
+    a checkpoint; kvspec refuses them when the configuration is made.
     """
 
     block_size: int
     mode: MambaMode = "none"
     num_speculative_blocks: int = 0
+    num_prefill_checkpoint_blocks: int = 0
+    prefill_checkpoint_alignment: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -542,9 +556,11 @@ def validate_groups(cfg: KVCacheConfig) -> None:
 
 
 def validate_kind(gid: int, kind: AttentionKind, cfg: KVCacheConfig) -> None:
-    """Raise ConfigError naming the first broken condition of group ``gid``.
+    """Raise ConfigError naming the first broken condition of group ``gid``
+    (UnsupportedByProfileError for a Mamba checkpoint field the release lacks:
+    :func:`validate_prefill_checkpoints`).
 
-    raises: ConfigError
+    raises: ConfigError, UnsupportedByProfileError
     post: kind.block_size >= 1 and (not isinstance(kind, SlidingWindow | KpoolTail) or kind.window >= 1)
     post: not isinstance(kind, ChunkedLocal) or kind.chunk >= 1
     post: not isinstance(kind, SinkFullAttention) or (kind.sink_len >= 1 and kind.sink_len % kind.block_size == 0)
@@ -586,8 +602,46 @@ def validate_kind(gid: int, kind: AttentionKind, cfg: KVCacheConfig) -> None:
             raise ConfigError(f"{where}: num_speculative_blocks must be >= 0")
         if cfg.profile.mamba_caching_needs_align and cfg.enable_caching and kind.mode != "align":
             raise ConfigError(f"{where}: prefix caching needs mode 'align' ({cfg.profile.name}), got {kind.mode!r}")
+        validate_prefill_checkpoints(where, kind, cfg.profile)
     if isinstance(kind, CrossAttention) and cfg.enable_caching:
         raise ConfigError(f"{where}: cross attention requires enable_caching=False")
+
+
+def validate_prefill_checkpoints(where: str, kind: Mamba, profile: SemanticsProfile) -> None:
+    """A Mamba group's checkpoint fields: ``num_prefill_checkpoint_blocks``
+    a non-negative int, from vLLM 0.29.0 on (profile switch
+    ``prefill_checkpoints``); ``prefill_checkpoint_alignment`` None or a
+    positive int, from 0.30.0 on (where the switch is past "block-aligned").
+    The default values are accepted everywhere.
+
+    Raises:
+        ConfigError: A count that is not a non-negative int, an alignment
+            that is not None or a positive int.
+        UnsupportedByProfileError: A field the release does not have.
+
+    raises: ConfigError, UnsupportedByProfileError
+    post: isinstance(kind.num_prefill_checkpoint_blocks, int) and kind.num_prefill_checkpoint_blocks >= 0
+    post: kind.prefill_checkpoint_alignment is None or kind.prefill_checkpoint_alignment >= 1
+    post: profile.prefill_checkpoints != "none" or kind.num_prefill_checkpoint_blocks == 0
+    post: profile.prefill_checkpoints not in ("none", "block-aligned") or kind.prefill_checkpoint_alignment is None
+    """
+    ncp, alignment = kind.num_prefill_checkpoint_blocks, kind.prefill_checkpoint_alignment
+    if not isinstance(ncp, int) or isinstance(ncp, bool) or ncp < 0:
+        raise ConfigError(f"{where}: num_prefill_checkpoint_blocks must be a non-negative int, got {ncp!r}")
+    if alignment is not None and (not isinstance(alignment, int) or isinstance(alignment, bool) or alignment < 1):
+        raise ConfigError(
+            f"{where}: prefill_checkpoint_alignment must be None or a positive int, got {alignment!r} (vLLM "
+            "accepts it and then fails an assertion in allocate_slots)"
+        )
+    if ncp and profile.prefill_checkpoints == "none":
+        raise UnsupportedByProfileError(
+            f"{where}: {profile.name} has no Mamba prefill checkpoints (num_prefill_checkpoint_blocks={ncp}); "
+            "they are new in vllm-0.29.0"
+        )
+    if alignment is not None and profile.prefill_checkpoints in ("none", "block-aligned"):
+        raise UnsupportedByProfileError(
+            f"{where}: {profile.name} has no prefill_checkpoint_alignment (got {alignment}); it is new in vllm-0.30.0"
+        )
 
 
 def validate_ring_kind(where: str, kind: CircularBuffer | KpoolTail, profile: SemanticsProfile) -> None:

@@ -42,6 +42,7 @@ CpBlockScaling = Literal["dcp-pcp", "dcp", "dcp-full-attention", "dcp-sharded"]
 TailEagle = Literal["none", "group", "model"]
 RetentionKinds = Literal["none", "swa", "swa+mamba"]
 RetentionBoundaries = Literal["prompt", "junction", "replay", "replay-eagle-junction"]
+PrefillCheckpoints = Literal["none", "block-aligned", "chunk-position", "prompt-end", "reachable", "hash-lookahead"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -386,6 +387,22 @@ class SemanticsProfile:
     """A retention interval of 0 is accepted in a model without sliding-window
     and Mamba groups (0.29.0 on; before, any interval is refused there):
     :func:`kvspec.config.validate_retention`."""
+    prefill_checkpoints: PrefillCheckpoints = "none"
+    """Mamba prefill checkpoints: an align-mode chunk keeps one more state
+    block, below its running state, so a prompt that ends inside a block
+    leaves a cached state a later hit can resume from. "none": the release
+    has no ``num_prefill_checkpoint_blocks`` (before 0.29.0);
+    "block-aligned" (0.29.0): a chunk that starts on a block boundary and
+    ends inside a block keeps the slot before its running state, whose state
+    is the last block boundary it crosses; "chunk-position" (0.30.0): a
+    checkpoint at a hash-aligned position of the chunk end, with a
+    ``prefill_checkpoint_alignment``; "prompt-end" (0.31.0): with a
+    retention interval of 0 only the chunk that reaches the prompt end gets
+    one; "reachable" (0.32.0): a transient checkpoint stays cached only
+    where the retention mask keeps it; "hash-lookahead" (0.33.0): the
+    position steps back over the look-ahead tokens. Only
+    :data:`PREFILL_CHECKPOINTS_MODELLED` forms are modelled:
+    :mod:`kvspec.prefill_checkpoints`."""
 
 
 VLLM_0_16_0 = SemanticsProfile(
@@ -615,12 +632,14 @@ VLLM_0_29_0 = replace(
     circular_buffer_kind=True,
     cp_block_scaling="dcp-full-attention",
     retention_zero_any_model=True,
+    prefill_checkpoints="block-aligned",
 )
 """0.29.0: every full-attention group is trimmed to the hit (kvspec always
 did; the ``second-full-group`` divergence ends); cached models whose groups
 share one kind are allowed; the sliding-window caching mask follows the hit
 alignment; the ring kind ``CircularBuffer``; DCP scales only
-full-attention-type groups; a retention interval of 0 is accepted in any model."""
+full-attention-type groups; a retention interval of 0 is accepted in any model;
+Mamba prefill checkpoints at block boundaries (``num_prefill_checkpoint_blocks``)."""
 
 VLLM_0_30_0 = replace(
     VLLM_0_29_0,
@@ -633,13 +652,16 @@ VLLM_0_30_0 = replace(
     estimate_skips_uncacheable=True,
     mamba_align_retired_mark=True,
     retention_boundaries="replay",
+    prefill_checkpoints="chunk-position",
 )
 """0.30.0: SinkFull groups reserve no sink blocks (plain full attention); an
 EAGLE Mamba group's tail boundary is one hash unit lower; the ring kind
 ``KpoolTail``; the window cache mask counts in the DCP-scaled block size;
 ``estimate_cached_tokens`` leaves out the groups that are not prefix cacheable;
 Mamba align removes skipped state blocks across null gaps, above a retired mark;
-under EAGLE the retention masks keep the replay positions."""
+under EAGLE the retention masks keep the replay positions; Mamba prefill
+checkpoints sit at a hash-aligned position of the chunk end and need a
+``prefill_checkpoint_alignment``."""
 
 VLLM_0_31_0 = replace(
     VLLM_0_30_0,
@@ -651,12 +673,15 @@ VLLM_0_31_0 = replace(
     mamba_align_estimate_capped=True,
     cp_block_scaling="dcp-sharded",
     mamba_tail_eagle="model",
+    prefill_checkpoints="prompt-end",
 )
 """0.31.0: tagged extra hash keys (the LoRA key includes the adapter path);
 resumed hashing sees every multimodal feature; an allocation may adopt hit
 tokens without new ones; Mamba align's estimate is capped by the real need;
 the Mamba tail's EAGLE shift follows the model's ``use_eagle``; DCP scales
-every ``dcp_sharded`` group (every attention kind, not Mamba)."""
+every ``dcp_sharded`` group (every attention kind, not Mamba); with a retention
+interval of 0 only the prompt's last chunk gets a Mamba prefill checkpoint,
+and that checkpoint stays cached."""
 
 VLLM_0_32_0 = replace(
     VLLM_0_31_0,
@@ -670,13 +695,15 @@ VLLM_0_32_0 = replace(
     kpool_tail_kind=False,
     zeroing_range_op=False,
     skip_zeroing_arg=True,
+    prefill_checkpoints="reachable",
 )
 """0.32.0: ``get_num_common_prefix_blocks`` always answers zeros; the hybrid
 EAGLE look-ahead is capped by hashed tokens, and the connector's per-group
 lookup takes it too; the full-attention partial tail
 moves to the last hash boundary below the prompt's last token; Mamba align
 tail entries; ``KpoolTailSpec`` is gone; ``allocate_slots`` takes
-``skip_zeroing_group_ids`` where ``get_zeroing_block_ids_in_range`` was."""
+``skip_zeroing_group_ids`` where ``get_zeroing_block_ids_in_range`` was; a
+transient Mamba prefill checkpoint stays cached only where a hit can reach it."""
 
 VLLM_0_33_0 = replace(
     VLLM_0_32_0,
@@ -689,12 +716,14 @@ VLLM_0_33_0 = replace(
     hit_length_bound="as-given",
     lookahead_block_hashes=True,
     retention_boundaries="replay-eagle-junction",
+    prefill_checkpoints="hash-lookahead",
 )
 """0.33.0: ``pop_blocks_for_free`` drops leading nulls; cached Mamba groups
 must use align mode; EAGLE group flags need ``use_eagle``; the Mamba tail
 skips a block already keyed at the boundary; ``get_computed_blocks`` takes
 an upper bound on the hit length; look-ahead block hashes; an EAGLE group's
-retention mask keeps one block below the junction too."""
+retention mask keeps one block below the junction too; a Mamba prefill
+checkpoint steps back over the look-ahead tokens."""
 
 VLLM_0_34_0 = replace(
     VLLM_0_33_0,
@@ -819,14 +848,18 @@ def features_used(config: KVCacheConfig) -> frozenset[str]:
     * ``"ring-kinds"`` (0.29.0 on): a ring group (``CircularBuffer``,
       ``KpoolTail``), cached or not;
     * ``"context-parallelism"`` (every release): ``dcp_world_size`` or
-      ``pcp_world_size`` above 1 (scaled manager block sizes, lookup refusals).
+      ``pcp_world_size`` above 1 (scaled manager block sizes, lookup refusals);
+    * ``"prefill-checkpoints"`` (0.29.0 on): a Mamba align group with
+      ``num_prefill_checkpoint_blocks`` above 0, cached or not (the
+      checkpoint block is allocated either way).
 
     An implementation that models only some of them refuses the others
     (kvref's impl adapter compares this set with what kvimpl models).
 
     post: __return__ <= FEATURE_SWITCHES.keys()
     post: ("context-parallelism" in __return__) == (config.dcp_world_size * config.pcp_world_size > 1)
-    post: config.enable_caching or __return__ <= {"ring-kinds", "context-parallelism"}
+    post: config.enable_caching or __return__ <= {"ring-kinds", "context-parallelism", "prefill-checkpoints"}
+    post: "prefill-checkpoints" not in __return__ or config.profile.prefill_checkpoints != "none"
     post: all(name not in __return__ or getattr(config.profile, switch) for name, switch in (("partial-tail-entries", "partial_tail_entries"), ("partial-hash-hits", "partial_hash_hits"), ("mamba-tail-entries", "mamba_tail_entries")))
     """  # noqa: E501 - a PEP 316 condition is one line
     from kvspec.config import FULL_TYPE_KINDS, RING_KINDS, Mamba  # noqa: PLC0415 - config imports this module
@@ -835,6 +868,10 @@ def features_used(config: KVCacheConfig) -> frozenset[str]:
     ring = {"ring-kinds"} if any(isinstance(k, RING_KINDS) for k in config.groups) else set()
     if config.dcp_world_size * config.pcp_world_size > 1:
         ring.add("context-parallelism")
+    if p.prefill_checkpoints != "none" and any(
+        isinstance(k, Mamba) and k.mode == "align" and k.num_prefill_checkpoint_blocks > 0 for k in config.groups
+    ):
+        ring.add("prefill-checkpoints")
     if not config.enable_caching:
         return frozenset(ring)
     hbs = config.resolved_hash_block_size()
@@ -871,6 +908,7 @@ FEATURE_SWITCHES: dict[str, frozenset[str]] = {
     "mamba-tail-entries": frozenset({"mamba_tail_entries", "mamba_tail_skip_keyed", "mamba_tail_eagle"}),
     "ring-kinds": frozenset({"circular_buffer_kind", "kpool_tail_kind"}),
     "context-parallelism": frozenset({"cp_block_scaling", "cp_swa_mask_unscaled"}),
+    "prefill-checkpoints": frozenset({"prefill_checkpoints"}),
 }
 """The profile switches each feature of :func:`features_used` reads. They
 change nothing for a configuration that does not use the feature, so an
@@ -884,12 +922,19 @@ lockstep against that vLLM release; for the others a configuration that uses
 them is refused."""
 
 
+PREFILL_CHECKPOINTS_MODELLED: frozenset[str] = frozenset({"block-aligned"})
+"""The forms of the profile switch ``prefill_checkpoints`` that kvspec models
+(:mod:`kvspec.prefill_checkpoints`); a configuration with checkpoints under a
+profile of another form is refused."""
+
+
 def unsupported_reason(config: KVCacheConfig) -> str | None:
     """Why kvspec cannot model ``config`` under its profile, or None.
 
     Every state-adding feature of :func:`features_used` is modelled, but
     fine-grained hits with copy-on-write only for the profiles of
-    :data:`PARTIAL_HASH_HITS_CHECKED`. Also refused is a configuration on
+    :data:`PARTIAL_HASH_HITS_CHECKED`, and Mamba prefill checkpoints only
+    in the forms of :data:`PREFILL_CHECKPOINTS_MODELLED`. Also refused is a configuration on
     which the release itself fails: in vLLM 0.26.x and 0.27.x, fine-grained
     hits together with a group that cannot do them (a sliding-window or
     chunked-local group coarser than the hash block) fail an assertion at
@@ -900,9 +945,10 @@ def unsupported_reason(config: KVCacheConfig) -> str | None:
 
     post: __return__ is None or __return__.startswith(f"{config.profile.name}: ")
     post: __return__ is not None or (unmodelled_v016_rules(config) is None and unmodelled_cp_rules(config) is None)
-    post: __return__ is not None or features_used(config) - {"partial-hash-hits"} <= MODELLED_FEATURES
+    post: __return__ is not None or features_used(config) - {"partial-hash-hits", "prefill-checkpoints"} <= MODELLED_FEATURES
+    post: __return__ is not None or "prefill-checkpoints" not in features_used(config) or config.profile.prefill_checkpoints in PREFILL_CHECKPOINTS_MODELLED
     post: __return__ is not None or "partial-hash-hits" not in features_used(config) or config.profile.name in PARTIAL_HASH_HITS_CHECKED
-    post: __return__ is None or unmodelled_v016_rules(config) or unmodelled_cp_rules(config) or "partial-hash-hits" in features_used(config) or not features_used(config) <= MODELLED_FEATURES
+    post: __return__ is None or unmodelled_v016_rules(config) or unmodelled_cp_rules(config) or "partial-hash-hits" in features_used(config) or "prefill-checkpoints" in features_used(config) or not features_used(config) <= MODELLED_FEATURES
     """  # noqa: E501 - a PEP 316 condition is one line
     from kvspec.partial_hits import blocks_fine_hits  # noqa: PLC0415 - partial_hits imports config
 
@@ -911,9 +957,14 @@ def unsupported_reason(config: KVCacheConfig) -> str | None:
         return f"{config.profile.name}: {old_rules}"
     p = config.profile
     used = features_used(config)
-    missing = sorted(used - MODELLED_FEATURES - {"partial-hash-hits"})
+    missing = sorted(used - MODELLED_FEATURES - {"partial-hash-hits", "prefill-checkpoints"})
     if missing:
         return f"{p.name}: {', '.join(missing)} not modelled"
+    if "prefill-checkpoints" in used and p.prefill_checkpoints not in PREFILL_CHECKPOINTS_MODELLED:
+        return (
+            f"{p.name}: Mamba prefill checkpoints (num_prefill_checkpoint_blocks > 0 in align mode) of the form "
+            f"{p.prefill_checkpoints!r} are not modelled (modelled: {', '.join(sorted(PREFILL_CHECKPOINTS_MODELLED))})"
+        )
     if "partial-hash-hits" in used and not p.partial_hits_gated:
         hbs = config.resolved_hash_block_size()
         for gid, kind in enumerate(config.groups):

@@ -33,6 +33,7 @@ from kvspec.invariants import require
 from kvspec.mamba_tail import cache_mamba_tail_block, registers_mamba_tail
 from kvspec.partial_hits import apply_cow, has_partial_local_hit, move_block_hashes, record_partial_hit
 from kvspec.partial_tail import cache_partial_tail_block, registers_partial_tail
+from kvspec.prefill_checkpoints import num_checkpoint_blocks
 from kvspec.profiles import NEWEST, SemanticsProfile
 from kvspec.request import Request
 from kvspec.retention import reachable_boundaries
@@ -397,6 +398,11 @@ class MambaManager(SingleTypeKVCacheManager):
         self.num_retired_blocks: dict[str, int] = {}
         """Align mode (profile switch ``mamba_align_retired_mark``): per request,
         the table index removal reached (upstream ``_num_retired_blocks``)."""
+        self.num_checkpoint_blocks: dict[str, int] = {}
+        """Align mode with prefill checkpoints: per request, the checkpoint
+        blocks (0 or 1) the last estimate decided on, which the allocation
+        that follows takes (:mod:`kvspec.prefill_checkpoints`; upstream
+        ``_num_checkpoint_blocks``)."""
 
     def get_num_blocks_to_allocate(
         self,
@@ -411,7 +417,10 @@ class MambaManager(SingleTypeKVCacheManager):
     ) -> int:
         """As the base, plus speculative blocks; a hit on a state cached in this
         very step cannot be used yet (returns more than the pool holds). In
-        align mode a partial hit or a pending tail move needs one more block.
+        align mode a partial hit or a pending tail move needs one more block,
+        and so does a prefill checkpoint, which this estimate decides on and
+        remembers for the allocation (unless it is the admission check:
+        :mod:`kvspec.prefill_checkpoints`).
 
         NOTE: in align mode vLLM 0.25.1 forgets the block that external
         (connector) tokens take for a new request, so its estimate can be one
@@ -432,7 +441,12 @@ class MambaManager(SingleTypeKVCacheManager):
         allocated = request_id in self.allocated_block_reqs
         partial = has_partial_local_hit(new_computed_blocks, num_local, self.block_size)
         partial = partial or request_id in self.partial_hit
-        new = mamba_align_new_blocks(raw, allocated, spec, self.profile.mamba_align_estimate_capped, partial)
+        table = self.req_to_blocks.get(request_id, [])
+        ckpt = num_checkpoint_blocks(self.mamba, self.profile, table, num_tokens_main_model, total_computed_tokens)
+        if not apply_admission_cap:
+            self.num_checkpoint_blocks[request_id] = ckpt
+        capped = self.profile.mamba_align_estimate_capped
+        new = mamba_align_new_blocks(raw, allocated, spec, capped, partial, ckpt)
         estimate = new + self._num_evictable(new_computed_blocks)
         if num_external <= 0:
             return estimate
@@ -500,6 +514,7 @@ class MambaManager(SingleTypeKVCacheManager):
         self.allocated_block_reqs.discard(request_id)
         self.last_state_block_idx.pop(request_id, None)
         self.num_retired_blocks.pop(request_id, None)
+        self.num_checkpoint_blocks.pop(request_id, None)
         return super()._forget(request_id)
 
     def new_step_starts(self) -> None:
@@ -521,9 +536,12 @@ class MambaManager(SingleTypeKVCacheManager):
     def _allocate_aligned(self, request_id: str, num_tokens: int) -> list[BlockId]:
         """Align mode: the running state goes to index ``cdiv(T, bs) - 1``, padded
         with nulls; last step's spare blocks move there before new ones are taken.
+        A prefill checkpoint keeps the slot before the running state out of the
+        padding, so a fresh block fills it.
         Returns the table from its previous length on (nulls and moved blocks
         included); a partial hit is privatised first (:meth:`_privatise`)."""
         spec = self.mamba.num_speculative_blocks
+        ckpt = self.num_checkpoint_blocks.get(request_id, 0)
         table = self.req_to_blocks.setdefault(request_id, [])
         required = cdiv(num_tokens, self.block_size) + spec
         prev = len(table)
@@ -538,14 +556,14 @@ class MambaManager(SingleTypeKVCacheManager):
         if allocated or prev > 0:
             self.last_state_block_idx[request_id] = prev - 1 - (spec if allocated else 0)
         skip = required - spec - 1
-        table += [NULL_BLOCK] * (skip - prev)
+        table += [NULL_BLOCK] * (skip - ckpt - prev)
         for idx in range(prev - spec, prev) if allocated else ():
             if idx >= skip:
                 break
             table.append(table[idx])
             table[idx] = NULL_BLOCK
         fresh = max(required - len(table), 0) + (partial is not None)
-        assert fresh <= (1 if allocated else spec + 1) + (partial is not None)
+        assert fresh <= (1 if allocated else spec + 1) + (partial is not None) + ckpt
         new = self.pool.get_new_blocks(fresh)
         returned = table[prev:]
         if partial is not None:
@@ -657,24 +675,29 @@ def trim_null_head(table: Sequence[BlockId]) -> list[BlockId]:
     return list(table[first:])
 
 
-def mamba_align_new_blocks(raw: int, allocated: bool, spec: int, capped: bool, partial: bool = False) -> int:
+def mamba_align_new_blocks(
+    raw: int, allocated: bool, spec: int, capped: bool, partial: bool = False, checkpoint: int = 0
+) -> int:
     """Mamba align's estimate of fresh blocks for a request whose table lacks
     ``raw`` entries: a running state block, plus the speculative blocks for a
     request not allocated yet, plus (``partial``) the copy of a partial hit,
-    which also counts as one more missing entry; from vLLM 0.31.0 on never
-    more than that need (profile switch ``mamba_align_estimate_capped``).
+    which also counts as one more missing entry, plus the ``checkpoint``
+    blocks of a prefill checkpoint (:mod:`kvspec.prefill_checkpoints`); from
+    vLLM 0.31.0 on never more than that need (profile switch
+    ``mamba_align_estimate_capped``).
 
-    pre: spec >= 0
+    pre: spec >= 0 and checkpoint in (0, 1)
     post: raw > 0 or partial or __return__ == raw
-    post: (raw <= 0 and not partial) or 1 <= __return__ <= (1 if allocated else 1 + spec) + partial
+    post: (raw <= 0 and not partial) or 1 <= __return__ <= (1 if allocated else 1 + spec) + partial + checkpoint
     post: not capped or __return__ <= max(raw, 0) + partial
-    post: not capped or __return__ == min(mamba_align_new_blocks(raw, allocated, spec, False, partial), max(raw, 0) + partial)
+    post: not capped or __return__ == min(mamba_align_new_blocks(raw, allocated, spec, False, partial, checkpoint), max(raw, 0) + partial)
+    post: capped or (raw <= 0 and not partial) or __return__ == (1 if allocated else 1 + spec) + partial + checkpoint
     """  # noqa: E501 - a PEP 316 condition is one line
     if partial:
         raw = max(raw, 0) + 1
     if raw <= 0:
         return raw
-    cap = (1 if allocated else 1 + spec) + partial
+    cap = (1 if allocated else 1 + spec) + partial + checkpoint
     return min(raw, cap) if capped else cap
 
 

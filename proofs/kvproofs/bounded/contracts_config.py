@@ -128,6 +128,23 @@ def _kind() -> Iterator[Case]:
         yield gid, kind, raw_config(groups, profile, enable_caching=caching, use_eagle=eagle)
 
 
+_CHECKPOINT_VALUES: tuple[object, ...] = (0, 1, 2, -1, True, 1.0, "1")
+_ALIGNMENT_VALUES: tuple[object, ...] = (None, 1, 8, 0, -3, True, 2.0)
+
+
+@contract(
+    f"{CFG}.validate_prefill_checkpoints",
+    "Mamba modes none/align x num_prefill_checkpoint_blocks 0, 1, 2, -1, True, 1.0, '1' x alignment None, 1, 8, "
+    "0, -3, True, 2.0 x every profile",
+)
+def _prefill_checkpoints() -> Iterator[Case]:
+    for mode, ncp, alignment, profile in product(
+        ("none", "align"), _CHECKPOINT_VALUES, _ALIGNMENT_VALUES, PROFILE_LIST
+    ):
+        kind = Mamba(2, mode, 0, ncp, alignment)  # type: ignore[arg-type]  # invalid values on purpose
+        yield "group 0 (Mamba)", kind, profile
+
+
 @contract(f"{CFG}.cp_scale", "the kind catalog x dcp 1/2/4 x pcp 1/2 x every profile")
 def _cp_scale() -> Iterator[Case]:
     for kind, dcp, pcp, profile in product(KINDS, (1, 2, 4), (1, 2), PROFILE_LIST):
@@ -208,10 +225,23 @@ def _profile_named() -> Iterator[Case]:
         yield (name,)
 
 
-@contract(f"{PROF}.features_used", "the configuration domain (valid and refused)")
+_CHECKPOINT_GROUPS = (
+    (Mamba(4, "align", 0, 1),),
+    (Mamba(4, "none", 0, 1),),
+    (FullAttention(4), Mamba(4, "align", 0, 2)),
+    (FullAttention(2), Mamba(4, "align", 0, 1)),
+)
+
+
+@contract(
+    f"{PROF}.features_used",
+    "the configuration domain (valid and refused), and checkpointing Mamba groups x caching x every profile",
+)
 def _features_used() -> Iterator[Case]:
     for cfg in (*configs(), *refused_configs()):
         yield (cfg,)
+    for groups, caching, profile in product(_CHECKPOINT_GROUPS, (True, False), PROFILE_LIST):
+        yield (raw_config(groups, profile, enable_caching=caching),)
 
 
 @contract(f"{PROF}.unsupported_reason", "the configuration domain (valid and refused)")

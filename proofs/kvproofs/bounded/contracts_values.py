@@ -16,6 +16,7 @@ from itertools import product
 
 from kvproofs.bounded.domains import PROFILE_LIST, hashes
 from kvproofs.bounded.pep316 import Case, contract
+from kvspec.config import Mamba, MambaMode
 from kvspec.hashing import (
     HASH_FUNCTION_NAMES,
     ExtraKeySource,
@@ -257,3 +258,25 @@ def _release_key() -> Iterator[Case]:
 )
 def _retire_range() -> Iterator[Case]:
     yield from product(range(5), range(6), range(5), range(6))
+
+
+@contract(
+    "kvspec.prefill_checkpoints.block_aligned_checkpoint_slot",
+    "block size 1/2/4 x tables of 0-3 blocks, null or not x chunk ends 0-13 x chunk starts 0-9",
+)
+def _block_aligned_checkpoint_slot() -> Iterator[Case]:
+    tables = ((), (0,), (5,), (0, 0), (0, 5), (5, 6), (0, 5, 0), (0, 0, 7))
+    yield from product((1, 2, 4), tables, range(14), range(10))
+
+
+@contract(
+    "kvspec.prefill_checkpoints.num_checkpoint_blocks",
+    "Mamba(4) modes none/align x 0-2 checkpoint blocks x every profile x three tables x chunk ends 0-13 "
+    "x chunk starts 0, 2, 4, 8",
+)
+def _num_checkpoint_blocks() -> Iterator[Case]:
+    modes: tuple[MambaMode, ...] = ("none", "align")
+    for mode, ncp, profile, table, end, start in product(
+        modes, range(3), PROFILE_LIST, ((), (0, 5), (0, 0, 7)), range(14), (0, 2, 4, 8)
+    ):
+        yield Mamba(4, mode, 0, ncp), profile, table, end, start
