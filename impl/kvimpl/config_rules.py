@@ -207,8 +207,11 @@ def eagle_group_ids(config: KVCacheConfig) -> frozenset[int]:
 
 
 MODELLED_FEATURES: frozenset[str] = frozenset(
-    {"partial-tail-entries", "mamba-tail-entries", "ring-kinds", "context-parallelism", "partial-hash-hits"}
-)
+    {
+        "partial-tail-entries", "mamba-tail-entries", "ring-kinds", "context-parallelism", "partial-hash-hits",
+        "prefill-checkpoints",
+    }
+)  # fmt: skip
 """The state-adding features of :func:`features_needed` that the pure-Python
 manager models (the native core models none of them: :mod:`kvimpl.native`
 hands such a configuration to the pure-Python manager)."""
@@ -233,7 +236,12 @@ def features_needed(config: KVCacheConfig) -> list[str]:
     * ``ring-kinds``: a ring group, ``CircularBuffer`` or ``KpoolTail``, cached
       or not (``circular_buffer_kind``, ``kpool_tail_kind``);
     * ``context-parallelism``: ``dcp_world_size`` or ``pcp_world_size`` above 1
-      (``cp_block_scaling``, ``cp_swa_mask_unscaled``).
+      (``cp_block_scaling``, ``cp_swa_mask_unscaled``);
+    * ``prefill-checkpoints``: a Mamba align group with
+      ``num_prefill_checkpoint_blocks`` above 0, cached or not, under vLLM
+      0.29.0's block-aligned form (``prefill_checkpoints``); under a later
+      form the feature is named with it (``prefill-checkpoints (FORM)``),
+      which kvimpl does not model.
 
     NOTE: only a hybrid has a group coarser than the hash block: one cached
     group whose hash block differs from its block is a ConfigError (vLLM's
@@ -244,8 +252,13 @@ def features_needed(config: KVCacheConfig) -> list[str]:
     ring = ["ring-kinds"] if any(isinstance(k, RING_KINDS) for k in config.groups) else []
     if config.dcp_world_size * config.pcp_world_size > 1:
         ring.append("context-parallelism")
+    form = p.prefill_checkpoints
+    if form != "none" and any(
+        isinstance(k, Mamba) and k.mode == "align" and k.num_prefill_checkpoint_blocks > 0 for k in config.groups
+    ):
+        ring.append("prefill-checkpoints" if form == "block-aligned" else f"prefill-checkpoints ({form})")
     if not config.enable_caching:
-        return ring
+        return sorted(ring)
     hbs = hash_block_size(config)
     used: list[str] = list(ring)
     for kind in config.groups:

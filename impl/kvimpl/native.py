@@ -144,6 +144,7 @@ NATIVE_SWITCHES = frozenset(
         "fa_tail_below_last_token", "mamba_tail_skip_keyed", "circular_buffer_kind", "kpool_tail_kind",
         "cp_block_scaling", "cp_swa_mask_unscaled",
         "partial_hits_gated", "cache_mask_hit_alignment", "mamba_early_return_allocated", "mamba_tail_eagle",
+        "prefill_checkpoints",
     }
 )  # fmt: skip
 """Profile switches the native core follows; a profile that sets any other

@@ -26,6 +26,7 @@ from kvimpl.invariants import require
 from kvimpl.mamba_tail import cache_mamba_tail_block, registers_mamba_tail
 from kvimpl.partial_hits import apply_cow, has_partial_local_hit, move_block_hashes, record_partial_hit
 from kvimpl.partial_tail import cache_partial_tail_block, registers_partial_tail
+from kvimpl.prefill_checkpoints import checkpoint_enabled, num_checkpoint_blocks
 from kvimpl.retention import reachable_boundaries
 from kvspec.block_pool import BlockId
 from kvspec.config import (
@@ -462,6 +463,11 @@ class MambaManager(SingleTypeKVCacheManager):
         """Profile switch ``mamba_align_retired_mark`` in align mode (see :meth:`_remove_blocks_in_range`)."""
         self.num_retired_blocks: dict[str, int] = {}
         """With :attr:`retired_mark`: per request, the table index removal reached."""
+        self.checkpoints = checkpoint_enabled(kind, p.prefill_checkpoints)
+        """Prefill checkpoints (:mod:`kvimpl.prefill_checkpoints`)."""
+        self.num_checkpoint_blocks: dict[str, int] = {}
+        """With :attr:`checkpoints`: per request, the checkpoint blocks the last
+        estimate decided on (0 or 1), which the allocation that follows takes."""
 
     def get_num_blocks_to_allocate(
         self,
@@ -476,7 +482,10 @@ class MambaManager(SingleTypeKVCacheManager):
     ) -> int:
         """As the base, plus speculative blocks; a hit on a state cached in this
         very step cannot be used yet (returns more than the pool holds). In
-        align mode a partial hit or a pending tail move needs one more block.
+        align mode a partial hit or a pending tail move needs one more block,
+        and so does a prefill checkpoint, which this estimate decides on and
+        remembers for the allocation, unless it is the admission check
+        (:mod:`kvimpl.prefill_checkpoints`).
 
         NOTE: in align mode vLLM 0.25.1 forgets the block that external
         (connector) tokens take for a new request, so its estimate can be one
@@ -502,7 +511,13 @@ class MambaManager(SingleTypeKVCacheManager):
         partial = request_id in self.partial_hit or has_partial_local_hit(
             new_computed_blocks, num_local, self.block_size
         )
-        new = mamba_align_new_blocks(raw, allocated, spec, self.estimate_capped, partial)
+        ckpt = 0
+        if self.checkpoints:
+            table = self.req_to_blocks.get(request_id, ())
+            ckpt = num_checkpoint_blocks(self.block_size, table, num_tokens_main_model, total_computed_tokens)
+            if not apply_admission_cap:
+                self.num_checkpoint_blocks[request_id] = ckpt
+        new = mamba_align_new_blocks(raw, allocated, spec, self.estimate_capped, partial, ckpt)
         estimate = new + self._num_evictable(new_computed_blocks)
         if num_external <= 0:
             return estimate
@@ -567,6 +582,7 @@ class MambaManager(SingleTypeKVCacheManager):
         self.allocated_block_reqs.discard(request_id)
         self.last_state_block_idx.pop(request_id, None)
         self.num_retired_blocks.pop(request_id, None)
+        self.num_checkpoint_blocks.pop(request_id, None)
         return super()._forget(request_id)
 
     def new_step_starts(self) -> None:
@@ -589,8 +605,11 @@ class MambaManager(SingleTypeKVCacheManager):
         """Align mode: the running state goes to index ``cdiv(T, bs) - 1``, padded
         with nulls; last step's spare blocks move there before new ones are taken.
         Returns the table from its previous length on (nulls and moved blocks
-        included); a partial hit is privatised first (:meth:`_privatise`)."""
+        included); a partial hit is privatised first (:meth:`_privatise`). A
+        prefill checkpoint leaves the slot below the running state out of the
+        padding, so a fresh block fills it."""
         spec = self.mamba.num_speculative_blocks
+        ckpt = self.num_checkpoint_blocks.get(request_id, 0)
         table = self.req_to_blocks.setdefault(request_id, [])
         required = cdiv(num_tokens, self.block_size) + spec
         prev = len(table)
@@ -605,14 +624,14 @@ class MambaManager(SingleTypeKVCacheManager):
         if allocated or prev > 0:
             self.last_state_block_idx[request_id] = prev - 1 - (spec if allocated else 0)
         skip = required - spec - 1
-        table += [NULL_BLOCK] * (skip - prev)
+        table += [NULL_BLOCK] * (skip - ckpt - prev)
         for idx in range(prev - spec, prev) if allocated else ():
             if idx >= skip:
                 break
             table.append(table[idx])
             table[idx] = NULL_BLOCK
         fresh = max(required - len(table), 0) + (partial is not None)
-        assert fresh <= (1 if allocated else spec + 1) + (partial is not None)
+        assert fresh <= (1 if allocated else spec + 1) + (partial is not None) + ckpt
         new = self.pool.get_new_blocks(fresh)
         returned = table[prev:]
         if partial is not None:
@@ -692,21 +711,24 @@ def trim_null_head(table: list[BlockId]) -> list[BlockId]:
     return table[first:]
 
 
-def mamba_align_new_blocks(raw: int, allocated: bool, spec: int, capped: bool, partial: bool = False) -> int:
+def mamba_align_new_blocks(
+    raw: int, allocated: bool, spec: int, capped: bool, partial: bool = False, checkpoint: int = 0
+) -> int:
     """Mamba align's estimate of fresh blocks for a request whose table lacks
     ``raw`` entries: a running state block, plus the speculative blocks for a
     request not allocated yet, plus (``partial``) the copy of a partial hit,
-    which also counts as one more missing entry; from vLLM 0.31.0 on never
-    more than that need (profile switch ``mamba_align_estimate_capped``).
+    which also counts as one more missing entry, plus the ``checkpoint``
+    block of a prefill checkpoint; from vLLM 0.31.0 on never more than that
+    need (profile switch ``mamba_align_estimate_capped``).
 
-    pre: spec >= 0
+    pre: spec >= 0 and checkpoint in (0, 1)
     post: raw > 0 or partial or __return__ == raw
     """
     if partial:
         raw = (raw if raw > 0 else 0) + 1
     if raw <= 0:
         return raw
-    cap = (1 if allocated else 1 + spec) + partial
+    cap = (1 if allocated else 1 + spec) + partial + checkpoint
     return cap if not capped or cap < raw else raw
 
 

@@ -45,7 +45,7 @@ from typing import Any, TypeVar
 
 from kvref.ops import ABSENT, FACADE_OPS, KIND_CLASSES, SKIP_ERRORS
 from kvref.shapes import Shape, build_kinds
-from kvspec.config import AttentionKind, CrossAttention, KVCacheConfig, uses_prefill_lookahead
+from kvspec.config import AttentionKind, CrossAttention, KVCacheConfig, Mamba, uses_prefill_lookahead
 from kvspec.errors import ConfigError, UnsupportedOperationError
 from kvspec.profiles import SemanticsProfile
 
@@ -101,13 +101,18 @@ CAPABILITIES = {
 }
 """The capabilities :func:`declare` names and the features each leaves out."""
 
-CONFIG_FEATURES = ("caching", "eagle", "events", "stats", "watermark", "hybrid", "mtp", "lookahead_hashes", "retention")
+CONFIG_FEATURES = (
+    "caching", "eagle", "events", "stats", "watermark", "hybrid", "mtp", "lookahead_hashes", "retention",
+    "prefill_checkpoints",
+)  # fmt: skip
 """Features a configuration uses (besides its ``kind:<Class>`` names); ``mtp``:
 multi-module MTP inputs (``num_prefill_lookahead``, a window's
 ``extra_retained_tokens``; vLLM 0.28.0 on); ``lookahead_hashes``: look-ahead
 block hashes (``num_hash_lookahead_tokens``; vLLM 0.33.0 on, where EAGLE-style
 speculative decoding with prefix caching uses them by default); ``retention``: a
-prefix-cache retention interval (``prefix_cache_retention_interval``; vLLM 0.23.0 on)."""
+prefix-cache retention interval (``prefix_cache_retention_interval``; vLLM 0.23.0 on);
+``prefill_checkpoints``: Mamba prefill checkpoints (``num_prefill_checkpoint_blocks``
+above 0 in an ``align`` group; vLLM 0.29.0 on)."""
 REQUEST_FEATURES = (
     "lora", "mm", "cache_salt", "prompt_embeds", "skip_reading_prefix_cache", "prompt_logprobs", "report_mode_full",
 )  # fmt: skip
@@ -334,6 +339,9 @@ def config_features(config: KVCacheConfig) -> set[str]:
         "mtp": uses_prefill_lookahead(config),
         "lookahead_hashes": config.num_hash_lookahead_tokens > 0,
         "retention": config.prefix_cache_retention_interval is not None,
+        "prefill_checkpoints": any(
+            isinstance(k, Mamba) and k.mode == "align" and k.num_prefill_checkpoint_blocks > 0 for k in config.groups
+        ),
     }
     return found | {name for name, on in flags.items() if on}
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from fractions import Fraction
 
 from kvspec.config import ChunkedLocal, KVCacheConfig, Mamba, SlidingWindow
+from kvspec.profiles import features_used
 
 Predicate = Callable[[KVCacheConfig], bool]
 
@@ -56,6 +57,9 @@ def _eagle(cfg: KVCacheConfig) -> str:
 RETENTION_CLASSES = ("retention interval 0", "retention interval above 0")
 """The classes of runs with a prefix-cache retention interval (the verdict counts them)."""
 
+CHECKPOINT_CLASS = "mamba: prefill checkpoints"
+"""The class of runs with Mamba prefill checkpoints (the verdict counts them)."""
+
 PROPERTIES: tuple[tuple[str, Predicate], ...] = (
     ("block = scheduler block", lambda c: Fraction(1) in _ratios(c, False)),
     ("block = 1/2 scheduler block", lambda c: Fraction(1, 2) in _ratios(c, False)),
@@ -74,6 +78,7 @@ PROPERTIES: tuple[tuple[str, Predicate], ...] = (
     ("mamba: 0 speculative blocks", lambda c: 0 in _spec_blocks(c)),
     ("mamba: 1 speculative block", lambda c: 1 in _spec_blocks(c)),
     ("mamba: 2 speculative blocks", lambda c: 2 in _spec_blocks(c)),
+    (CHECKPOINT_CLASS, lambda c: "prefill-checkpoints" in features_used(c)),
     ("eagle: off", lambda c: _eagle(c) == "off"),
     ("eagle: every group", lambda c: _eagle(c) == "every group"),
     ("eagle: some groups", lambda c: _eagle(c) == "some groups"),

@@ -640,13 +640,13 @@ class Lockstep:
         for a, log, out in zip(self.adapters, self.event_logs, outs, strict=True):
             if log is None or not isinstance(out, list):
                 continue
-            unsure = log.unsure
+            before = log.resyncs
             problem = log.consume(out) or log.compare(self._view(dog, a, op))
             if problem:
                 message = f"{a.name}: the event stream is not a faithful log of the prefix cache: {problem}"
                 self._fail(message, op, "events")
             self.stats.event_log_checks += 1
-            self.stats.event_log_rebuilds += unsure
+            self.stats.event_log_rebuilds += log.resyncs - before
 
     def _expect_announcements(self, op: Json, outs: list[Json]) -> None:
         """Tell each event log what a lookup that hit announces again (report
@@ -863,7 +863,7 @@ class EventLog:
         """A lookup since the last drain may or may not have announced its hit:
         the next comparison rebuilds the index from the cache instead."""
         self.resyncs = 0
-        """Comparisons skipped for that reason."""
+        """Comparisons not judged for that reason (the index was rebuilt instead)."""
 
     def expect_announcement(
         self, config: KVCacheConfig, request: Request, blocks: list[list[int]], sure: bool = True
@@ -987,9 +987,7 @@ class EventLog:
             where = group if self.grouped else None
             expected[(ext, where)] = expected.get((ext, where), 0) + len(ids)
         if self.unsure:
-            self.unsure = False
-            if expected != self.counts:
-                self.counts, self.resyncs = expected, self.resyncs + 1
+            self.unsure, self.counts, self.resyncs = False, expected, self.resyncs + 1
             return ""
         if expected == self.counts:
             return ""

@@ -418,8 +418,11 @@ def config_to_json(cfg: KVCacheConfig) -> Json:
 
 def _kind_to_json(kind: AttentionKind) -> Json:
     data = {"kind": type(kind).__name__, **asdict(kind)}
-    if data.get("extra_retained_tokens") == 0:
-        del data["extra_retained_tokens"]
+    # fields newer than the trace format's first releases are written only when set
+    for name, default in (("extra_retained_tokens", 0), ("num_prefill_checkpoint_blocks", 0),
+                          ("prefill_checkpoint_alignment", None)):  # fmt: skip
+        if name in data and data[name] == default:
+            del data[name]
     return data
 
 

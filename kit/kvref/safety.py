@@ -13,7 +13,7 @@ what every block holds (:mod:`kvref.content`). Two oracles:
   For a Mamba group the same holds of its recurrent state: a hit serves, and
   a step reads where the mode says, the state of the request's own prefix at
   that length, and a step writes its states where the mode says
-  (:func:`kvref.content.state_writes`);
+  (:func:`kvref.content_states.state_writes`);
 * *in flight*: a step runs on the device after it is dispatched and before
   its output is processed; steps run one after another in dispatch order,
   and within a step every KV write comes before every attention read, so a
@@ -44,9 +44,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from kvref.adapters import KVCacheAdapter
-from kvref.content import (
-    state_hit_index,
-)
+from kvref.content_states import state_hit_index
 from kvref.divergences import release_key
 from kvref.ops import REQUEST_OPS, STEP_EVENTS, ZEROING_RANGE, RequestBook, execute
 from kvref.safety_base import COMPARED, Json, Load, SafetyViolation, Step, StepEntry, Tables, Withdrawal

@@ -15,14 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvref.content import (
-    BlockContents,
-    PrefixIds,
-    RequestPrefixes,
-    checked_kind,
-    mamba_checked,
-    state_writes,
-)
+from kvref.content import BlockContents, PrefixIds, RequestPrefixes, checked_kind
+from kvref.content_states import checkpoint_write, mamba_checked, state_writes
 from kvref.ops import RequestBook
 from kvref.scheduler_chunks import drafts_tokens
 from kvspec.config import CrossAttention, KVCacheConfig, Mamba
@@ -232,13 +226,19 @@ class MonitorState:
         assert isinstance(kind, Mamba), f"group {g} is {kind!r}, not a Mamba group"
         return kind
 
-    @staticmethod
-    def _state_blocks(kind: Mamba, table: Sequence[int], start: int, end: int) -> list[tuple[int, int]]:
+    def _state_blocks(
+        self, kind: Mamba, table: Sequence[int], start: int, end: int, step: bool = False
+    ) -> list[tuple[int, int]]:
         """The non-null blocks of ``table`` that computing (or loading) ``[start,
-        end)`` writes states into, each with the length whose state it gets."""
+        end)`` writes states into, each with the length whose state it gets
+        (``step``: a step computes it, so a prefill checkpoint is written too:
+        :func:`kvref.content_states.checkpoint_write`)."""
         if end <= start:
             return []
-        return [(table[i], n) for i, n in state_writes(kind, start, end) if i < len(table) and table[i]]
+        writes = state_writes(kind, start, end)
+        checkpoint = checkpoint_write(kind, self.config.profile.prefill_checkpoints, start, end) if step else None
+        writes += [checkpoint] if checkpoint else []
+        return [(table[i], n) for i, n in writes if i < len(table) and table[i]]
 
     def _untouched(self, b: int, since: int) -> bool:
         """Whether nothing wrote ``b`` (zeroing aside) or handed it out after the clock ``since``."""

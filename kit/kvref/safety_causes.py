@@ -12,13 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvref.content import (
-    describe,
-    read_span,
-    stale_index,
-    state_read_index,
-    state_writes,
-)
+from kvref.content import describe, read_span
+from kvref.content_states import checkpoint_write, stale_index, state_read_index, state_writes
 from kvref.safety_base import COMPARED, MonitorState, SafetyViolation, StepEntry, Tables, Withdrawal
 from kvref.safety_defects import (
     EARLY_FREE,
@@ -55,6 +50,8 @@ class MonitorCauses(MonitorState):
             for entry in (e for step in self.in_flight for e in step.entries if e.rid == rid):
                 read = state_read_index(kind, entry.start)
                 used = [j for j, _ in state_writes(kind, entry.start, entry.end)] + ([] if read is None else [read])
+                checkpoint = checkpoint_write(kind, self.config.profile.prefill_checkpoints, entry.start, entry.end)
+                used += [checkpoint[0]] if checkpoint else []
                 for i in used:
                     if i < min(len(prev[g]), len(tables[g])) and prev[g][i] and not tables[g][i]:
                         self.early[(rid, g, i)] = (prev[g][i], self.open.number)
@@ -128,7 +125,7 @@ class MonitorCauses(MonitorState):
                 if p // bs < len(table) and table[p // bs]:
                     self.withdrawn[table[p // bs]] = mark
         for g in self.mamba:
-            for b, _ in self._state_blocks(self._mamba(g), entry.tables[g], entry.start, entry.end):
+            for b, _ in self._state_blocks(self._mamba(g), entry.tables[g], entry.start, entry.end, step=True):
                 self.withdrawn[b] = mark
 
     def _withdrawn_cause(self, b: int, g: int, slot: int) -> tuple[str | None, str]:
@@ -173,7 +170,7 @@ class MonitorCauses(MonitorState):
 
     def _stale(self, kind: Mamba, g: int, table: Sequence[int], start: int, end: int, rid: str) -> None:
         """The block a step or load of ``[start, end)`` leaves behind a boundary
-        (:func:`kvref.content.stale_index`): it keeps the state at ``start``,
+        (:func:`kvref.content_states.stale_index`): it keeps the state at ``start``,
         remembered for the defect's rule (:attr:`behind`). The scheduler model
         splits chunks as the release does
         (:func:`kvref.scheduler_chunks.schedule_chunk`), so from 0.26.0 on, where

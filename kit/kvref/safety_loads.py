@@ -11,11 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kvref.content import (
-    GARBAGE,
-    read_span,
-    stale_index,
-)
+from kvref.content import GARBAGE, read_span
+from kvref.content_states import stale_index
 from kvref.safety_base import Load, SafetyViolation
 from kvref.safety_causes import MonitorCauses
 from kvref.safety_defects import (
@@ -110,7 +107,7 @@ class LoadChecks(MonitorCauses):
                     out.update(table[e // bs] for e in range(entry.encoder) if e // bs < len(table))
                 for g in self.mamba:
                     kind, table = self._mamba(g), entry.tables[g]
-                    out.update(b for b, _ in self._state_blocks(kind, table, entry.start, entry.end))
+                    out.update(b for b, _ in self._state_blocks(kind, table, entry.start, entry.end, step=True))
                     stale = stale_index(kind, entry.start, entry.end) if entry.end > entry.start else None
                     if stale is not None and stale < len(table):
                         out.add(table[stale])  # the step leaves it behind a boundary (_stale)

@@ -11,12 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvref.content import (
-    STALE,
-    read_span,
-    state_read_index,
-    state_writes,
-)
+from kvref.content import STALE, read_span
+from kvref.content_states import checkpoint_write, state_read_index, state_writes
 from kvref.safety_base import Step, StepEntry
 from kvref.safety_loads import LoadChecks
 from kvspec.request import Request
@@ -37,7 +33,7 @@ class StepChecks(LoadChecks):
             i = state_read_index(kind, entry.start)
             if i is not None and i < len(table) and table[i]:
                 step.uses.setdefault(table[i], f"request {entry.rid} reads its state at {entry.start} tokens")
-            for b, n in self._state_blocks(kind, table, entry.start, entry.end):
+            for b, n in self._state_blocks(kind, table, entry.start, entry.end, step=True):
                 step.uses.setdefault(b, f"request {entry.rid} writes its state at {n} tokens")
         verb = "writes" if entry.encoder_write else "reads"
         for g in self.cross:
@@ -105,7 +101,7 @@ class StepChecks(LoadChecks):
             # group): a rejected draft leaves a state past the accepted tokens; nothing is checked
             self.drafted.add(entry.rid)
             self.counts["states not checked"] += 1
-            for b, _ in self._state_blocks(kind, table, entry.start, entry.end):
+            for b, _ in self._state_blocks(kind, table, entry.start, entry.end, step=True):
                 self.contents.write(b, g, 0, STALE)
             return
         i = state_read_index(kind, entry.start)
@@ -116,7 +112,10 @@ class StepChecks(LoadChecks):
             self._loading(b, f"{where} reads its state at {entry.start} tokens in it")
             what = f"{where} reads block {b} (group {g}) for the state at {entry.start} tokens"
             self._compare_state(b, g, want[entry.start - 1], what)
-        for i, n in state_writes(kind, entry.start, entry.end):
+        checkpoint = checkpoint_write(kind, self.config.profile.prefill_checkpoints, entry.start, entry.end)
+        optional = [checkpoint] if checkpoint and checkpoint[0] < len(table) and table[checkpoint[0]] else []
+        self.counts["checkpoint states written"] += len(optional)
+        for i, n in [*optional, *state_writes(kind, entry.start, entry.end)]:
             b = self._entry(table, i, f"{where} writes the state at {n} tokens (group {g})", (entry.rid, g), entry)
             self._loading(b, f"{where} writes its state at {n} tokens into it")
             self.contents.write(b, g, 0, want[n - 1])

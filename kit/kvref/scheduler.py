@@ -15,10 +15,10 @@ Rules (as vLLM's scheduler applies them):
 
 * A chunk never goes past the request's tokens; with a Mamba group in
   ``align`` mode it is split as the release's scheduler splits it
-  (:func:`kvref.scheduler_chunks.schedule_chunk`: a chunk from a block boundary ends on one; one
-  that starts inside a block is a whole number of blocks long up to vLLM 0.25.x and stops at that
-  block's end from 0.26.0 on), and with fine-grained hits it also stops at the
-  prompt's Mamba tail boundary when that lies in the prompt's last block
+  (:func:`kvref.scheduler_chunks.schedule_chunk`: a chunk from a block boundary ends on one, unless
+  vLLM 0.29.0's prefill checkpoints let it end anywhere; one that starts inside a block is a whole
+  number of blocks long up to vLLM 0.25.x and stops at that block's end from 0.26.0 on), and with
+  fine-grained hits it also stops at the prompt's Mamba tail boundary when that lies in the prompt's last block
   (:meth:`Scheduler.tail_stop`), where the tail entry can be registered.
 * With a Mamba group in ``align`` mode the chunk also stops at the shared
   prefix a sparse group has not cached yet, floored to a scheduler block
@@ -57,9 +57,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvref.ops import ZEROING_RANGE, RequestBook
-from kvref.scheduler_chunks import last_cache_position, schedule_chunk, settle_chunk, tail_eagle
+from kvref.scheduler_chunks import mamba_tail_stop, schedule_chunk, settle_chunk
 from kvspec.config import KVCacheConfig, prefix_cacheable
-from kvspec.mamba_tail import mamba_tail_boundary
 from kvspec.profiles import features_used
 
 Json = Any
@@ -200,25 +199,16 @@ class Scheduler:
             return self.num_tokens(rid) - start
         prompt = self.book.requests[rid].num_prompt_tokens
         total = self.num_tokens(rid)
-        n = schedule_chunk(self.config, total, start, n, self.tail_stop(rid), prompt)
+        n = schedule_chunk(self.config, total, start, n, self.tail_stop(rid, start), prompt)
         st = self.reqs.get(rid)
         return settle_chunk(self.config, total, start, n, st.hint if st else 0, admission)
 
-    def tail_stop(self, rid: str) -> int:
-        """Where a prefill chunk must stop so that a Mamba tail entry can be
-        registered (vLLM's ``_mamba_block_aligned_split``): the prompt's Mamba
-        tail boundary when it lies after the request's last scheduler-block
-        boundary (one block lower under EAGLE) and before the prompt's end;
+    def tail_stop(self, rid: str, start: int) -> int:
+        """Where a prefill chunk from ``start`` must stop so that a Mamba tail
+        entry can be registered (:func:`~kvref.scheduler_chunks.mamba_tail_stop`);
         0 (no stop) unless the configuration has fine-grained hits."""
-        if not self.copies:
-            return 0
-        cfg, req = self.config, self.book.requests[rid]
-        hbs = cfg.resolved_hash_block_size()
-        tail = mamba_tail_boundary(
-            req.num_prompt_tokens, hbs, tail_eagle(cfg), cfg.profile.mamba_tail_entries, cfg.num_hash_lookahead_tokens
-        )
-        last = last_cache_position(cfg, req.num_tokens)
-        return tail if last < tail < req.num_prompt_tokens else 0
+        req = self.book.requests[rid]
+        return mamba_tail_stop(self.config, req.num_prompt_tokens, req.num_tokens, start) if self.copies else 0
 
     # -- scheduling moves ---------------------------------------------------
 

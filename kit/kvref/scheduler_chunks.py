@@ -27,10 +27,13 @@ blocks are those of :func:`align_block_size`):
 
 In every release a chunk that starts at or past the prefill end is left alone.
 Under look-ahead block hashes (vLLM 0.33.0 on) the last cache position leaves
-room for the look-ahead tokens (:func:`last_cache_position`). Not modelled:
-prefill checkpoint blocks (vLLM 0.29.0 on; a backend that saves the state
-inside the chunk lifts the stops) and ``long_prefill_token_threshold``: kvref
-configures neither.
+room for the look-ahead tokens (:func:`last_cache_position`). With Mamba
+prefill checkpoints in vLLM 0.29.0's block-aligned form
+(:func:`internal_checkpoint`) a chunk that starts on a block boundary has no
+last cache position and is not cut to a block boundary: the manager keeps the
+state at the last boundary it crosses in a checkpoint block. The later forms
+of checkpoints are not modelled (kvspec refuses them), nor is
+``long_prefill_token_threshold``, which kvref does not configure.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from typing import Literal
 
 from kvref.divergences import release_key
 from kvspec.config import KVCacheConfig, Mamba
+from kvspec.mamba_tail import mamba_tail_boundary
+from kvspec.profiles import PREFILL_CHECKPOINTS_MODELLED
 
 AlignRule = Literal["whole-blocks", "block-end-if-cacheable", "block-end"]
 
@@ -121,6 +126,42 @@ def last_cache_position(config: KVCacheConfig, num_tokens: int) -> int:
     return max(last - bs, 0) if config.use_eagle else last
 
 
+def internal_checkpoint(config: KVCacheConfig, start: int) -> bool:
+    """Whether the release's scheduler lets a prefill chunk from ``start``
+    rely on a Mamba prefill checkpoint (vLLM 0.29.0,
+    ``Scheduler._mamba_block_aligned_split``): without EAGLE, every Mamba
+    group has ``num_prefill_checkpoint_blocks`` above 0, and ``start`` is on
+    a block boundary (:func:`align_block_size`).
+
+    pre: start >= 0
+    post: not __return__ or start % align_block_size(config) == 0
+    """
+    if config.profile.prefill_checkpoints not in PREFILL_CHECKPOINTS_MODELLED or config.use_eagle:
+        return False
+    mambas = [k for k in config.groups if isinstance(k, Mamba)]
+    bs = align_block_size(config)
+    return bool(bs and mambas and all(k.num_prefill_checkpoint_blocks > 0 for k in mambas) and start % bs == 0)
+
+
+def mamba_tail_stop(config: KVCacheConfig, num_prompt_tokens: int, num_tokens: int, start: int) -> int:
+    """Where a prefill chunk from ``start`` must stop so that a Mamba tail
+    entry can be registered (vLLM's ``_mamba_block_aligned_split``, with
+    fine-grained hits): the prompt's Mamba tail boundary when it lies after
+    the request's last cache position (0 for a chunk that relies on a prefill
+    checkpoint: :func:`internal_checkpoint`) and before the prompt's end,
+    else 0 (no stop).
+
+    pre: 0 <= start and 0 < num_prompt_tokens <= num_tokens
+    post: __return__ == 0 or __return__ < num_prompt_tokens
+    """
+    hbs = config.resolved_hash_block_size()
+    tail = mamba_tail_boundary(
+        num_prompt_tokens, hbs, tail_eagle(config), config.profile.mamba_tail_entries, config.num_hash_lookahead_tokens
+    )
+    last = 0 if internal_checkpoint(config, start) else last_cache_position(config, num_tokens)
+    return tail if last < tail < num_prompt_tokens else 0
+
+
 def align_split(
     config: KVCacheConfig, num_tokens: int, start: int, n: int, stop: int = 0, num_prompt_tokens: int = 0
 ) -> int:
@@ -135,7 +176,8 @@ def align_split(
     post: 0 <= __return__ <= n
     """
     bs = align_block_size(config) or config.scheduler_block_size
-    last = last_cache_position(config, num_tokens)
+    checkpoint = internal_checkpoint(config, start)
+    last = 0 if checkpoint else last_cache_position(config, num_tokens)
     end = start + n
     rule = align_rule(config)
     if rule == "whole-blocks":
@@ -151,7 +193,7 @@ def align_split(
     if rule == "block-end-if-cacheable":
         if end < last:
             end = end // bs * bs
-    elif end < prefill_end:
+    elif end < prefill_end and not checkpoint:
         aligned = end // bs * bs
         if aligned > start or bs <= config.batched_tokens():
             end = aligned

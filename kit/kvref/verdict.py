@@ -113,6 +113,9 @@ def summary(stats: RunStats, title: str, excluded: frozenset[str] = frozenset())
     retention = {name: stats.config_properties[name] for name in config_coverage.RETENTION_CLASSES}
     if any(retention.values()):
         lines.append("  runs with a retention interval: " + ", ".join(f"{k} {v:,}" for k, v in retention.items()))
+    checkpoints = stats.config_properties[config_coverage.CHECKPOINT_CLASS]
+    if checkpoints:
+        lines.append(f"  runs with Mamba prefill checkpoints: {checkpoints:,}")
     if stats.fallback_steps:
         lines.append(f"  steps on a fallback build: {sum(stats.fallback_steps.values()):,} of {stats.steps:,}")
         lines += [f"    x{n} {key}" for key, n in stats.fallback_steps.most_common()]

@@ -462,6 +462,18 @@ def reannounced(mgr: Any, h: RequestBlockHasher) -> object:
     return mgr.get_computed_blocks(h.new_request("b", list(range(9)), kv_cache_report_mode="full"))
 
 
+def checkpoint(mgr: Any, h: RequestBlockHasher) -> object:
+    """A 10-token prompt with a Mamba prefill checkpoint (blocks of 4), computed in one
+    chunk, is freed; a longer prompt that shares it is looked up: does the Mamba table
+    keep the slot before the running state (the state at 8 tokens), and is it a hit?"""
+    a = h.new_request("a", list(range(10)))
+    got = mgr.allocate_slots(a, 10)
+    table = mgr.get_blocks("a")
+    mgr.free("a")
+    mgr.new_step_starts()
+    return got, table, mgr.get_computed_blocks(h.new_request("b", [*range(10), 7, 7]))
+
+
 CONNECTOR_HYBRID = (FullAttention(4), Mamba(4, "align"))
 """The hybrid of the connector lookup's cases."""
 
@@ -596,6 +608,11 @@ CASES = [
         {"groups": (FullAttention(4), SlidingWindow(4, 4)), "enable_kv_cache_events": True},
     ),
     Case("common_prefix", VLLM_0_32_0, "tables", common_prefix, {"groups": (FullAttention(4),)}),
+    # without the switch the release refuses the count, so one side of the pair is a refusal
+    Case(
+        "prefill_checkpoints", VLLM_0_29_0, "none", checkpoint,
+        {"groups": (FullAttention(4), Mamba(4, "align", num_prefill_checkpoint_blocks=1))},
+    ),
     Case("skip_on_processed_tokens", VLLM_0_26_0, False, in_flight_basis, {"groups": (SlidingWindow(4, 4),)}),
     Case("common_prefix", VLLM_0_34_0, "zero", common_prefix, {"groups": (FullAttention(4),)}),
     Case("num_cached_tokens_op", VLLM_0_34_0, False, num_cached, {"groups": (FullAttention(4),)}),

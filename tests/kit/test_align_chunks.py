@@ -24,15 +24,15 @@ import pytest
 from kvref.adapters.vllm import installed_vllm_version
 from kvref.scheduler_chunks import align_rule, align_split, last_cache_position, schedule_chunk
 from kvspec.config import FullAttention, KVCacheConfig, Mamba, SlidingWindow
-from kvspec.profiles import PROFILES, profile_named
+from kvspec.profiles import PREFILL_CHECKPOINTS_MODELLED, PROFILES, profile_named
 
 BS = 4
 
 
-def _config(release: str, eagle: bool = False, budget: int | None = None) -> KVCacheConfig:
+def _config(release: str, eagle: bool = False, budget: int | None = None, checkpoints: int = 0) -> KVCacheConfig:
     return KVCacheConfig(
         num_blocks=64,
-        groups=(FullAttention(BS), Mamba(BS, "align")),
+        groups=(FullAttention(BS), Mamba(BS, "align", num_prefill_checkpoint_blocks=checkpoints)),
         max_model_len=64,
         max_num_batched_tokens=budget,
         use_eagle=eagle,
@@ -167,7 +167,7 @@ def test_vllm_0_26_0_leaves_the_last_partial_block_alone() -> None:
     ],
 )
 def test_vllm_0_29_0(start: int, n: int, eagle: bool, expected: int) -> None:
-    """A prompt of 22 tokens, no prefill checkpoint blocks (kvref models none)."""
+    """A prompt of 22 tokens, no prefill checkpoint blocks."""
     assert _chunk("0.29.0", 22, start, n, eagle) == expected
 
 
@@ -186,6 +186,26 @@ def test_vllm_0_29_0_block_wider_than_the_budget() -> None:
     assert schedule_chunk(cfg, 22, 0, 2) == 2
     assert schedule_chunk(cfg, 22, 2, 2) == 2
     assert schedule_chunk(cfg, 22, 3, 2) == 1
+
+
+@pytest.mark.parametrize(
+    ("start", "n", "eagle", "expected"),
+    [
+        # on a boundary: not floored (the end 18 stays; 0.29.0 lines 421-431), and no stop at the
+        # last cache position 20 (line 425)
+        (8, 10, False, 10),
+        (8, 14, False, 14),
+        (0, 22, False, 22),
+        # inside a block: the checkpoint is off, so the chunk stops at the block's end (line 449)
+        (10, 12, False, 2),
+        # EAGLE: the release's scheduler turns checkpoints off (line 332), so the usual cuts apply
+        (8, 10, True, 8),
+    ],
+)
+def test_vllm_0_29_0_prefill_checkpoints(start: int, n: int, eagle: bool, expected: int) -> None:
+    """A prompt of 22 tokens whose Mamba group has a prefill checkpoint block: a chunk from a block
+    boundary may end anywhere, as the manager keeps the state at the last boundary it crosses."""
+    assert schedule_chunk(_config("0.29.0", eagle, checkpoints=1), 22, start, n) == expected
 
 
 # -- vLLM 0.34.0 (scheduler.py lines 563-679) -----------------------------------
@@ -255,17 +275,19 @@ VLLM = installed_vllm_version()
 @pytest.mark.skipif(VLLM is None or f"vllm-{VLLM}" not in PROFILES, reason="needs an installed vLLM kvref models")
 def test_matches_the_installed_vllm() -> None:
     """The installed release's ``Scheduler._mamba_block_aligned_split`` on a stand-in scheduler (no
-    prefix hint, no fine-grained hits, no checkpoint blocks) schedules what :func:`align_split` does
-    for every start, wanted count, prompt length (with and without output tokens), EAGLE and budget
-    on a grid; where it schedules nothing the kit's chunk is its smallest chunk for more tokens."""
+    prefix hint, no fine-grained hits) schedules what :func:`align_split` does for every start,
+    wanted count, prompt length (with and without output tokens), EAGLE, budget and, where kvspec
+    models the release's checkpoints, prefill checkpoint blocks on a grid; where it schedules nothing
+    the kit's chunk is its smallest chunk for more tokens."""
     from vllm.v1.core.sched.scheduler import Scheduler  # noqa: PLC0415 - optional dependency
 
     split = getattr(Scheduler, "_mamba_block_aligned_split", None)
     if split is None:
         pytest.skip("this vLLM has no _mamba_block_aligned_split")
     checked = 0
-    for eagle, budget in itertools.product((False, True), (64, 2)):
-        cfg = _config(str(VLLM), eagle, budget)
+    modelled = PROFILES[f"vllm-{VLLM}"].prefill_checkpoints in PREFILL_CHECKPOINTS_MODELLED
+    for eagle, budget, checkpoints in itertools.product((False, True), (64, 2), (0, 1) if modelled else (0,)):
+        cfg = _config(str(VLLM), eagle, budget, checkpoints)
         fake = SimpleNamespace(  # every attribute the releases' function reads, at kvref's settings
             cache_config=SimpleNamespace(block_size=BS),
             block_size=BS,
@@ -276,7 +298,7 @@ def test_matches_the_installed_vllm() -> None:
             max_num_scheduled_tokens=budget,
             scheduler_config=SimpleNamespace(long_prefill_token_threshold=0),
             mamba_partial_cache_hit=False,
-            mamba_has_prefill_checkpoint_blocks=False,
+            mamba_has_prefill_checkpoint_blocks=checkpoints > 0 and not eagle,  # as the release computes it
             mamba_prefill_checkpoint_alignment=None,
             mamba_fine_grained_prefix_cache=False,
             mamba_shared_prefix_checkpoint=False,
@@ -294,7 +316,7 @@ def test_matches_the_installed_vllm() -> None:
                         )
                         theirs.append(split(fake, req, n))
                     for n in range(1, total - start + 1):
-                        where = (eagle, budget, total, prompt, start, n)
+                        where = (eagle, budget, checkpoints, total, prompt, start, n)
                         assert align_split(cfg, total, start, n, num_prompt_tokens=prompt) == theirs[n - 1], where
                         smallest = next(t for t in theirs[n - 1 :] if t)
                         assert schedule_chunk(cfg, total, start, n, num_prompt_tokens=prompt) == smallest, where

@@ -53,9 +53,18 @@ def _draw_baseline(drawn: tuple[str, KVCacheConfig | str]) -> None:
         TAKEN.update(properties_of(drawn[1]))
 
 
+@settings(max_examples=500, database=None, phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+@given(configs(SHAPES, PROFILES["vllm-0.29.0"]))
+def _draw_checkpoints(drawn: tuple[str, KVCacheConfig | str]) -> None:
+    """vLLM 0.29.0: the one release whose Mamba prefill checkpoints are drawn."""
+    if not isinstance(drawn[1], str):
+        TAKEN.update(properties_of(drawn[1]))
+
+
 def test_the_configuration_strategy_reaches_every_class() -> None:
     """Every class is drawn (so a class the machine misses is a matter of its runs, not of its ranges)."""
     _draw_newest()
     _draw_baseline()
+    _draw_checkpoints()
     assert missing(TAKEN) == [], missing(TAKEN)
     assert len(NAMES) == len(set(NAMES))

@@ -232,6 +232,27 @@ def test_the_cli_runs_the_safety_level_alone(examples: Path, monkeypatch: pytest
     assert main(["check", "--level", "safety", "--target", "spec", "--against", "spec"]) == 2
 
 
+def test_the_all_level_keeps_the_profile_of_its_conformance_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--level all`` runs the safety check under the profile the conformance check
+    chose (against real vLLM: the installed release's), not the target's own choice."""
+    import kvref.cli.check as cli_check  # noqa: PLC0415 - the module whose execute is replaced
+
+    seen: list[tuple[str, str | None, str | None]] = []
+
+    def fake(request: Any, chosen_profile: list[str] | None = None, **_: Any) -> int:
+        seen.append((request.level, request.against, request.semantics))
+        if chosen_profile is not None:
+            chosen_profile.append("vllm-0.29.0")
+        return 0
+
+    monkeypatch.setattr(cli_check, "execute", fake)
+    assert main(["check", "--level", "all", "--target", "spec", "--against", "impl"]) == 0
+    assert seen == [("conformance", "impl", None), ("safety", None, "vllm-0.29.0")]
+    seen.clear()
+    assert main(["check", "--level", "all", "--target", "spec", "--against", "impl", "--semantics", "vllm-0.25.1"]) == 0
+    assert seen == [("conformance", "impl", "vllm-0.25.1"), ("safety", None, "vllm-0.25.1")]
+
+
 def test_a_copy_on_write_hit_is_read_after_its_copy() -> None:
     """vLLM 0.29.0 on: a fine-grained hit on part of a block gives the request a
     fresh block that the scheduler's copy (``take_kv_cache_block_copies``, at the

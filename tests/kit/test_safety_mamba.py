@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from kvref.adapters import load_factory
-from kvref.content import UNWRITTEN, stale_index, state_hit_index, state_read_index, state_writes
+from kvref.content import UNWRITTEN
+from kvref.content_states import checkpoint_write, stale_index, state_hit_index, state_read_index, state_writes
 from kvref.lockstep import Lockstep, LockstepFailure, RunStats
 from kvref.safety import SafetyMonitor, safety_monitor
 from kvspec.config import FullAttention, KVCacheConfig, Mamba, MambaMode
@@ -137,3 +138,51 @@ def test_a_state_left_behind_a_boundary(release: str, tmp_path: Path) -> None:
     assert monitor.contents.value(table[1], 0, 0) == monitor.prefixes.of(lock.book.requests["a"], 3)[-1]
     assert monitor.behind[table[1]][:3] == ("a", 3, 6)
     assert lock.stats.unexplained == 0
+
+
+def test_a_prefill_checkpoint_writes_the_state_at_the_last_boundary() -> None:
+    """vLLM 0.29.0's block-aligned checkpoint: a step that ends inside a block and
+    crosses a boundary writes the state at the last boundary it crosses into the
+    slot before its running state; nothing without a count, another mode or form."""
+    ckpt = Mamba(4, "align", num_prefill_checkpoint_blocks=1)
+    assert checkpoint_write(ckpt, "block-aligned", 0, 10) == (1, 8)
+    assert checkpoint_write(ckpt, "block-aligned", 4, 7) is None  # crosses no boundary
+    assert checkpoint_write(ckpt, "block-aligned", 0, 8) is None  # ends on one: the running state is it
+    assert checkpoint_write(ckpt, "block-aligned", 6, 13) == (2, 12)
+    assert checkpoint_write(Mamba(4, "align"), "block-aligned", 0, 10) is None
+    assert checkpoint_write(Mamba(4, "all", num_prefill_checkpoint_blocks=1), "block-aligned", 0, 10) is None
+    assert checkpoint_write(ckpt, "none", 0, 10) is None
+
+
+def _checkpointed(tmp_path: Path) -> tuple[Lockstep, SafetyMonitor]:
+    """A 10-token prompt computed in one chunk with a checkpoint, then freed (vLLM 0.29.0)."""
+    cfg = KVCacheConfig(num_blocks=24, groups=(FullAttention(4), Mamba(4, "align", num_prefill_checkpoint_blocks=1)),
+                        max_model_len=32, profile=profile_named("vllm-0.29.0"))  # fmt: skip
+    lock, monitor = _solo(cfg, tmp_path)
+    _admit(lock, "a", list(range(10)))
+    assert monitor.counts["checkpoint states written"] == 1
+    lock.call({"op": "free", "rid": "a"})
+    lock.call({"op": "new_step_starts"})
+    return lock, monitor
+
+
+def test_a_hit_on_a_prefill_checkpoint_serves_its_state(tmp_path: Path) -> None:
+    """The checkpoint block holds the state at 8 tokens, which a longer prompt hits and continues from."""
+    lock, monitor = _checkpointed(tmp_path)
+    before = monitor.counts["states compared"]
+    _admit(lock, "b", [*range(10), 7, 7])
+    assert lock.book.requests["b"].num_computed_tokens == 12
+    assert monitor.counts["states compared"] > before and lock.stats.unexplained == 0
+
+
+def test_a_checkpoint_the_step_did_not_write_is_caught(tmp_path: Path) -> None:
+    """Where the oracle's worker did not write the checkpoint (as under a release whose
+    worker leaves it out), the block holds no state and the hit on it fails."""
+    lock, monitor = _checkpointed(tmp_path)
+    found = [b for b in range(1, 24) if monitor.contents.value(b, 1, 0) == monitor.prefixes.of(
+        lock.book.requests["a"], 8)[-1]]  # fmt: skip
+    assert len(found) == 1
+    monitor.contents.write(found[0], 1, 0, UNWRITTEN)
+    lock.request_op({"op": "add_request", "rid": "b", "prompt": [*range(10), 7, 7]})
+    with pytest.raises(LockstepFailure, match=r"request b hit block \d+ \(group 1\) for the state at 8 tokens"):
+        lock.call({"op": "get_computed_blocks", "rid": "b"})

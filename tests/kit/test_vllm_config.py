@@ -59,6 +59,8 @@ class MambaSpec:
     shapes: tuple[tuple[int, ...], ...] = ((2, 4),)
     mamba_cache_mode: str = "none"
     num_speculative_blocks: int = 0
+    num_prefill_checkpoint_blocks: int = 0  # vLLM 0.29.0 on
+    prefill_checkpoint_alignment: int | None = None  # vLLM 0.30.0 on
 
 
 @dataclass
@@ -162,6 +164,23 @@ def test_multi_module_mtp_inputs_translate_from_0_28_0() -> None:
         config_from_vllm(kvc, release="0.27.1", **MANAGER)
     with pytest.raises(ConfigError, match="takes no keyword 'num_prefill_lookahead'"):
         config_from_vllm(standin(FullAttentionSpec(16)), release="0.27.1", num_prefill_lookahead=2, **MANAGER)
+
+
+def test_prefill_checkpoint_fields_translate_from_their_releases() -> None:
+    """``MambaSpec.num_prefill_checkpoint_blocks`` is a config value from vLLM 0.29.0
+    on and ``prefill_checkpoint_alignment`` from 0.30.0 on; before, the translation
+    refuses them (and kvspec refuses the alignment under 0.29.0's profile)."""
+    kvc = standin(FullAttentionSpec(16), MambaSpec(16, mamba_cache_mode="align", num_prefill_checkpoint_blocks=1))
+    got = config_from_vllm(kvc, release="0.29.0", **MANAGER)
+    assert got.groups == (FullAttention(16), Mamba(16, "align", num_prefill_checkpoint_blocks=1))
+    with pytest.raises(ConfigError, match="num_prefill_checkpoint_blocks=1 is not modelled"):
+        config_from_vllm(kvc, release="0.28.0", **MANAGER)
+    aligned = standin(MambaSpec(16, mamba_cache_mode="align", prefill_checkpoint_alignment=8))
+    assert config_from_vllm(aligned, release="0.33.0", **MANAGER).groups == (
+        Mamba(16, "align", prefill_checkpoint_alignment=8),
+    )
+    with pytest.raises(ConfigError, match="prefill_checkpoint_alignment=8 is not modelled"):
+        config_from_vllm(aligned, release="0.29.0", **MANAGER)
 
 
 def test_look_ahead_hashes_translate_from_0_33_0() -> None:

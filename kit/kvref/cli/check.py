@@ -187,13 +187,15 @@ def request_from(
 def run(args: argparse.Namespace) -> int:
     """Run lockstep batches until the step goal or the time budget is reached
     (under coverage.py with ``--coverage``: then the branch report follows);
-    ``--level all`` runs the conformance check and then the safety check."""
+    ``--level all`` runs the conformance check and then the safety check,
+    under the semantics profile the conformance check chose (the safety
+    check runs the target alone, which would choose its own)."""
     request = request_from(args)
     if request.level == "all":
-        codes = [
-            execute(replace(request, level="conformance")),
-            execute(replace(request, level="safety", against=None)),
-        ]
+        chosen: list[str] = []
+        first = execute(replace(request, level="conformance"), chosen_profile=chosen)
+        semantics = request.semantics or (chosen[0] if chosen else None)
+        codes = [first, execute(replace(request, level="safety", against=None, semantics=semantics))]
         return next((c for c in codes if c not in (0, 3)), max(codes) if all(c == 3 for c in codes) else 0)
     if not args.coverage and args.coverage_json is None:
         return execute(request)
@@ -235,6 +237,7 @@ def execute(
     attribute: bool = False,
     taken_classes: set[str] | None = None,
     surface: list[SurfaceChange] | None = None,
+    chosen_profile: list[str] | None = None,
 ) -> int:
     """Run one check and print its summary and verdict; the exit code.
 
@@ -244,10 +247,13 @@ def execute(
     changes it found (an operation the release removed is a class of its
     own, a class no switch explains is named by the surface change of its
     operation). ``taken_classes`` receives the configuration classes the runs
-    took (:mod:`kvref.config_coverage`).
+    took (:mod:`kvref.config_coverage`); ``chosen_profile`` the name of the
+    semantics profile the check chose.
     """
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     session = start(request)
+    if chosen_profile is not None:
+        chosen_profile.append(session.profile.name)
     layer = " --layer pool" if request.layer == "pool" else ""
     console.print(
         f"kvref check{layer}: target [bold]{session.target}[/] against [bold]{session.against or '(none)'}[/] "

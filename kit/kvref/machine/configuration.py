@@ -22,11 +22,11 @@ from kvref.hypothesis_compat import byte_string
 from kvref.lockstep import RunStats
 from kvref.shapes import SHAPES, Shape, build_kinds, drawable
 from kvref.swarm import swarm_default
-from kvspec.config import RING_KINDS, AttentionKind, KVCacheConfig, scheduler_block_size_of
+from kvspec.config import RING_KINDS, AttentionKind, KVCacheConfig, Mamba, scheduler_block_size_of
 from kvspec.errors import ConfigError
 from kvspec.hashing import HASH_FUNCTION_NAMES
 from kvspec.partial_tail import registers_partial_tail
-from kvspec.profiles import NEWEST, SemanticsProfile
+from kvspec.profiles import NEWEST, PREFILL_CHECKPOINTS_MODELLED, SemanticsProfile
 from kvspec.retention import retention_applies
 
 VOCAB = 4
@@ -83,7 +83,8 @@ def configs(
     the profile refuses it (:class:`kvspec.errors.ConfigError`).
 
     A switch named in ``excluded`` (``caching``, ``eagle``, ``events``,
-    ``stats``, ``watermark``, ``mtp``, ``lookahead_hashes``, ``retention``) is turned off
+    ``stats``, ``watermark``, ``mtp``, ``lookahead_hashes``, ``retention``,
+    ``prefill_checkpoints``) is turned off
     after the draws, so the draws are the same with or without exclusions."""
     shape = draw(st.sampled_from(drawable(shapes, profile)))
     if "mtp" in excluded:  # an MTP shape runs its kinds without the drafter's inputs
@@ -140,6 +141,15 @@ def configs(
         retention = draw(st.sampled_from([None, None, 0, 1, 2, 4]))
         retention = None if retention is None else retention * step
         fields["prefix_cache_retention_interval"] = None if "retention" in excluded else retention
+    # Mamba prefill checkpoints (vLLM 0.29.0's block-aligned form) in runs with a Mamba align group:
+    # a count of 0, 1 or 2 (2 acts as 1), and with two such groups the second one's 0 in half of the
+    # runs (the scheduler then splits as without checkpoints); drawn last, and only there.
+    align = [g for g, k in enumerate(groups) if isinstance(k, Mamba) and k.mode == "align"]
+    if align and profile.prefill_checkpoints in PREFILL_CHECKPOINTS_MODELLED:
+        count = draw(st.sampled_from([0, 1, 1, 2]))
+        lone = len(align) > 1 and draw(st.booleans())
+        if count and "prefill_checkpoints" not in excluded:
+            fields["groups"] = checkpointed(groups, align[:1] if lone else align, count)
     for feature, key, off in _SWITCHES:
         if feature in excluded:
             fields[key] = off
@@ -162,6 +172,14 @@ def retention_drawable(groups: Sequence[AttentionKind], profile: SemanticsProfil
     without context parallelism or ring groups (kvspec does not model those with one)."""
     plain = shape.dcp * shape.pcp == 1 and not any(isinstance(g, RING_KINDS) for g in groups)
     return plain and any(retention_applies(g, profile) for g in groups)
+
+
+def checkpointed(groups: Sequence[AttentionKind], gids: Sequence[int], count: int) -> tuple[AttentionKind, ...]:
+    """``groups`` with ``num_prefill_checkpoint_blocks = count`` in the Mamba groups ``gids``."""
+    return tuple(
+        replace(k, num_prefill_checkpoint_blocks=count) if g in gids and isinstance(k, Mamba) else k
+        for g, k in enumerate(groups)
+    )
 
 
 _SWITCHES = (

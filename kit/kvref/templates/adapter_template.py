@@ -54,6 +54,7 @@ def supports(config: KVCacheConfig) -> str | None:
         "mtp",  # num_prefill_lookahead and a window's extra_retained_tokens: the MTP shapes run without them
         "lookahead_hashes",  # num_hash_lookahead_tokens (vLLM 0.33.0 on): EAGLE runs keep the trailing-block drop
         "retention",  # prefix_cache_retention_interval (vLLM 0.23.0 on): runs cache densely
+        "prefill_checkpoints",  # a Mamba group's num_prefill_checkpoint_blocks (vLLM 0.29.0 on): runs keep 0
         "report_mode_full",  # kv_cache_report_mode "full" (vLLM 0.26.0 on): hits are not announced again
     },
 )

@@ -69,6 +69,7 @@ from kvtools.zoo.production import (
 from kvtools.zoo.safety import (
     cache_before_load,
     cache_beyond_computed,
+    checkpoint_on_block_end,
     chunked_frees_current_chunk,
     cross_blocks_rounded_down,
     cross_frees_encoder_blocks,
@@ -118,6 +119,7 @@ ORDER: tuple[Factory, ...] = (
     failed_load_zeroes_valid_block,
     cross_frees_encoder_blocks,
     cross_blocks_rounded_down,
+    checkpoint_on_block_end,
 )
 """The order of the report's rows: the order in which the entries joined the zoo."""
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from kvimpl.block_pool import NULL_BLOCK
+from kvimpl.single_type_kv_cache_manager import MambaManager
 from kvref.adapters.impl import ImplAdapter
 from kvspec.config import ChunkedLocal, CrossAttention, KVCacheConfig, Mamba, SlidingWindow
 from kvspec.hashing import get_hash_fn_by_name, none_hash
@@ -270,4 +272,40 @@ def cross_blocks_rounded_down(config: KVCacheConfig) -> ImplAdapter:
         return orig(**a)
 
     patch(m, "allocate_slots", allocate_slots)
+    return m
+
+
+@entry(
+    "vLLM 0.29.0 prefill checkpoints (class: a checkpoint kept where the worker writes none)",
+    "a Mamba align chunk that starts on a block boundary and ends on one also keeps the slot below its running "
+    "state as a prefill checkpoint (the rule's test of an end inside a block dropped); the worker writes no "
+    "checkpoint there, yet the ordinary caching keys the block as the state at that boundary",
+    "safety (content): a later hit serves that block for a state it never held (vLLM 0.29.0 configurations "
+    "with prefill checkpoints)",
+    level=SAFETY,
+    semantics="vllm-0.29.0",
+)
+def checkpoint_on_block_end(config: KVCacheConfig) -> ImplAdapter:
+    """get_num_blocks_to_allocate keeps a checkpoint slot for a chunk that ends on a block boundary."""
+    m = mutant(config, "checkpoint_on_block_end")
+    for mgr in m.coordinator.managers:
+        if isinstance(mgr, MambaManager) and mgr.checkpoints:
+            orig = mgr.get_num_blocks_to_allocate
+
+            def estimate(*args: Any, mgr: MambaManager = mgr, orig: Any = orig, **kwargs: Any) -> Any:
+                a = bound_args(orig, args, kwargs)
+                rid, bs = a["request_id"], mgr.block_size
+                end, start = a["num_tokens_main_model"], a["total_computed_tokens"]
+                table = mgr.req_to_blocks.get(rid, [])
+                out = orig(**a)
+                col = end // bs - 2
+                if out > 0 and end % bs == 0 and start % bs == 0 and col >= start // bs and (
+                    col >= len(table) or table[col] == NULL_BLOCK
+                ):
+                    if not a["apply_admission_cap"]:
+                        mgr.num_checkpoint_blocks[rid] = 1
+                    return out + 1
+                return out
+
+            patch(mgr, "get_num_blocks_to_allocate", estimate)
     return m

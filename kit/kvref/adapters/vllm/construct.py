@@ -95,6 +95,14 @@ def make_attention_spec(api: VllmApi, kind: AttentionKind) -> Any:
             "mode": kind.mode,
             "num_speculative_blocks": kind.num_speculative_blocks,
         }
+        # the prefill checkpoint fields (vLLM 0.29.0 and 0.30.0 on), sent only when set
+        for name in ("num_prefill_checkpoint_blocks", "prefill_checkpoint_alignment"):
+            value = getattr(kind, name)
+            if value in (0, None):
+                continue
+            if name not in api.spec_fields:
+                raise api.unsupported(f"MambaSpec.{name}", "the config sets it")
+            fields[name] = value
         return api.attention_spec(kind, fields)
     fields = {"block_size": kind.block_size, "num_kv_heads": _NUM_KV_HEADS, "head_size": _HEAD_SIZE, "dtype": fp16}
     if isinstance(kind, SlidingWindow | KpoolTail):

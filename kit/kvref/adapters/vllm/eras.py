@@ -1191,12 +1191,15 @@ class VllmApi028(VllmApi027):
 class VllmApi029(VllmApi028):
     """vLLM 0.29 era: the retention interval is a ``KVCacheConfig`` field; no
     environment variable is read for it any more; the ring kind
-    ``CircularBufferSpec``."""
+    ``CircularBufferSpec``; ``MambaSpec.num_prefill_checkpoint_blocks``."""
 
     era = "0.29"
     since = (0, 29, 0)
     verified: ClassVar[tuple[str, ...]] = ("0.29.0",)
     spec_classes = _frozen({**VllmApi.spec_classes, "CircularBuffer": "CircularBufferSpec"})
+    spec_fields = _frozen(
+        {**VllmApi028.spec_fields, "num_prefill_checkpoint_blocks": "num_prefill_checkpoint_blocks"}
+    )
     env = EnvNames(
         int_block_hashes="VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES",
         hash_seed="PYTHONHASHSEED",
@@ -1209,12 +1212,15 @@ class VllmApi029(VllmApi028):
 class VllmApi030(VllmApi029):
     """vLLM 0.30 era (0.30.0 and 0.31.x): ``SinkFullAttentionManager.__init__``
     no longer reserves sink blocks (its signature defect remains); the ring
-    kind ``KpoolTailSpec``."""
+    kind ``KpoolTailSpec``; ``MambaSpec.prefill_checkpoint_alignment``."""
 
     era = "0.30"
     since = (0, 30, 0)
     verified: ClassVar[tuple[str, ...]] = ("0.30.0", "0.31.0")
     spec_classes = _frozen({**VllmApi029.spec_classes, "KpoolTail": "KpoolTailSpec"})
+    spec_fields = _frozen(
+        {**VllmApi029.spec_fields, "prefill_checkpoint_alignment": "prefill_checkpoint_alignment"}
+    )
     sinkfull_reserves_sink_blocks = False
 
 

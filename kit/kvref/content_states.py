@@ -1,0 +1,141 @@
+"""The Mamba side of the content oracle (:mod:`kvref.content`): a Mamba
+group's block holds no per-position KV but one recurrent state, the state
+after a prefix of the request's inputs. Where a step reads that state and
+which blocks it writes depend on vLLM's ``mamba_cache_mode``
+(:func:`state_read_index`, :func:`state_writes`); a prefill checkpoint
+(vLLM 0.29.0 on) writes one more state (:func:`checkpoint_write`); a prefix
+hit of ``n`` tokens serves the state at ``n`` from its last block
+(:func:`state_hit_index`). Groups with speculative blocks, and every Mamba
+group of a model that uses EAGLE, stay unchecked (:func:`mamba_checked`).
+"""
+
+from __future__ import annotations
+
+from kvspec.config import AttentionKind, Mamba
+
+
+def mamba_checked(kind: AttentionKind, use_eagle: bool) -> bool:
+    """Whether the content oracle checks the states of a Mamba group of ``kind``.
+
+    NOTE: a group with speculative blocks is left out: vLLM keeps the states
+    after each draft token in the blocks past the running one and picks the
+    one of the last accepted token when the next step starts, a choice the
+    scheduler never sees (the worker keeps the accepted counts). The same
+    holds for every Mamba group of a model that uses EAGLE: the kit may draw
+    draft tokens for it without speculative blocks, which vLLM never builds,
+    so what such a run does to a state is no release's behaviour.
+    """
+    return isinstance(kind, Mamba) and kind.num_speculative_blocks == 0 and not use_eagle
+
+
+def state_read_index(kind: Mamba, computed: int) -> int | None:
+    """Table index of the block whose state a step that starts at ``computed``
+    tokens reads (the state at ``computed``), or None at 0 (no state read).
+
+    ``none``: the first entry, one running state per request (vLLM sizes the
+    group's block by the model length). ``all`` and ``align``: the block of
+    the last computed token. In ``align`` mode the worker copies that state
+    into the block the step writes before the step (when the two differ), and
+    the step reads the copy, which holds the same state.
+
+    pre: computed >= 0
+    post: __return__ is None or __return__ >= 0
+    post: (__return__ is None) == (computed == 0)
+    """
+    if computed == 0:
+        return None
+    if kind.mode == "none":
+        return 0
+    return (computed - 1) // kind.block_size
+
+
+def state_writes(kind: Mamba, start: int, end: int) -> list[tuple[int, int]]:
+    """``(table index, length)`` pairs: the blocks a step computing ``[start,
+    end)`` writes, each with the length whose state it then holds.
+
+    ``none``: the state at ``end`` into the first entry. ``align``: the state
+    at ``end`` into the block of the last token computed (the scheduler
+    caches it when it lands on a block boundary). ``all``: the same, and
+    the state at each block boundary the step crosses into the block that
+    ends there (each of those becomes cacheable once full).
+
+    pre: 0 <= start < end
+    post: __return__[-1][1] == end
+    post: all(start < n <= end for _, n in __return__)
+    """
+    if kind.mode == "none":
+        return [(0, end)]
+    bs = kind.block_size
+    last = (end - 1) // bs
+    crossed = [(j, (j + 1) * bs) for j in range(start // bs, last)] if kind.mode == "all" else []
+    return [*crossed, (last, end)]
+
+
+def checkpoint_write(kind: Mamba, form: str, start: int, end: int) -> tuple[int, int] | None:
+    """``(table index, length)`` of the state a prefill checkpoint of a step
+    computing ``[start, end)`` writes, or None: with vLLM 0.29.0's
+    block-aligned form (``form``, the profile switch ``prefill_checkpoints``)
+    in an ``align`` group with ``num_prefill_checkpoint_blocks`` above 0, a
+    step that ends inside a block and crosses a block boundary writes the
+    state at the last boundary it crosses into the slot before the running
+    state. The entry holds the null block unless the manager kept that slot
+    for the checkpoint; a write into the null block is dropped.
+
+    NOTE: the worker of vLLM 0.29.0 (the KDA metadata builder of
+    vllm/models/kimi_k3) also needs the offset of that boundary from the
+    step's start to be a multiple of its kernel's chunk; the oracle takes a
+    kernel whose chunk divides the block size, as every step from a block
+    boundary has.
+
+    pre: 0 <= start < end
+    post: __return__ is None or (start < __return__[1] < end and __return__[1] % kind.block_size == 0)
+    post: __return__ is None or __return__[0] == __return__[1] // kind.block_size - 1
+    """
+    bs = kind.block_size
+    if form != "block-aligned" or kind.mode != "align" or kind.num_prefill_checkpoint_blocks <= 0:
+        return None
+    boundary = end // bs * bs
+    if end % bs == 0 or boundary <= start:
+        return None
+    return boundary // bs - 1, boundary
+
+
+def stale_index(kind: Mamba, start: int, end: int) -> int | None:
+    """Table index of the block an ``align`` step (or load) computing
+    ``[start, end)`` leaves holding the state at ``start`` although its
+    tokens now fill it: the step starts inside that block and ends past it
+    (None when it does not).
+
+    NOTE: a start inside a block comes from a connector load that ends
+    inside one (vLLM's scheduler does not align ``num_external_computed_tokens``
+    in ``align`` mode: NIXL's transfer from a decode instance back to a
+    prefill one, for one, loads the decoder's computed tokens), or from a
+    fine-grained hit inside a coarser Mamba block (0.29.0 on). The manager
+    then caches the block as the state at its end. Up to 0.25.x the
+    scheduler keeps such a chunk a whole number of blocks long
+    (``_mamba_block_aligned_split`` in vllm/v1/core/sched/scheduler.py), so
+    it runs past the block's end: the registered defect
+    ``mamba-align-midblock`` (:mod:`kvref.safety_defects`). From 0.26.0 the
+    same function stops a chunk that starts inside a block at that block's
+    end (0.26.0: where that end is cacheable; 0.30.0 on: unless the backend
+    saves the checkpoint inside the chunk, which kvref does not model), and
+    the kit's scheduler model does the same
+    (:func:`kvref.scheduler_chunks.schedule_chunk`).
+
+    pre: 0 <= start < end
+    post: __return__ is None or kind.mode == "align"
+    """
+    bs = kind.block_size
+    if kind.mode != "align" or start % bs == 0 or start // bs == (end - 1) // bs:
+        return None
+    return start // bs
+
+
+def state_hit_index(kind: Mamba, num_tokens: int) -> int:
+    """Table index of the block a prefix hit of ``num_tokens`` tokens serves
+    its state from: the hit's last block (the entries before it are null).
+
+    pre: num_tokens >= 1
+    post: __return__ >= 0
+    """
+    return 0 if kind.mode == "none" else (num_tokens - 1) // kind.block_size
