@@ -53,6 +53,9 @@ from kvref.traces import Trace
 from kvspec.config import KVCacheConfig
 from kvspec.view import KVView
 
+LOOKUPS = ("get_computed_blocks", "get_computed_blocks_for_connector")
+"""The lookups whose hits the content oracle checks (a connector's may leave some groups behind)."""
+
 __all__ = [
     "COMPARED",
     "Load",
@@ -91,8 +94,8 @@ class SafetyMonitor(StepChecks):
             self._run_deferred()
         if isinstance(out, dict) and ("error" in out or "crash" in out) and name != "get_computed_blocks":
             return
-        if name == "get_computed_blocks" and isinstance(out, dict) and "blocks" in out:
-            self._check_hit(op["rid"], out["blocks"], out["num_tokens"])
+        if name in LOOKUPS and isinstance(out, dict) and "blocks" in out:
+            self._check_hit(op["rid"], out["blocks"], out["num_tokens"], bool(out.get("hit_diverged")))
         elif name == "allocate_slots" and isinstance(out, list):
             self._allocated(op, out, view)
         elif name == "allocate_slots" and out is None:
@@ -201,7 +204,11 @@ class SafetyMonitor(StepChecks):
                     if entry.rid == rid:
                         entry.start, entry.end = entry.start - n, entry.end - n
 
-    def _check_hit(self, rid: str, blocks: Sequence[Sequence[int]], num_tokens: int) -> None:
+    def _check_hit(self, rid: str, blocks: Sequence[Sequence[int]], num_tokens: int, lagging: bool = False) -> None:
+        """A lookup's hit serves the request's own KV in every group; with
+        ``lagging`` (a connector's lookup whose groups diverged) a group's own
+        hit ends with its list (kvref runs that lookup at the safety level
+        only without fine-grained hits, so every list ends on a block boundary)."""
         req = self.book.requests.get(rid)
         if req is None or not num_tokens:
             return
@@ -217,13 +224,14 @@ class SafetyMonitor(StepChecks):
                 for p in range(i * bs, min((i + 1) * bs, num_tokens)):
                     self._compare(b, g, p, want[p], f"request {rid} hit block {b} (group {g}) for position {p}")
         for g in self.mamba:
-            i = state_hit_index(self._mamba(g), num_tokens)
+            n = min(num_tokens, len(blocks[g]) * self.contents.block_size(g)) if lagging else num_tokens
+            i = state_hit_index(self._mamba(g), n) if n else len(blocks[g])
             b = blocks[g][i] if i < len(blocks[g]) else 0
             if b == 0 or b in pending:  # no state served: the step that continues reads the null entry
                 continue
             self._loading(b, f"request {rid}'s hit reads it")
-            what = f"request {rid} hit block {b} (group {g}) for the state at {num_tokens} tokens"
-            self._compare_state(b, g, want[num_tokens - 1], what)
+            what = f"request {rid} hit block {b} (group {g}) for the state at {n} tokens"
+            self._compare_state(b, g, want[n - 1], what)
 
     def _allocated(self, op: Json, out: list[list[int]], view: KVView) -> None:
         rid = op["rid"]
@@ -245,6 +253,7 @@ class SafetyMonitor(StepChecks):
         defer = not self.pipelined and new > 0 and (self.deferred or self._copies_may_follow(op))
         if external:
             load = Load(rid, local, local + external, tables, synchronous=not op.get("delay_cache_blocks"))
+            load.starts = self._lagging_starts(op.get("new_computed_blocks"), local)
             self.counts["loads"] += 1
             self._issue(load)
             if load.synchronous and not self.pipelined and not defer:
@@ -267,6 +276,19 @@ class SafetyMonitor(StepChecks):
                 self.deferred = True  # the step runs once the scheduler has handed off its copies
             elif not self.pipelined:
                 self._run_open_step()
+
+    def _lagging_starts(self, hits: Sequence[Sequence[int]] | None, local: int) -> tuple[int, ...]:
+        """Per group, where a connector load starts: a group whose hit list a
+        connector's lookup left short of the ``local`` hit tokens (vLLM 0.27.0
+        on, ``get_computed_blocks_for_connector`` in a Mamba hybrid) has the
+        load fill on from its own hit; empty when no group lags."""
+        if not hits:
+            return ()
+        starts = tuple(
+            min(local, len(hits[g]) * self.contents.block_size(g)) if g < len(hits) else local
+            for g in range(len(self.kinds))
+        )
+        return starts if min(starts) < local else ()
 
     def _copies_may_follow(self, op: Json) -> bool:
         """Whether the allocation ``op`` may have left copy-on-write copies for the

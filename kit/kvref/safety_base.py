@@ -110,6 +110,15 @@ class Load:
     read: set[int] = field(default_factory=set)
     """The destinations that hold a loaded position the request still reads from the load's end on
     (a sliding or chunked window drops the others: zeroing them wipes KV nothing reads)."""
+    starts: tuple[int, ...] = ()
+    """Per group, where the load starts when a connector's lookup left some groups' hits behind
+    the reported one (empty: ``start`` in every group); see :meth:`start_of`."""
+
+    def start_of(self, g: int) -> int:
+        """Where the load starts in group ``g``: a lagging group's own hit, which the
+        connector fills on from (vLLM's NIXL connector loads every block of the request
+        that holds no cached hit), else :attr:`start`."""
+        return self.starts[g] if self.starts else self.start
 
 
 class MonitorState:

@@ -30,13 +30,13 @@ class LoadChecks(MonitorCauses):
         for g in self.checked:
             bs, table = self.contents.block_size(g), load.tables[g]
             read = read_span(self.kinds[g], load.end, load.end)
-            for p in range(load.start, load.end):
+            for p in range(load.start_of(g), load.end):
                 if p // bs < len(table) and table[p // bs]:
                     load.blocks[table[p // bs]] = g
                     if p >= read.start:
                         load.read.add(table[p // bs])
         for g in self.mamba:
-            for b, _ in self._state_blocks(self._mamba(g), load.tables[g], load.start, load.end):
+            for b, _ in self._state_blocks(self._mamba(g), load.tables[g], load.start_of(g), load.end):
                 load.blocks[b] = g
                 load.read.add(b)
         early = {b for b, _ in self.early.values()}
@@ -60,15 +60,15 @@ class LoadChecks(MonitorCauses):
         end = load.end if upto is None else min(load.end, upto)
         for g in self.checked:
             bs, table = self.contents.block_size(g), load.tables[g]
-            for p in range(load.start, min(end, len(table) * bs)):
+            for p in range(load.start_of(g), min(end, len(table) * bs)):
                 if table[p // bs]:
                     self.contents.write(table[p // bs], g, p % bs, want[p])
                     self.writers.setdefault(want[p], f"request {load.rid} at position {p} (connector)")
         for g in self.mamba:  # the load fills the states that computing its positions writes
-            for b, n in self._state_blocks(self._mamba(g), load.tables[g], load.start, end):
+            for b, n in self._state_blocks(self._mamba(g), load.tables[g], load.start_of(g), end):
                 self.contents.write(b, g, 0, want[n - 1])
                 self.writers.setdefault(want[n - 1], f"request {load.rid} at position {n - 1} (connector)")
-            self._stale(self._mamba(g), g, load.tables[g], load.start, end, load.rid)
+            self._stale(self._mamba(g), g, load.tables[g], load.start_of(g), end, load.rid)
 
     def _failed(self, load: Load, valid: int) -> None:
         """``load`` failed past ``valid`` tokens: remember the request's null entries then."""
@@ -76,7 +76,7 @@ class LoadChecks(MonitorCauses):
         if tables is None or valid >= load.end:
             return
         for g in self.mamba:  # the states past the valid prefix were never filled: what the failure left
-            for b, n in self._state_blocks(self._mamba(g), load.tables[g], load.start, load.end):
+            for b, n in self._state_blocks(self._mamba(g), load.tables[g], load.start_of(g), load.end):
                 if n > valid:
                     self.contents.write(b, g, 0, GARBAGE)
                     self.failed_states[b] = (load.rid, valid, self.contents.writes)

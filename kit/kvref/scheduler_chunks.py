@@ -32,7 +32,8 @@ prefill checkpoints in vLLM 0.29.0's block-aligned form
 (:func:`internal_checkpoint`) a chunk that starts on a block boundary has no
 last cache position and is not cut to a block boundary: the manager keeps the
 state at the last boundary it crosses in a checkpoint block. The later forms
-of checkpoints are not modelled (kvspec refuses them), nor is
+of checkpoints (vLLM 0.30.0 on) are not followed yet (the kit does not draw
+them: :data:`kvref.machine.configuration.DRAWN_CHECKPOINT_FORMS`), nor is
 ``long_prefill_token_threshold``, which kvref does not configure.
 """
 
@@ -44,7 +45,6 @@ from typing import Literal
 from kvref.divergences import release_key
 from kvspec.config import KVCacheConfig, Mamba
 from kvspec.mamba_tail import mamba_tail_boundary
-from kvspec.profiles import PREFILL_CHECKPOINTS_MODELLED
 
 AlignRule = Literal["whole-blocks", "block-end-if-cacheable", "block-end"]
 
@@ -136,7 +136,7 @@ def internal_checkpoint(config: KVCacheConfig, start: int) -> bool:
     pre: start >= 0
     post: not __return__ or start % align_block_size(config) == 0
     """
-    if config.profile.prefill_checkpoints not in PREFILL_CHECKPOINTS_MODELLED or config.use_eagle:
+    if config.profile.prefill_checkpoints != "block-aligned" or config.use_eagle:
         return False
     mambas = [k for k in config.groups if isinstance(k, Mamba)]
     bs = align_block_size(config)

@@ -22,9 +22,10 @@ from types import SimpleNamespace
 import pytest
 
 from kvref.adapters.vllm import installed_vllm_version
+from kvref.machine.configuration import DRAWN_CHECKPOINT_FORMS
 from kvref.scheduler_chunks import align_rule, align_split, last_cache_position, schedule_chunk
 from kvspec.config import FullAttention, KVCacheConfig, Mamba, SlidingWindow
-from kvspec.profiles import PREFILL_CHECKPOINTS_MODELLED, PROFILES, profile_named
+from kvspec.profiles import PROFILES, profile_named
 
 BS = 4
 
@@ -285,7 +286,7 @@ def test_matches_the_installed_vllm() -> None:
     if split is None:
         pytest.skip("this vLLM has no _mamba_block_aligned_split")
     checked = 0
-    modelled = PROFILES[f"vllm-{VLLM}"].prefill_checkpoints in PREFILL_CHECKPOINTS_MODELLED
+    modelled = PROFILES[f"vllm-{VLLM}"].prefill_checkpoints in DRAWN_CHECKPOINT_FORMS
     for eagle, budget, checkpoints in itertools.product((False, True), (64, 2), (0, 1) if modelled else (0,)):
         cfg = _config(str(VLLM), eagle, budget, checkpoints)
         fake = SimpleNamespace(  # every attribute the releases' function reads, at kvref's settings

@@ -310,6 +310,24 @@ def test_a_copy_on_write_hit_runs_its_copies_before_its_load() -> None:
         assert safety_replay(trace, load_factory(engine)(trace.config)) is None, engine
 
 
+def test_a_connector_load_fills_the_groups_a_lookup_left_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connector's lookup in a Mamba hybrid (vLLM 0.27.0 on) hits 4 tokens in
+    full attention only; the Mamba and sliding-window groups lag at 0, and the
+    connector loads one more token. The load fills every group from its own
+    hit (vLLM's NIXL connector loads each block that holds no cached hit), so
+    the step reads the window's earlier positions as loaded. A monitor that
+    started every group's load at the reported hit saw them never written
+    (kvspec at the safety level under 0.29.0, seed 0, once the family ran there)."""
+    trace = load(Path(__file__).with_name("safety_traces") / "connector-load-fills-lagging-groups.jsonl")
+    lookups = [s["expect"] for s in trace.steps if s["op"] == "get_computed_blocks_for_connector"]
+    assert lookups[-1]["hit_diverged"] and lookups[-1]["blocks"] == [[1], [], []]
+    for engine in ("spec", "impl"):
+        assert safety_replay(trace, load_factory(engine)(trace.config)) is None, engine
+    monkeypatch.setattr(SafetyMonitor, "_lagging_starts", lambda self, hits, local: ())
+    found = safety_replay(trace, load_factory("spec")(trace.config))
+    assert found is not None and "never written" in str(found[1]), found
+
+
 def test_an_allocation_may_retain_a_block_it_freed_for_a_pending_copy(tmp_path: Path) -> None:
     """Under vLLM 0.26.0's profile one allocation releases a request's
     sliding-window blocks outside the window and takes one of them (cached)

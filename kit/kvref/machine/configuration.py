@@ -26,11 +26,16 @@ from kvspec.config import RING_KINDS, AttentionKind, KVCacheConfig, Mamba, sched
 from kvspec.errors import ConfigError
 from kvspec.hashing import HASH_FUNCTION_NAMES
 from kvspec.partial_tail import registers_partial_tail
-from kvspec.profiles import NEWEST, PREFILL_CHECKPOINTS_MODELLED, SemanticsProfile
+from kvspec.profiles import NEWEST, SemanticsProfile
 from kvspec.retention import retention_applies
 
 VOCAB = 4
 """Tokens are drawn from a tiny vocabulary so equal blocks recur by chance too."""
+
+DRAWN_CHECKPOINT_FORMS = frozenset({"block-aligned"})
+"""The forms of Mamba prefill checkpoints (the profile switch ``prefill_checkpoints``)
+the kit draws: those its scheduler model, its content oracle and kvimpl follow
+(kvspec models every release's form, :data:`kvspec.profiles.PREFILL_CHECKPOINTS_MODELLED`)."""
 
 
 @dataclass
@@ -145,7 +150,7 @@ def configs(
     # a count of 0, 1 or 2 (2 acts as 1), and with two such groups the second one's 0 in half of the
     # runs (the scheduler then splits as without checkpoints); drawn last, and only there.
     align = [g for g, k in enumerate(groups) if isinstance(k, Mamba) and k.mode == "align"]
-    if align and profile.prefill_checkpoints in PREFILL_CHECKPOINTS_MODELLED:
+    if align and profile.prefill_checkpoints in DRAWN_CHECKPOINT_FORMS:
         count = draw(st.sampled_from([0, 1, 1, 2]))
         lone = len(align) > 1 and draw(st.booleans())
         if count and "prefill_checkpoints" not in excluded:

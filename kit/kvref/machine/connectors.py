@@ -30,6 +30,7 @@ from kvref.machine.base import Action, Family, MachineBase
 from kvref.machine.configuration import draw_tokens
 from kvref.machine.scripted import ScriptedMoves
 from kvspec.config import FULL_TYPE_KINDS, Mamba, prefix_cacheable
+from kvspec.profiles import features_used
 
 Json = Any
 ACTIONS: tuple[Action, ...] = (("finish_remote_load", lambda m: bool(m.remote)),)
@@ -308,7 +309,7 @@ models out, so that their draws stay as they were."""
 def _connector_lookups_take_part(m: MachineBase) -> bool:
     return (
         m.cfg.profile.connector_lookup_op and m.cfg.enable_caching and len(m.cfg.groups) > 1
-        and not m.SETUP.safety and not m.cross
+        and not m.cross and not (m.SETUP.safety and "partial-hash-hits" in features_used(m.cfg))
         and m._allowed("op:get_computed_blocks_for_connector") and m._allowed("op:truncate_computed_blocks")
         and m._allowed("external") and m._on("connector")
     )  # fmt: skip
@@ -323,15 +324,18 @@ CONNECTOR_LOOKUP_FAMILY = Family(
 ``get_computed_blocks_for_connector``, and ``truncate_computed_blocks`` for a
 hit that ends inside a block), as vLLM's scheduler makes it with a connector
 that accepts diverging hybrid hits (NIXL's), in conformance runs of cached
-hybrids: with a Mamba group each group is looked up alone (lagging groups
-allowed), in other models it is ``get_computed_blocks``. Every other run
-draws as before.
+hybrids, at either level: with a Mamba group each group is looked up alone
+(lagging groups allowed), in other models it is ``get_computed_blocks``.
+Every other run draws as before. At the safety level a lagging group's hit
+leaves blocks between its own hit and the reported one that only the
+connector's load fills; the monitor's load fills them, as vLLM's NIXL
+connector fills every block of the request that holds no cached hit
+(:meth:`kvref.safety_base.Load.start_of`).
 
-NOTE: not at the safety level yet: a lagging group's hit leaves blocks
-between its own hit and the reported one that only the connector's load can
-fill, and what a real connector fills there (vLLM's NIXL connector fills the
-request's blocks that hold no cached hit) is not in the safety monitor's
-model of a load."""
+NOTE: not at the safety level with fine-grained hits (a Mamba group coarser
+than the hash block): a lagging Mamba hit may then end inside its last block,
+and the lookup's lists do not say where, so the monitor could not tell which
+state the hit serves."""
 
 LOAD_TWIN_FAMILY = Family("load_twin", (("load_twin", lambda m: bool(m.prefixes)),), _twins_take_part)
 """Directed, at the safety level with prefix caching on: a load that ends
