@@ -113,3 +113,16 @@ def test_bad_counts_are_refused_alike(op: dict[str, object], error: str) -> None
     """The calls ``_bad_count`` sends, on a request that holds no block yet."""
     cfg = KVCacheConfig(num_blocks=32, groups=(FullAttention(4),), max_model_len=64, profile=NEWEST)
     _same_refusal(cfg, [ADD], op, error)
+
+
+def test_every_bad_checkpoint_config_is_refused() -> None:
+    """The broken prefill checkpoints, tried in runs that draw checkpoints (vLLM 0.29.0),
+    each raise ConfigError, naming the broken field or release."""
+    from kvref.machine.invalid_inputs import CHECKPOINT_BAD_CONFIGS  # noqa: PLC0415 - not re-exported
+
+    cfg = KVCacheConfig(num_blocks=32, groups=BASES["full"], max_model_len=64, profile=PROFILES["vllm-0.29.0"])
+    for kind in CHECKPOINT_BAD_CONFIGS:
+        bad = bad_config(cfg, kind)
+        assert bad is not None, kind
+        with pytest.raises(ConfigError, match="prefill_checkpoint|prefill checkpoints"):
+            replace(cfg, **bad)

@@ -34,8 +34,8 @@ VOCAB = 4
 
 DRAWN_CHECKPOINT_FORMS = frozenset({"block-aligned"})
 """The forms of Mamba prefill checkpoints (the profile switch ``prefill_checkpoints``)
-the kit draws: those its scheduler model, its content oracle and kvimpl follow
-(kvspec models every release's form, :data:`kvspec.profiles.PREFILL_CHECKPOINTS_MODELLED`)."""
+the kit draws: those its scheduler model, its content oracle and kvimpl follow,
+which may lag behind kvspec's (:data:`kvspec.profiles.PREFILL_CHECKPOINTS_MODELLED`)."""
 
 
 @dataclass

@@ -20,12 +20,13 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from kvref.capabilities import CALLER_ERRORS
+from kvref.capabilities import CALLER_ERRORS, config_features
 from kvref.hypothesis_compat import boolean, choose
 from kvref.machine.base import Action
 from kvref.machine.invalid_inputs import (
     BAD_CONFIGS,
     BAD_REQUESTS,
+    CHECKPOINT_BAD_CONFIGS,
     HASH_LOOKAHEAD_BAD_CONFIGS,
     MTP_BAD_CONFIGS,
     RETENTION_BAD_CONFIGS,
@@ -293,6 +294,9 @@ class InvalidRules(InvalidInputs):
             elif self.cfg.prefix_cache_retention_interval is not None and boolean(data):  # runs with one alone
                 for retention_kind in RETENTION_BAD_CONFIGS:
                     self._invalid_config(retention_kind)
+            elif "prefill_checkpoints" in config_features(self.cfg) and boolean(data):  # runs with checkpoints
+                for checkpoint_kind in CHECKPOINT_BAD_CONFIGS:
+                    self._invalid_config(checkpoint_kind)
             else:
                 self._invalid_config(choose(data, BAD_CONFIGS))
             return

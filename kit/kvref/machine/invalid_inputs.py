@@ -50,6 +50,14 @@ RETENTION_BAD_CONFIGS = (
 """Broken retention intervals: a negative one, one that is not an int, one that is not a multiple of
 the scheduler block, one in a model without a group it acts on, one under a release before them
 (vLLM 0.22.1). In runs that draw a retention interval half the broken-config actions try all of them."""
+CHECKPOINT_BAD_CONFIGS = (
+    "checkpoint_negative", "checkpoint_type", "checkpoint_alignment", "checkpoint_alignment_old_release",
+    "checkpoint_old_release", "checkpoint_unmodelled_form",
+)  # fmt: skip
+"""Broken Mamba prefill checkpoints: a negative count, a count that is not an int, an alignment
+below 1, an alignment under a release before it (vLLM 0.29.0), a count under a release before it
+(0.28.0), a count under a release whose form kvspec does not model yet (0.30.0). In runs that draw
+checkpoints half the broken-config actions try all of them."""
 BAD_REQUESTS = (
     "request_id", "empty_prompt", "str_prompt", "negative_token", "lora_id", "lora_path", "append_str",
     "logprobs_flag", "logprob_start", "start_without_logprobs", "report_mode",
@@ -65,6 +73,7 @@ def bad_config(cfg: KVCacheConfig, kind: str) -> dict[str, Any] | None:
     bs, sbs = first.block_size, cfg.scheduler_block_size
     cached = {"enable_caching": True, "dcp_world_size": 1, "pcp_world_size": 1, "use_eagle": False, "eagle_groups": ()}
     hybrid_cp = dict(cached, groups=(FullAttention(4), SlidingWindow(4, 8)), dcp_world_size=2)
+    checkpointed = Mamba(bs, "align", num_prefill_checkpoint_blocks=1)
     table: dict[str, dict[str, Any] | None] = {
         "blocks": {"num_blocks": 0},
         "block_size": {"groups": (FullAttention(0),)},
@@ -114,6 +123,12 @@ def bad_config(cfg: KVCacheConfig, kind: str) -> dict[str, Any] | None:
         "retention_unaligned": {"prefix_cache_retention_interval": sbs + 1},
         "retention_no_group": dict(cached, groups=(FullAttention(bs),), prefix_cache_retention_interval=sbs),
         "retention_old_release": {"profile": profile_named("vllm-0.22.1"), "prefix_cache_retention_interval": 0},
+        "checkpoint_negative": {"groups": (FullAttention(bs), Mamba(bs, "align", num_prefill_checkpoint_blocks=-1))},
+        "checkpoint_type": {"groups": (Mamba(bs, "align", num_prefill_checkpoint_blocks="1"),)},  # type: ignore[arg-type]  # the broken argument
+        "checkpoint_alignment": {"groups": (Mamba(bs, "align", prefill_checkpoint_alignment=0),)},
+        "checkpoint_alignment_old_release": {"groups": (Mamba(bs, "align", prefill_checkpoint_alignment=bs),)},
+        "checkpoint_old_release": {"profile": profile_named("vllm-0.28.0"), "groups": (checkpointed,)},
+        "checkpoint_unmodelled_form": {"profile": profile_named("vllm-0.30.0"), "groups": (checkpointed,)},
     }
     return table[kind]
 
