@@ -124,5 +124,5 @@ def test_every_bad_checkpoint_config_is_refused() -> None:
     for kind in CHECKPOINT_BAD_CONFIGS:
         bad = bad_config(cfg, kind)
         assert bad is not None, kind
-        with pytest.raises(ConfigError, match="prefill_checkpoint|prefill checkpoints"):
+        with pytest.raises(ConfigError, match=r"prefill_checkpoint|prefill checkpoints"):
             replace(cfg, **bad)

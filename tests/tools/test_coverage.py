@@ -19,6 +19,7 @@ from kvspec.profiles import NEWEST, VLLM_0_25_1, SemanticsProfile, profile_named
 from kvtools.coverage import (
     CHUNKED_SHAPES,
     CHUNKED_STEPS,
+    CONNECTOR_NATIVE_PROFILE,
     EAGLE_WINDOW_PROFILE,
     EAGLE_WINDOW_SHAPES,
     MAMBA_SHAPES,
@@ -241,6 +242,7 @@ def test_ci_runs_cover_every_profile() -> None:
     assert Run(SINK_PROFILE, "impl", shapes=SINK_SHAPES, min_steps=SINK_STEPS) in runs
     assert Run(NEWEST.name, "impl", shapes=RING_SHAPES) in runs
     assert Run(NEWEST.name, "impl", shapes=MAMBA_SHAPES) in runs
+    assert Run(CONNECTOR_NATIVE_PROFILE, "impl", shapes=MAMBA_SHAPES) in runs
     assert Run(EAGLE_WINDOW_PROFILE, "impl", shapes=EAGLE_WINDOW_SHAPES) in runs
     assert Run(NEWEST.name, "impl", shapes=MTP_SHAPES) in runs
     assert MTP_SHAPES.split(",") == [s.name for s in CATALOG_MTP_SHAPES]  # every MTP shape, nothing else

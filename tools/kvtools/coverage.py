@@ -152,6 +152,12 @@ that lags the drafter's look-ahead, windows that keep extra tokens, the look-ahe
 scheduler block under EAGLE, and their broken inputs (``MTP_BAD_CONFIGS``). Not drawn by the full
 runs."""
 
+CONNECTOR_NATIVE_PROFILE = "vllm-0.27.1"
+"""The Mamba shapes again under a release whose connector lookups (0.27.0 on) the native core runs
+(its cached Mamba groups need no tail entries before 0.32.0, and no prefill checkpoints are drawn
+before 0.29.0): a request that skips the prefix cache reaches the native connector lookup's early
+return, which the full runs meet at some seeds only."""
+
 FINE_SWA_SHAPES = "full+swa@2x"
 """A hybrid whose window group's block is half the scheduler block, under the newest profile: its
 hits are aligned down a block (``align_down`` drops one), which the full runs meet at some seeds only."""
@@ -206,7 +212,7 @@ def ci_runs() -> list[Run]:
     :data:`PCP_MAMBA_DCP_PROFILE`; and runs of a few shapes each, for
     situations the full runs meet at some seeds only: :data:`CHUNKED_SHAPES`
     through the batch API, :data:`SINK_SHAPES` under :data:`SINK_PROFILE`,
-    :data:`RING_SHAPES`, :data:`MAMBA_SHAPES`, :data:`EAGLE_WINDOW_SHAPES`
+    :data:`RING_SHAPES`, :data:`MAMBA_SHAPES` (also under :data:`CONNECTOR_NATIVE_PROFILE`), :data:`EAGLE_WINDOW_SHAPES`
     under :data:`EAGLE_WINDOW_PROFILE`, :data:`REKEYED_SHAPES`, :data:`MTP_SHAPES` and :data:`FINE_SWA_SHAPES`. Profiles
     with the same switches take the same steps, so ``impl`` runs once per
     :func:`behaviours` group."""
@@ -228,6 +234,7 @@ def ci_runs() -> list[Run]:
         Run(SINK_PROFILE, "impl", shapes=SINK_SHAPES, min_steps=SINK_STEPS),
         Run(NEWEST.name, "impl", shapes=RING_SHAPES),
         Run(NEWEST.name, "impl", shapes=MAMBA_SHAPES),
+        Run(CONNECTOR_NATIVE_PROFILE, "impl", shapes=MAMBA_SHAPES),
         Run(EAGLE_WINDOW_PROFILE, "impl", shapes=EAGLE_WINDOW_SHAPES),
         Run(NEWEST.name, "impl", shapes=REKEYED_SHAPES, min_steps=REKEYED_STEPS),
         Run(NEWEST.name, "impl", shapes=MTP_SHAPES),
