@@ -45,9 +45,9 @@ from typing import Any, TypeVar
 
 from kvref.ops import ABSENT, FACADE_OPS, KIND_CLASSES, SKIP_ERRORS
 from kvref.shapes import Shape, build_kinds
-from kvspec.config import AttentionKind, CrossAttention, KVCacheConfig, Mamba, uses_prefill_lookahead
+from kvspec.config import AttentionKind, CrossAttention, KVCacheConfig, uses_prefill_lookahead
 from kvspec.errors import ConfigError, UnsupportedOperationError
-from kvspec.profiles import SemanticsProfile
+from kvspec.profiles import SemanticsProfile, features_used
 
 __all__ = [
     "ALLOCATE_FEATURES",
@@ -339,9 +339,7 @@ def config_features(config: KVCacheConfig) -> set[str]:
         "mtp": uses_prefill_lookahead(config),
         "lookahead_hashes": config.num_hash_lookahead_tokens > 0,
         "retention": config.prefix_cache_retention_interval is not None,
-        "prefill_checkpoints": any(
-            isinstance(k, Mamba) and k.mode == "align" and k.num_prefill_checkpoint_blocks > 0 for k in config.groups
-        ),
+        "prefill_checkpoints": "prefill-checkpoints" in features_used(config),
     }
     return found | {name for name, on in flags.items() if on}
 

@@ -245,9 +245,14 @@ class MonitorState:
         if end <= start:
             return []
         writes = state_writes(kind, start, end)
-        checkpoint = checkpoint_write(kind, self.config.profile.prefill_checkpoints, start, end) if step else None
+        checkpoint = self._checkpoint(kind, start, end) if step else None
         writes += [checkpoint] if checkpoint else []
         return [(table[i], n) for i, n in writes if i < len(table) and table[i]]
+
+    def _checkpoint(self, kind: Mamba, start: int, end: int) -> tuple[int, int] | None:
+        """The prefill checkpoint a step computing ``[start, end)`` writes under the
+        run's release (:func:`kvref.content_states.checkpoint_write`), or None."""
+        return checkpoint_write(kind, self.config.profile.prefill_checkpoints, start, end)
 
     def _untouched(self, b: int, since: int) -> bool:
         """Whether nothing wrote ``b`` (zeroing aside) or handed it out after the clock ``since``."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvref.content import describe, read_span
-from kvref.content_states import checkpoint_write, stale_index, state_read_index, state_writes
+from kvref.content_states import stale_index, state_read_index, state_writes
 from kvref.safety_base import COMPARED, MonitorState, SafetyViolation, StepEntry, Tables, Withdrawal
 from kvref.safety_defects import (
     EARLY_FREE,
@@ -50,7 +50,7 @@ class MonitorCauses(MonitorState):
             for entry in (e for step in self.in_flight for e in step.entries if e.rid == rid):
                 read = state_read_index(kind, entry.start)
                 used = [j for j, _ in state_writes(kind, entry.start, entry.end)] + ([] if read is None else [read])
-                checkpoint = checkpoint_write(kind, self.config.profile.prefill_checkpoints, entry.start, entry.end)
+                checkpoint = self._checkpoint(kind, entry.start, entry.end)
                 used += [checkpoint[0]] if checkpoint else []
                 for i in used:
                     if i < min(len(prev[g]), len(tables[g])) and prev[g][i] and not tables[g][i]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvref.content import STALE, read_span
-from kvref.content_states import checkpoint_write, state_read_index, state_writes
+from kvref.content_states import state_read_index, state_writes
 from kvref.safety_base import Step, StepEntry
 from kvref.safety_loads import LoadChecks
 from kvspec.request import Request
@@ -112,7 +112,7 @@ class StepChecks(LoadChecks):
             self._loading(b, f"{where} reads its state at {entry.start} tokens in it")
             what = f"{where} reads block {b} (group {g}) for the state at {entry.start} tokens"
             self._compare_state(b, g, want[entry.start - 1], what)
-        checkpoint = checkpoint_write(kind, self.config.profile.prefill_checkpoints, entry.start, entry.end)
+        checkpoint = self._checkpoint(kind, entry.start, entry.end)
         optional = [checkpoint] if checkpoint and checkpoint[0] < len(table) and table[checkpoint[0]] else []
         self.counts["checkpoint states written"] += len(optional)
         for i, n in [*optional, *state_writes(kind, entry.start, entry.end)]:
