@@ -68,6 +68,14 @@ reach. From 0.30.0 on the scheduler only plans for the final prefill chunk's
 checkpoint, while the 0.30.0 manager gives every chunk that can export one a
 checkpoint (a 0.30.0 checkpoint of an earlier chunk is real, and cached).
 
+NOTE: in vLLM 0.30.0 and 0.31.0 a speculative scratch block that a
+checkpoint chunk leaves in place below the checkpoint slot is then cached by
+the ordinary full-block caching at that slot's block boundary, although no
+state of that length was written into it (measured: one scratch block, a
+70-token prompt as 32+38 tokens, block size 16: the scratch block is keyed at
+48 tokens). kvspec does the same; from 0.32.0 on the scratch block moves into
+the checkpoint slot instead.
+
 NOTE: with a retention interval of 0, vLLM 0.30.0 keeps no checkpoint of a
 prompt that does not end on a scheduler-block boundary: the hybrid caches
 only up to the last such boundary, so even the final chunk's call covers

@@ -834,6 +834,85 @@ MEASURED: list[tuple[str, str, list[Step], tuple[tuple[int, tuple[int, ...]], ..
         ((60, (6,)),),
         ((60, ((3, 6),)), (60, ((3, 6),))),
     ),
+    # speculative decoding, one scratch block (measured for this branch, not in the report's matrix)
+    (
+        "0.30.0",
+        "FA16+M16 hbs=None ncp=1 align=1 ret=None plen=70 chunks=32+38 spec=1",
+        [
+            (
+                "0->32",
+                3,
+                ((1, 2), (3, 4, 5)),
+                "BBB",
+                ("0:3@16", "1:4@32"),
+                (16, 0),
+                ("S(g0,n=2,bs=16)", "S(g1,n=2,bs=16)"),
+            ),
+            (
+                "32->70",
+                3,
+                ((6, 7, 8), (9, 10, 11)),
+                "NBBBBB",
+                ("1:4@32", "2:5@48", "3:9@64"),
+                (64, 3),
+                ("S(g0,n=2,bs=16)", "S(g1,n=2,bs=16)"),
+            ),
+        ],
+        ((16, (3,)), (32, (4,)), (48, (5,)), (64, (9,))),
+        ((64, ((3, 9),)), (64, ((3, 9),))),
+    ),
+    (
+        "0.31.0",
+        "FA16+M16 hbs=None ncp=1 align=1 ret=None plen=70 chunks=32+38 spec=1",
+        [
+            (
+                "0->32",
+                3,
+                ((1, 2), (3, 4, 5)),
+                "BBB",
+                ("0:3@16", "1:4@32"),
+                (16, 0),
+                ("S(g0,n=2,bs=16)", "S(g1,n=2,bs=16)"),
+            ),
+            (
+                "32->70",
+                3,
+                ((6, 7, 8), (9, 10, 11)),
+                "NBBBBB",
+                ("1:4@32", "2:5@48", "3:9@64"),
+                (64, 3),
+                ("S(g0,n=2,bs=16)", "S(g1,n=2,bs=16)"),
+            ),
+        ],
+        ((16, (3,)), (32, (4,)), (48, (5,)), (64, (9,))),
+        ((64, ((3, 9),)), (64, ((3, 9),))),
+    ),
+    (
+        "0.32.0",
+        "FA16+M16 hbs=None ncp=1 align=1 ret=None plen=70 chunks=32+38 spec=1",
+        [
+            (
+                "0->32",
+                3,
+                ((1, 2), (3, 4, 5)),
+                "BBB",
+                ("0:3@16", "1:4@32"),
+                (16, 0),
+                ("S(g0,n=2,bs=16)", "S(g1,n=2,bs=16)"),
+            ),
+            (
+                "32->70",
+                2,
+                ((6, 7, 8), (5, 9, 10)),
+                "NBNBBB",
+                ("1:4@32", "3:5@64"),
+                (64, 3),
+                ("S(g0,n=2,bs=16)", "S(g1,n=1,bs=16)"),
+            ),
+        ],
+        ((16, (3,)), (32, (4,)), (64, (5,))),
+        ((64, ((3, 5),)), (64, ((3, 5),))),
+    ),
 ]
 """(release, case, steps, keys after free, hits while running), as measured."""
 
@@ -851,8 +930,10 @@ def config_of(release: str, label: str) -> tuple[KVCacheConfig, int, list[int]]:
     fa, mb, hbs, ncp, al, ret, plen, chunks, rest = m.groups()
     look = re.search(r"lookahead=(\d+)", rest)
     lookahead = int(look.group(1)) if look else 0
+    scratch = re.search(r"spec=(\d+)", rest)
     eagle = "EAGLE" in rest
-    mamba = Mamba(int(mb), "align", num_prefill_checkpoint_blocks=int(ncp), prefill_checkpoint_alignment=_opt(al))
+    spec = int(scratch.group(1)) if scratch else 0
+    mamba = Mamba(int(mb), "align", spec, int(ncp), _opt(al))
     cfg = KVCacheConfig(
         num_blocks=64, groups=(FullAttention(int(fa)), mamba), max_model_len=512, profile=profile_named(release),
         enable_kv_cache_events=True, use_eagle=eagle, eagle_groups=(0, 1) if "flagged" in rest else (),
