@@ -36,6 +36,7 @@ from kvspec.partial_hits import (
     fine_mamba_hit,
     partial_hash_hits_enabled,
 )
+from kvspec.prefill_checkpoints import checkpoint_granularity, checkpoint_prefill_end
 from kvspec.request import Request
 from kvspec.retention import retention_applies
 from kvspec.single_type_kv_cache_manager import (
@@ -101,6 +102,9 @@ class KVCacheCoordinator:
                 m.retention = retention
             if isinstance(m, MambaManager):
                 m.drop_eagle_checkpoint = config.use_eagle
+                m.checkpoint_granularity = checkpoint_granularity(
+                    config.profile, self.hash_block_size, self.hit_alignment
+                )
             if config.profile.cp_swa_mask_unscaled:
                 m.mask_kind = engine_kind
 
@@ -130,15 +134,30 @@ class KVCacheCoordinator:
         apply_admission_cap: bool = False,
         num_external: int = 0,
         num_local: int = 0,
+        request: Request | None = None,
     ) -> int:
         """Sum over groups; cross attention is sized by the encoder tokens.
-        ``num_local`` (computed plus hit tokens) tells a partial hit."""
+        ``num_local`` (computed plus hit tokens) tells a partial hit. From
+        vLLM 0.31.0 on the Mamba groups also weigh their prefill checkpoints
+        against the ``request``'s prefill end
+        (:func:`kvspec.prefill_checkpoints.checkpoint_prefill_end`)."""
         total = 0
+        retention = self.config.prefix_cache_retention_interval
+        prefill_end = 0
+        if request is not None:
+            prefill_end = checkpoint_prefill_end(
+                self.config.profile, retention, request.num_prompt_tokens, request.num_tokens
+            )
         for m, hits in zip(self.managers, new_computed_blocks, strict=True):
             if isinstance(m.kind, CrossAttention):
                 total += m.get_num_blocks_to_allocate(
                     request_id, num_encoder_tokens, (), 0, num_encoder_tokens, apply_admission_cap
                 )
+            elif isinstance(m, MambaManager):
+                total += m.get_num_blocks_to_allocate(
+                    request_id, num_tokens, hits, total_computed_tokens, num_tokens_main_model, apply_admission_cap,
+                    num_external, num_local, prefill_end,
+                )  # fmt: skip
             else:
                 total += m.get_num_blocks_to_allocate(
                     request_id, num_tokens, hits, total_computed_tokens, num_tokens_main_model, apply_admission_cap,

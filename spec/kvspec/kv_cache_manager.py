@@ -341,7 +341,7 @@ class KVCacheManager:
         if full_sequence_must_fit:
             full = min(request.num_tokens, self.config.max_model_len)
             need = coord.get_num_blocks_to_allocate(
-                rid, full, hits, num_encoder_tokens, total, full, True, num_local=local
+                rid, full, hits, num_encoder_tokens, total, full, True, num_local=local, request=request
             )
             if need + wm > self.block_pool.get_num_free_blocks():
                 return None
@@ -350,7 +350,7 @@ class KVCacheManager:
         coord.remove_skipped_blocks(rid, skip_basis(self.config.profile, total, request.num_in_flight_tokens))
         need = coord.get_num_blocks_to_allocate(
             rid, slots, hits, num_encoder_tokens, local + num_external_computed_tokens, main,
-            num_external=num_external_computed_tokens, num_local=local,
+            num_external=num_external_computed_tokens, num_local=local, request=request,
         )  # fmt: skip
         if need + wm > self.block_pool.get_num_free_blocks() - reserved_blocks:
             return None

@@ -922,7 +922,9 @@ lockstep against that vLLM release; for the others a configuration that uses
 them is refused."""
 
 
-PREFILL_CHECKPOINTS_MODELLED: frozenset[str] = frozenset({"block-aligned"})
+PREFILL_CHECKPOINTS_MODELLED: frozenset[str] = frozenset(
+    {"block-aligned", "chunk-position", "prompt-end", "reachable", "hash-lookahead"}
+)
 """The forms of the profile switch ``prefill_checkpoints`` that kvspec models
 (:mod:`kvspec.prefill_checkpoints`); a configuration with checkpoints under a
 profile of another form is refused."""

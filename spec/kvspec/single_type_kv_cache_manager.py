@@ -33,7 +33,15 @@ from kvspec.invariants import require
 from kvspec.mamba_tail import cache_mamba_tail_block, registers_mamba_tail
 from kvspec.partial_hits import apply_cow, has_partial_local_hit, move_block_hashes, record_partial_hit
 from kvspec.partial_tail import cache_partial_tail_block, registers_partial_tail
-from kvspec.prefill_checkpoints import num_checkpoint_blocks
+from kvspec.prefill_checkpoints import (
+    POSITIONAL_FORMS,
+    CheckpointGeometry,
+    checkpoint_kept,
+    checkpoint_position,
+    chunk_checkpoint,
+    num_checkpoint_blocks,
+    rekey_checkpoint_block,
+)
 from kvspec.profiles import NEWEST, SemanticsProfile
 from kvspec.request import Request
 from kvspec.retention import reachable_boundaries
@@ -403,6 +411,13 @@ class MambaManager(SingleTypeKVCacheManager):
         blocks (0 or 1) the last estimate decided on, which the allocation
         that follows takes (:mod:`kvspec.prefill_checkpoints`; upstream
         ``_num_checkpoint_blocks``)."""
+        self.checkpoints: dict[str, tuple[int, int]] = {}
+        """Align mode with a positional checkpoint form (vLLM 0.30.0 on): per
+        request, the ``(position, slot)`` of the checkpoint the last estimate
+        decided on, kept until the next estimate (upstream ``_checkpoints``)."""
+        self.checkpoint_granularity = pool.hash_block_size
+        """The unit of checkpoint positions (set by the coordinator:
+        :func:`kvspec.prefill_checkpoints.checkpoint_granularity`)."""
 
     def get_num_blocks_to_allocate(
         self,
@@ -414,13 +429,15 @@ class MambaManager(SingleTypeKVCacheManager):
         apply_admission_cap: bool = False,
         num_external: int = 0,
         num_local: int = 0,
+        prefill_end: int = 0,
     ) -> int:
         """As the base, plus speculative blocks; a hit on a state cached in this
         very step cannot be used yet (returns more than the pool holds). In
         align mode a partial hit or a pending tail move needs one more block,
         and so does a prefill checkpoint, which this estimate decides on and
         remembers for the allocation (unless it is the admission check:
-        :mod:`kvspec.prefill_checkpoints`).
+        :mod:`kvspec.prefill_checkpoints`; ``prefill_end`` is 0 or the
+        prefill end a checkpoint chunk must reach, from vLLM 0.31.0 on).
 
         NOTE: in align mode vLLM 0.25.1 forgets the block that external
         (connector) tokens take for a new request, so its estimate can be one
@@ -442,11 +459,24 @@ class MambaManager(SingleTypeKVCacheManager):
         partial = has_partial_local_hit(new_computed_blocks, num_local, self.block_size)
         partial = partial or request_id in self.partial_hit
         table = self.req_to_blocks.get(request_id, [])
-        ckpt = num_checkpoint_blocks(self.mamba, self.profile, table, num_tokens_main_model, total_computed_tokens)
+        if self.profile.prefill_checkpoints in POSITIONAL_FORMS:
+            found = chunk_checkpoint(
+                self.mamba, self.profile, self.checkpoint_geometry(), table, num_tokens_main_model,
+                total_computed_tokens, allocated, prefill_end,
+            )  # fmt: skip
+            ckpt = int(found is not None)
+            if not apply_admission_cap and found is not None:
+                self.checkpoints[request_id] = found
+            elif not apply_admission_cap:
+                self.checkpoints.pop(request_id, None)
+        else:
+            ckpt = num_checkpoint_blocks(self.mamba, self.profile, table, num_tokens_main_model, total_computed_tokens)
         if not apply_admission_cap:
             self.num_checkpoint_blocks[request_id] = ckpt
         capped = self.profile.mamba_align_estimate_capped
-        new = mamba_align_new_blocks(raw, allocated, spec, capped, partial, ckpt)
+        early = self.profile.prefill_checkpoints in ("chunk-position", "prompt-end")
+        uncapped = self.profile.prefill_checkpoints == "chunk-position"
+        new = mamba_align_new_blocks(raw, allocated, spec, capped, partial, ckpt, early, uncapped)
         estimate = new + self._num_evictable(new_computed_blocks)
         if num_external <= 0:
             return estimate
@@ -461,13 +491,19 @@ class MambaManager(SingleTypeKVCacheManager):
         return self._allocate_aligned(request_id, num_tokens_main_model)
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """As the base, then the tail entry of :mod:`kvspec.mamba_tail`;
-        remember the keys cached in this step."""
+        """As the base, then the checkpoint's key (re-keyed to its position or,
+        transient, dropped; :mod:`kvspec.prefill_checkpoints`) or, in a chunk
+        without a positional checkpoint, the tail entry of
+        :mod:`kvspec.mamba_tail`; remember the keys cached in this step."""
         rid = request.request_id
         before = self.num_cached_block.get(rid, 0)
         super().cache_blocks(request, num_tokens)
         after = self.num_cached_block.get(rid, 0)
-        if registers_mamba_tail(self.mamba, self.profile, self.pool.hash_block_size):
+        if rid in self.checkpoints:
+            key = self._cache_checkpoint(request, num_tokens)
+            if key is not None:
+                self.cached_blocks_this_step.add(key)
+        elif registers_mamba_tail(self.mamba, self.profile, self.pool.hash_block_size):
             key = cache_mamba_tail_block(self, request, num_tokens)
             if key is not None:
                 self.cached_blocks_this_step.add(key)
@@ -515,11 +551,42 @@ class MambaManager(SingleTypeKVCacheManager):
         self.last_state_block_idx.pop(request_id, None)
         self.num_retired_blocks.pop(request_id, None)
         self.num_checkpoint_blocks.pop(request_id, None)
+        self.checkpoints.pop(request_id, None)
         return super()._forget(request_id)
 
     def new_step_starts(self) -> None:
         """States cached in earlier steps become usable."""
         self.cached_blocks_this_step.clear()
+
+    def checkpoint_geometry(self) -> CheckpointGeometry:
+        """What this group's checkpoint positions depend on besides the chunk."""
+        pool = self.pool
+        granularity, eagle = self.checkpoint_granularity, self.drop_eagle_checkpoint
+        return CheckpointGeometry(pool.hash_block_size, granularity, eagle, pool.num_hash_lookahead_tokens)
+
+    def _cache_checkpoint(self, request: Request, num_tokens: int) -> BlockHashWithGroupId | None:
+        """After the full-block caching up to ``num_tokens``: key the request's
+        checkpoint block at the checkpoint position (nothing if it is keyed
+        there already), or, for a transient checkpoint, drop every key it has
+        (:func:`kvspec.prefill_checkpoints.checkpoint_kept`). Returns the new key."""
+        rid = request.request_id
+        position, slot = self.checkpoints[rid]
+        table = self.req_to_blocks[rid]
+        assert 0 <= slot < len(table), f"request {rid}: checkpoint slot {slot} outside its table"
+        b = table[slot]
+        g = self.checkpoint_geometry()
+        prompt = checkpoint_position(self.profile, request.num_prompt_tokens, g.granularity, g.drop_eagle, g.lookahead)
+        junction = self.junctions.get(rid, 0)
+        kept = checkpoint_kept(
+            self.profile, self.block_size, position, prompt, junction, self.retention, num_tokens,
+            request.num_prompt_tokens,
+        )  # fmt: skip
+        if not kept:
+            self.pool._evict(b)
+            return None
+        if self.pool.hash_num_tokens[b] == position:
+            return None
+        return rekey_checkpoint_block(self.pool, request, b, position, self.group_id)
 
     def _exact_with_external(self, hits: Sequence[BlockId], total: int, required: int, num_local: int) -> int:
         """Blocks a new align-mode request with external tokens really takes:
@@ -537,18 +604,23 @@ class MambaManager(SingleTypeKVCacheManager):
         """Align mode: the running state goes to index ``cdiv(T, bs) - 1``, padded
         with nulls; last step's spare blocks move there before new ones are taken.
         A prefill checkpoint keeps the slot before the running state out of the
-        padding, so a fresh block fills it.
+        padding, so a fresh block fills it; with a positional checkpoint
+        (vLLM 0.30.0 on) the allocation runs even when the table is long
+        enough, the spare blocks stay where they are (0.30.0, 0.31.0) or
+        move except the one in the checkpoint's slot (0.32.0 on).
         Returns the table from its previous length on (nulls and moved blocks
         included); a partial hit is privatised first (:meth:`_privatise`)."""
         spec = self.mamba.num_speculative_blocks
-        ckpt = self.num_checkpoint_blocks.get(request_id, 0)
+        form = self.profile.prefill_checkpoints
+        positional = form in POSITIONAL_FORMS
+        ckpt = int(request_id in self.checkpoints) if positional else self.num_checkpoint_blocks.get(request_id, 0)
         table = self.req_to_blocks.setdefault(request_id, [])
         required = cdiv(num_tokens, self.block_size) + spec
         prev = len(table)
         partial = self.partial_hit.pop(request_id, None)
         owner = request_id in self.tail_owners
         self.tail_owners.discard(request_id)
-        if required <= prev and partial is None:
+        if required <= prev and partial is None and not (positional and ckpt):
             if self.profile.mamba_early_return_allocated:
                 self.allocated_block_reqs.add(request_id)
             return []
@@ -557,13 +629,16 @@ class MambaManager(SingleTypeKVCacheManager):
             self.last_state_block_idx[request_id] = prev - 1 - (spec if allocated else 0)
         skip = required - spec - 1
         table += [NULL_BLOCK] * (skip - ckpt - prev)
-        for idx in range(prev - spec, prev) if allocated else ():
-            if idx >= skip:
+        scratch_stays = bool(ckpt) and form in ("chunk-position", "prompt-end")
+        moves_below = skip - ckpt if positional else skip
+        for idx in range(prev - spec, prev) if allocated and not scratch_stays else ():
+            if idx >= moves_below:
                 break
             table.append(table[idx])
             table[idx] = NULL_BLOCK
         fresh = max(required - len(table), 0) + (partial is not None)
-        assert fresh <= (1 if allocated else spec + 1) + (partial is not None) + ckpt
+        spare = spec if not allocated or scratch_stays else 0
+        assert fresh <= 1 + spare + (partial is not None) + ckpt
         new = self.pool.get_new_blocks(fresh)
         returned = table[prev:]
         if partial is not None:
@@ -676,28 +751,43 @@ def trim_null_head(table: Sequence[BlockId]) -> list[BlockId]:
 
 
 def mamba_align_new_blocks(
-    raw: int, allocated: bool, spec: int, capped: bool, partial: bool = False, checkpoint: int = 0
+    raw: int,
+    allocated: bool,
+    spec: int,
+    capped: bool,
+    partial: bool = False,
+    checkpoint: int = 0,
+    spec_on_checkpoint: bool = False,
+    uncapped_on_checkpoint: bool = False,
 ) -> int:
     """Mamba align's estimate of fresh blocks for a request whose table lacks
     ``raw`` entries: a running state block, plus the speculative blocks for a
-    request not allocated yet, plus (``partial``) the copy of a partial hit,
-    which also counts as one more missing entry, plus the ``checkpoint``
-    blocks of a prefill checkpoint (:mod:`kvspec.prefill_checkpoints`); from
-    vLLM 0.31.0 on never more than that need (profile switch
-    ``mamba_align_estimate_capped``).
+    request not allocated yet (also for a checkpoint chunk with
+    ``spec_on_checkpoint``: vLLM 0.30.0 and 0.31.0), plus (``partial``) the
+    copy of a partial hit, which also counts as one more missing entry, plus
+    the ``checkpoint`` blocks of a prefill checkpoint
+    (:mod:`kvspec.prefill_checkpoints`); from vLLM 0.31.0 on never more than
+    that need (profile switch ``mamba_align_estimate_capped``). With
+    ``uncapped_on_checkpoint`` (vLLM 0.30.0) an allocated request's
+    checkpoint chunk counts the whole shortfall instead.
 
     pre: spec >= 0 and checkpoint in (0, 1)
     post: raw > 0 or partial or __return__ == raw
-    post: (raw <= 0 and not partial) or 1 <= __return__ <= (1 if allocated else 1 + spec) + partial + checkpoint
+    post: (raw <= 0 and not partial) or __return__ >= 1
+    post: (raw <= 0 and not partial) or (uncapped_on_checkpoint and checkpoint and allocated) or __return__ <= 1 + (spec if not allocated or (checkpoint and spec_on_checkpoint) else 0) + partial + checkpoint
+    post: not (uncapped_on_checkpoint and checkpoint and allocated) or (raw <= 0 and not partial) or __return__ == max(raw, 0) + partial
     post: not capped or __return__ <= max(raw, 0) + partial
-    post: not capped or __return__ == min(mamba_align_new_blocks(raw, allocated, spec, False, partial, checkpoint), max(raw, 0) + partial)
-    post: capped or (raw <= 0 and not partial) or __return__ == (1 if allocated else 1 + spec) + partial + checkpoint
+    post: not capped or uncapped_on_checkpoint or __return__ == min(mamba_align_new_blocks(raw, allocated, spec, False, partial, checkpoint, spec_on_checkpoint), max(raw, 0) + partial)
+    post: capped or (raw <= 0 and not partial) or (uncapped_on_checkpoint and checkpoint and allocated) or __return__ == 1 + (spec if not allocated or (checkpoint and spec_on_checkpoint) else 0) + partial + checkpoint
+    post: checkpoint or __return__ == mamba_align_new_blocks(raw, allocated, spec, capped, partial)
     """  # noqa: E501 - a PEP 316 condition is one line
     if partial:
         raw = max(raw, 0) + 1
     if raw <= 0:
         return raw
-    cap = (1 if allocated else 1 + spec) + partial + checkpoint
+    if checkpoint and allocated and uncapped_on_checkpoint:
+        return raw
+    cap = 1 + (spec if not allocated or (checkpoint and spec_on_checkpoint) else 0) + partial + checkpoint
     return min(raw, cap) if capped else cap
 
 

@@ -121,16 +121,14 @@ def test_bad_values_are_config_errors(ncp: Any, alignment: Any) -> None:
 
 
 @pytest.mark.parametrize("profile", list(PROFILES.values()), ids=lambda p: p.name)
-def test_unmodelled_forms_are_refused(profile: SemanticsProfile) -> None:
-    """0.29.0's form is modelled; a later release's form is refused, naming it."""
+def test_every_form_is_modelled(profile: SemanticsProfile) -> None:
+    """0.29.0's form and the later releases' forms are modelled (the later ones:
+    tests/spec/test_prefill_checkpoints_later.py)."""
     if release_key(profile.release) < (0, 29, 0):
         return
-    if profile.prefill_checkpoints == "block-aligned":
-        assert "prefill-checkpoints" in features_used(checkpoint_config(profile))
-        return
-    with pytest.raises(UnsupportedByProfileError, match="prefill checkpoints"):
-        checkpoint_config(profile, alignment=1)
-    assert checkpoint_config(profile, ncp=0, alignment=1).groups[1] == Mamba(16, "align", 0, 0, 1)
+    alignment = None if profile.prefill_checkpoints == "block-aligned" else 1
+    assert "prefill-checkpoints" in features_used(checkpoint_config(profile, alignment=alignment))
+    assert checkpoint_config(profile, ncp=0, alignment=alignment).groups[1] == Mamba(16, "align", 0, 0, alignment)
 
 
 def test_feature_needs_align_mode_and_a_positive_count() -> None:

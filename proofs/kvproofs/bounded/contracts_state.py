@@ -212,6 +212,17 @@ def _partial_block() -> Iterator[Scenario]:
         yield Scenario(partial(_partial_block_case, state, b, n, events))
 
 
+@contract(
+    "kvspec.prefill_checkpoints.rekey_checkpoint_block",
+    "the null block and a block in each of four key states x 2-8 tokens x events on/off x every profile",
+)
+def _rekey_checkpoint_block() -> Iterator[Scenario]:
+    for state, b, n, events in product(range(4), (0, 1), (2, 4, 6, 8), (False, True)):
+        if b == 0 and state:
+            continue
+        yield Scenario(partial(_partial_block_case, state, b, n, events))
+
+
 def _stored_case(extra: int, n: int, as_int: bool, profile: SemanticsProfile) -> Case:
     pool = BlockPool(8, True, 2, int_block_hashes=as_int, profile=profile)
     return pool, _request(profile, 2, 8, _EXTRAS[extra]), n, 1

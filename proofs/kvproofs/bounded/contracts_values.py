@@ -26,6 +26,7 @@ from kvspec.hashing import (
     none_hash,
 )
 from kvspec.hashing import extend_block_hashes as _reference_extend  # bound before a mutant replaces it
+from kvspec.prefill_checkpoints import CheckpointGeometry
 
 HS = "kvspec.hashing"
 KCM = "kvspec.kv_cache_manager"
@@ -280,3 +281,70 @@ def _num_checkpoint_blocks() -> Iterator[Case]:
         modes, range(3), PROFILE_LIST, ((), (0, 5), (0, 0, 7)), range(14), (0, 2, 4, 8)
     ):
         yield Mamba(4, mode, 0, ncp), profile, table, end, start
+
+
+@contract(
+    "kvspec.prefill_checkpoints.checkpoint_granularity",
+    "every profile x hash block 1/2/4 x hit alignment 1/2/4/8",
+)
+def _checkpoint_granularity() -> Iterator[Case]:
+    yield from product(PROFILE_LIST, (1, 2, 4), (1, 2, 4, 8))
+
+
+@contract(
+    "kvspec.prefill_checkpoints.checkpoint_position",
+    "every profile x 0-20 tokens x granularity 1-4 x EAGLE x look-ahead 0/1/2/5",
+)
+def _checkpoint_position() -> Iterator[Case]:
+    yield from product(PROFILE_LIST, range(21), range(1, 5), (False, True), (0, 1, 2, 5))
+
+
+@contract(
+    "kvspec.prefill_checkpoints.checkpoint_valid",
+    "chunk starts 0/1/2/4/6/8 x ends 0-14 x positions 0-14 x hash block 1/2/4 x block 2/4 x alignment None/1/2/3",
+)
+def _checkpoint_valid() -> Iterator[Case]:
+    yield from product((0, 1, 2, 4, 6, 8), range(15), range(15), (1, 2, 4), (2, 4), (None, 1, 2, 3))
+
+
+@contract(
+    "kvspec.prefill_checkpoints.chunk_checkpoint",
+    "Mamba(4) none/align x 0-1 checkpoint blocks x 0-1 speculative blocks x alignment None/1/2 (six kinds) x "
+    "every profile x four geometries x three tables x chunk ends 0-13 x starts 0/2/4/8 x allocated x prefill end 0/10",
+)
+def _chunk_checkpoint() -> Iterator[Case]:
+    kinds = (
+        Mamba(4, "none", 0, 1, 1),
+        Mamba(4, "align", 0, 0, 1),
+        Mamba(4, "align", 0, 1, 1),
+        Mamba(4, "align", 0, 1, 2),
+        Mamba(4, "align", 1, 1, 1),
+        Mamba(4, "align", 0, 1, None),
+    )
+    geometries = (
+        CheckpointGeometry(2, 2, False, 0),
+        CheckpointGeometry(2, 2, True, 0),
+        CheckpointGeometry(1, 4, False, 3),
+        CheckpointGeometry(4, 4, False, 0),
+    )
+    tables = ((), (0, 5), (0, 0, 7))
+    yield from product(kinds, PROFILE_LIST, geometries, tables, range(14), (0, 2, 4, 8), (False, True), (0, 10))
+
+
+@contract(
+    "kvspec.prefill_checkpoints.checkpoint_prefill_end",
+    "every profile x retention None/0/16 x prompts of 0/1/5/9 tokens x 0-12 tokens",
+)
+def _checkpoint_prefill_end() -> Iterator[Case]:
+    yield from product(PROFILE_LIST, (None, 0, 16), (0, 1, 5, 9), range(13))
+
+
+@contract(
+    "kvspec.prefill_checkpoints.checkpoint_kept",
+    "every profile x block 2/4 x positions 0-12 x prompt positions 4/6/8 x junction 0/4 x retention None/0/4/8/16 "
+    "x 6/9/12 tokens cached x prompts of 9/12 tokens",
+)
+def _checkpoint_kept() -> Iterator[Case]:
+    yield from product(
+        PROFILE_LIST, (2, 4), range(13), (4, 6, 8), (0, 4), (None, 0, 4, 8, 16), (6, 9, 12), (9, 12)
+    )
