@@ -76,7 +76,7 @@ PROFILE_SWITCHES = frozenset(
         # mamba_tail.registers_mamba_tail, kv_cache_manager.KVCacheManager.take_kv_cache_block_copies)
         "cache_mask_hit_alignment",  # kv_cache_coordinator.KVCacheCoordinator (the managers' cache_mask_alignment)
         "mamba_early_return_allocated",  # single_type_kv_cache_manager.MambaManager._allocate_aligned
-        "prefill_checkpoints",  # prefill_checkpoints.checkpoint_enabled, config_rules.features_needed
+        "prefill_checkpoints",  # prefill_checkpoints (every rule), config_rules.features_needed
         # Applied before kvimpl sees a value: the request hasher (kvspec.request) hashes with them.
         # (mm_resume_from_first_feature also by partial_tail.partial_stored_event.)
         "extra_keys_tagged", "mm_resume_from_first_feature", "mm_key_with_offset", "prompt_embeds_digest",

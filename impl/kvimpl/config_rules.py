@@ -238,10 +238,10 @@ def features_needed(config: KVCacheConfig) -> list[str]:
     * ``context-parallelism``: ``dcp_world_size`` or ``pcp_world_size`` above 1
       (``cp_block_scaling``, ``cp_swa_mask_unscaled``);
     * ``prefill-checkpoints``: a Mamba align group with
-      ``num_prefill_checkpoint_blocks`` above 0, cached or not, under vLLM
-      0.29.0's block-aligned form (``prefill_checkpoints``); under a later
-      form the feature is named with it (``prefill-checkpoints (FORM)``),
-      which kvimpl does not model.
+      ``num_prefill_checkpoint_blocks`` above 0, cached or not, under any
+      release that has checkpoints (``prefill_checkpoints``: 0.29.0's
+      block-aligned form and the positional forms of 0.30.0 on, each
+      modelled by the pure-Python manager, :mod:`kvimpl.prefill_checkpoints`).
 
     NOTE: only a hybrid has a group coarser than the hash block: one cached
     group whose hash block differs from its block is a ConfigError (vLLM's
@@ -256,7 +256,7 @@ def features_needed(config: KVCacheConfig) -> list[str]:
     if form != "none" and any(
         isinstance(k, Mamba) and k.mode == "align" and k.num_prefill_checkpoint_blocks > 0 for k in config.groups
     ):
-        ring.append("prefill-checkpoints" if form == "block-aligned" else f"prefill-checkpoints ({form})")
+        ring.append("prefill-checkpoints")
     if not config.enable_caching:
         return sorted(ring)
     hbs = hash_block_size(config)

@@ -785,4 +785,3 @@ def check_slot_arguments(request_ids: Sequence[object], positions: Sequence[obje
 def no_device_tables(op: str, manager: str) -> UnsupportedOperationError:
     """The error of a device-table call on a manager built without a ``device``."""
     return UnsupportedOperationError(f"{op}: this {manager} keeps no device tables; construct it with device='cpu'")
-

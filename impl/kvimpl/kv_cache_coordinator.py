@@ -38,8 +38,14 @@ from kvimpl.partial_hits import (
     partial_hash_hits_enabled,
 )
 from kvimpl.partial_tail import registers_partial_tail
+from kvimpl.prefill_checkpoints import checkpoint_granularity, checkpoint_prefill_end, positional_checkpoints
 from kvimpl.retention import retention_applies
-from kvimpl.single_type_kv_cache_manager import eagle_window_hit_before_drop, find_longest_cache_hit, make_manager
+from kvimpl.single_type_kv_cache_manager import (
+    MambaManager,
+    eagle_window_hit_before_drop,
+    find_longest_cache_hit,
+    make_manager,
+)
 from kvspec.block_pool import BlockId
 from kvspec.config import AttentionKind, ChunkedLocal, CrossAttention, KVCacheConfig, Mamba, SlidingWindow
 from kvspec.errors import EagleAlignmentLookupError
@@ -109,6 +115,11 @@ class KVCacheCoordinator:
             m.replay_eagle = replay_eagle
             if retention_applies(engine_kind, p):
                 m.retention = retention
+            if isinstance(m, MambaManager):
+                m.checkpoint_granularity = checkpoint_granularity(p, self.hash_block_size, self.hit_alignment)
+        self.weighs_prefill_end = any(isinstance(m, MambaManager) and m.positional for m in self.managers)
+        """A Mamba group takes positional checkpoints, whose estimate weighs the
+        request's prefill end (:func:`kvimpl.prefill_checkpoints.checkpoint_prefill_end`)."""
         self.is_cross = tuple(isinstance(kind, CrossAttention) for kind in config.groups)
         # Only these kinds ever skip leading tokens; the others' remove_skipped_blocks is a no-op.
         self.skipping = tuple(m for m in self.managers if isinstance(m.kind, SlidingWindow | ChunkedLocal | Mamba))
@@ -130,15 +141,30 @@ class KVCacheCoordinator:
         apply_admission_cap: bool = False,
         num_external: int = 0,
         num_local: int = 0,
+        request: Request | None = None,
     ) -> int:
         """Sum over groups; cross attention is sized by the encoder tokens.
-        ``num_local`` (computed plus hit tokens) tells a partial hit."""
+        ``num_local`` (computed plus hit tokens) tells a partial hit. From
+        vLLM 0.31.0 on a Mamba group with positional checkpoints also weighs
+        them against the ``request``'s prefill end
+        (:func:`kvimpl.prefill_checkpoints.checkpoint_prefill_end`)."""
         total = 0
+        prefill_end = 0
+        if request is not None and self.weighs_prefill_end:
+            prefill_end = checkpoint_prefill_end(
+                self.config.profile, self.config.prefix_cache_retention_interval, request.num_prompt_tokens,
+                request.num_tokens,
+            )  # fmt: skip
         for m, cross, hits in zip(self.managers, self.is_cross, new_computed_blocks, strict=True):
             if cross:
                 total += m.get_num_blocks_to_allocate(
                     request_id, num_encoder_tokens, (), 0, num_encoder_tokens, apply_admission_cap
                 )
+            elif prefill_end and isinstance(m, MambaManager):
+                total += m.get_num_blocks_to_allocate(
+                    request_id, num_tokens, hits, total_computed_tokens, num_tokens_main_model, apply_admission_cap,
+                    num_external, num_local, prefill_end,
+                )  # fmt: skip
             else:
                 total += m.get_num_blocks_to_allocate(
                     request_id, num_tokens, hits, total_computed_tokens, num_tokens_main_model, apply_admission_cap,
@@ -524,12 +550,16 @@ def make_coordinator(config: KVCacheConfig) -> KVCacheCoordinator:
 
 def has_tail_entries(config: KVCacheConfig, hash_block_size: int) -> bool:
     """Whether some group of a cached ``config`` registers tail entries
-    (:mod:`kvimpl.partial_tail`, :mod:`kvimpl.mamba_tail`), so that its
+    (:mod:`kvimpl.partial_tail`, :mod:`kvimpl.mamba_tail`) or re-keys its
+    prefill checkpoints to their positions (vLLM 0.30.0 on,
+    :func:`kvimpl.prefill_checkpoints.rekey_checkpoint_block`), so that its
     pool is a :class:`kvimpl.block_pool.TailBlockPool`."""
     if not config.enable_caching:
         return False
     p, hbs = config.profile, hash_block_size
     return any(
-        registers_mamba_tail(k, p, hbs) if isinstance(k, Mamba) else registers_partial_tail(k, p, hbs)
+        (registers_mamba_tail(k, p, hbs) or positional_checkpoints(k, p))
+        if isinstance(k, Mamba)
+        else registers_partial_tail(k, p, hbs)
         for k in config.groups
     )

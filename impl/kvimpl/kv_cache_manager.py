@@ -54,6 +54,7 @@ from kvimpl.config_rules import (
 )
 from kvimpl.invariants import require
 from kvimpl.kv_cache_coordinator import GroupBlocks, HybridCoordinator, make_coordinator
+from kvimpl.single_type_kv_cache_manager import MambaManager
 from kvimpl.step_api import WATERMARKED, StepAPI, inv_device_rows_match
 from kvspec.block_pool import BlockId
 from kvspec.config import AttentionKind, KVCacheConfig, Mamba
@@ -416,7 +417,7 @@ class KVCacheManager(StepAPI):
         if full_sequence_must_fit:
             full = min(request.num_tokens, self.config.max_model_len)
             need = coord.get_num_blocks_to_allocate(
-                rid, full, hits, num_encoder_tokens, total, full, True, num_local=local
+                rid, full, hits, num_encoder_tokens, total, full, True, num_local=local, request=request
             )
             if need + wm > self.block_pool.get_num_free_blocks():
                 return None
@@ -425,7 +426,7 @@ class KVCacheManager(StepAPI):
         coord.remove_skipped_blocks(rid, skip_basis(self.skip_on_processed, total, request.num_in_flight_tokens))
         need = coord.get_num_blocks_to_allocate(
             rid, slots, hits, num_encoder_tokens, local + num_external_computed_tokens, main,
-            num_external=num_external_computed_tokens, num_local=local,
+            num_external=num_external_computed_tokens, num_local=local, request=request,
         )  # fmt: skip
         if need + wm > self.block_pool.get_num_free_blocks() - reserved_blocks:
             self._sync_device_row(rid)
@@ -867,11 +868,16 @@ def inv_hash_content(mgr: KVCacheManager) -> bool:
     primary key stands for fewer tokens (a partial-tail entry that
     registered on the block after ``evict_blocks`` uncached it while the
     request held it), by the request's hash at that many tokens, which end
-    inside the block."""
+    inside the block. In a Mamba group with positional checkpoints
+    (:mod:`kvimpl.prefill_checkpoints`) a checkpoint block holds the state
+    at its position, which may lie at or below the block's start (EAGLE's
+    step back, a granularity coarser than the block) or past its end (a hash
+    block finer than it): any hash boundary of the request's tokens."""
     hbs = mgr.coordinator.hash_block_size
     pool = mgr.block_pool
     tails = pool.hash_num_tokens if isinstance(pool, TailBlockPool) else None  # else every key is a full one
     for g, m in enumerate(mgr.coordinator.managers):
+        anywhere = isinstance(m, MambaManager) and m.positional
         for rid, table in m.req_to_blocks.items():
             req = mgr.requests.get(rid)
             if req is None or m.block_size % hbs:
@@ -883,7 +889,13 @@ def inv_hash_content(mgr: KVCacheManager) -> bool:
                 if b == NULL_BLOCK or key is None:
                     continue
                 n = (i + 1) * bs if tails is None else tails[b]
-                if n is None or not (i * bs < n <= (i + 1) * bs and n % hbs == 0):
+                if n is None or n <= 0 or n % hbs:
+                    return False
+                if anywhere and n != (i + 1) * bs:
+                    if n > len(req.block_hashes) * hbs or key != make_key(req.block_hashes[n // hbs - 1], g):
+                        return False
+                    continue
+                if not i * bs < n <= (i + 1) * bs:
                     return False
                 if key != make_key(hashes[i] if n == (i + 1) * bs else req.block_hashes[n // hbs - 1], g):
                     return False

@@ -26,7 +26,16 @@ from kvimpl.invariants import require
 from kvimpl.mamba_tail import cache_mamba_tail_block, registers_mamba_tail
 from kvimpl.partial_hits import apply_cow, has_partial_local_hit, move_block_hashes, record_partial_hit
 from kvimpl.partial_tail import cache_partial_tail_block, registers_partial_tail
-from kvimpl.prefill_checkpoints import checkpoint_enabled, num_checkpoint_blocks
+from kvimpl.prefill_checkpoints import (
+    CheckpointGeometry,
+    checkpoint_enabled,
+    checkpoint_kept,
+    checkpoint_position,
+    chunk_checkpoint,
+    num_checkpoint_blocks,
+    positional_checkpoints,
+    rekey_checkpoint_block,
+)
 from kvimpl.retention import reachable_boundaries
 from kvspec.block_pool import BlockId
 from kvspec.config import (
@@ -455,7 +464,8 @@ class MambaManager(SingleTypeKVCacheManager):
         self.tail_eagle = p.mamba_tail_eagle
         """Profile switch ``mamba_tail_eagle`` (see :func:`kvimpl.mamba_tail.tail_eagle_shift`)."""
         self.drop_eagle_checkpoint = config.use_eagle
-        """The model uses EAGLE (upstream ``drop_eagle_checkpoint_block``): the tail boundary may move down."""
+        """The model uses EAGLE (upstream ``drop_eagle_checkpoint_block``): the tail
+        boundary may move down, and so do checkpoint positions."""
         self.cached_blocks_this_step: set[BlockHashWithGroupId] = set()
         self.last_state_block_idx: dict[str, int] = {}
         self.allocated_block_reqs: set[str] = set()
@@ -463,11 +473,25 @@ class MambaManager(SingleTypeKVCacheManager):
         """Profile switch ``mamba_align_retired_mark`` in align mode (see :meth:`_remove_blocks_in_range`)."""
         self.num_retired_blocks: dict[str, int] = {}
         """With :attr:`retired_mark`: per request, the table index removal reached."""
-        self.checkpoints = checkpoint_enabled(kind, p.prefill_checkpoints)
-        """Prefill checkpoints (:mod:`kvimpl.prefill_checkpoints`)."""
+        form = p.prefill_checkpoints
+        self.checkpoints = checkpoint_enabled(kind, form)
+        """The group takes prefill checkpoints (:mod:`kvimpl.prefill_checkpoints`)."""
+        self.positional = positional_checkpoints(kind, p)
+        """Its checkpoints have a position of their own (vLLM 0.30.0 on)."""
+        self.checkpoint_scratch_stays = self.positional and form in ("chunk-position", "prompt-end")
+        """vLLM 0.30.0 and 0.31.0: a checkpoint chunk leaves the scratch blocks where they are, and counts them."""
+        self.checkpoint_uncapped = self.positional and form == "chunk-position"
+        """vLLM 0.30.0: an allocated request's checkpoint chunk estimates its whole shortfall."""
         self.num_checkpoint_blocks: dict[str, int] = {}
         """With :attr:`checkpoints`: per request, the checkpoint blocks the last
         estimate decided on (0 or 1), which the allocation that follows takes."""
+        self.checkpoint_at: dict[str, tuple[int, int]] = {}
+        """With :attr:`positional`: per request, the ``(position, slot)`` of the
+        checkpoint the last estimate decided on, kept until the next estimate
+        (kvspec's ``MambaManager.checkpoints``; upstream ``_checkpoints``)."""
+        self.checkpoint_granularity = pool.hash_block_size
+        """The step between checkpoint positions (set by the coordinator:
+        :func:`kvimpl.prefill_checkpoints.checkpoint_granularity`)."""
 
     def get_num_blocks_to_allocate(
         self,
@@ -479,13 +503,15 @@ class MambaManager(SingleTypeKVCacheManager):
         apply_admission_cap: bool = False,
         num_external: int = 0,
         num_local: int = 0,
+        prefill_end: int = 0,
     ) -> int:
         """As the base, plus speculative blocks; a hit on a state cached in this
         very step cannot be used yet (returns more than the pool holds). In
         align mode a partial hit or a pending tail move needs one more block,
         and so does a prefill checkpoint, which this estimate decides on and
         remembers for the allocation, unless it is the admission check
-        (:mod:`kvimpl.prefill_checkpoints`).
+        (:mod:`kvimpl.prefill_checkpoints`; ``prefill_end`` is 0 or the end
+        a checkpoint chunk must reach, from vLLM 0.31.0 on).
 
         NOTE: in align mode vLLM 0.25.1 forgets the block that external
         (connector) tokens take for a new request, so its estimate can be one
@@ -513,15 +539,17 @@ class MambaManager(SingleTypeKVCacheManager):
         )
         ckpt = 0
         if self.checkpoints:
-            table = self.req_to_blocks.get(request_id, ())
-            ckpt = num_checkpoint_blocks(self.block_size, table, num_tokens_main_model, total_computed_tokens)
-            if not apply_admission_cap:
-                self.num_checkpoint_blocks[request_id] = ckpt
-        new = mamba_align_new_blocks(raw, allocated, spec, self.estimate_capped, partial, ckpt)
+            ckpt = self._weigh_checkpoint(
+                request_id, total_computed_tokens, num_tokens_main_model, allocated, apply_admission_cap, prefill_end
+            )
+        new = mamba_align_new_blocks(
+            raw, allocated, spec, self.estimate_capped, partial, ckpt, self.checkpoint_scratch_stays,
+            self.checkpoint_uncapped,
+        )  # fmt: skip
         estimate = new + self._num_evictable(new_computed_blocks)
         if num_external <= 0:
             return estimate
-        exact = self._exact_with_external(new_computed_blocks, total_computed_tokens, required, num_local)
+        exact = self._exact_with_external(new_computed_blocks, total_computed_tokens, required, num_local) + ckpt
         return max(estimate, exact)
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[BlockId]:
@@ -532,12 +560,18 @@ class MambaManager(SingleTypeKVCacheManager):
         return self._allocate_aligned(request_id, num_tokens_main_model)
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """As the base, then the tail entry of :mod:`kvimpl.mamba_tail`;
+        """As the base, then the positional checkpoint's key (moved to its
+        position or, transient, dropped: :meth:`_cache_checkpoint`) or, in a
+        chunk without one, the tail entry of :mod:`kvimpl.mamba_tail`;
         remember the keys cached in this step."""
         rid = request.request_id
         before = self.num_cached_block.get(rid, 0)
         super().cache_blocks(request, num_tokens)
-        if self.mamba_tail:
+        if rid in self.checkpoint_at:
+            key = self._cache_checkpoint(request, num_tokens)
+            if key is not None:
+                self.cached_blocks_this_step.add(key)
+        elif self.mamba_tail:
             key = cache_mamba_tail_block(self, request, num_tokens)
             if key is not None:
                 self.cached_blocks_this_step.add(key)
@@ -583,16 +617,79 @@ class MambaManager(SingleTypeKVCacheManager):
         self.last_state_block_idx.pop(request_id, None)
         self.num_retired_blocks.pop(request_id, None)
         self.num_checkpoint_blocks.pop(request_id, None)
+        self.checkpoint_at.pop(request_id, None)
         return super()._forget(request_id)
 
     def new_step_starts(self) -> None:
         """States cached in earlier steps become usable."""
         self.cached_blocks_this_step.clear()
 
+    def checkpoint_geometry(self) -> CheckpointGeometry:
+        """The group's facts its checkpoint positions depend on besides the chunk."""
+        pool = self.pool
+        return CheckpointGeometry(
+            pool.hash_block_size, self.checkpoint_granularity, self.drop_eagle_checkpoint,
+            pool.num_hash_lookahead_tokens,
+        )  # fmt: skip
+
+    def _weigh_checkpoint(
+        self, request_id: str, start: int, end: int, allocated: bool, admission: bool, prefill_end: int
+    ) -> int:
+        """The checkpoint blocks (0 or 1) of the chunk ``[start, end)``, judged
+        on the request's table before this step's hits; unless it is the
+        admission check, remembered for the allocation (and, under a
+        positional form, the checkpoint's ``(position, slot)`` for the caching)."""
+        table = self.req_to_blocks.get(request_id, ())
+        if not self.positional:
+            ckpt = num_checkpoint_blocks(self.block_size, table, end, start)
+        else:
+            found = chunk_checkpoint(
+                self.mamba, self.profile, self.checkpoint_geometry(), table, end, start, allocated, prefill_end
+            )
+            ckpt = 0 if found is None else 1
+            if not admission and found is None:
+                self.checkpoint_at.pop(request_id, None)
+            elif not admission and found is not None:
+                self.checkpoint_at[request_id] = found
+        if not admission:
+            self.num_checkpoint_blocks[request_id] = ckpt
+        return ckpt
+
+    def _cache_checkpoint(self, request: Request, num_tokens: int) -> BlockHashWithGroupId | None:
+        """After the full-block caching up to ``num_tokens``: key the request's
+        checkpoint block at the checkpoint's position alone (nothing to do if
+        its primary key is there already), or, when the checkpoint is
+        transient (:func:`kvimpl.prefill_checkpoints.checkpoint_kept`), drop
+        every key the block has. Returns the key made, if any. A checkpoint
+        past the request's hashes (a step with draft tokens that ends past the
+        request's tokens) is left alone, as kvspec does."""
+        rid = request.request_id
+        position, slot = self.checkpoint_at[rid]
+        table = self.req_to_blocks[rid]
+        assert 0 <= slot < len(table), f"request {rid}: checkpoint slot {slot} is outside its table"
+        b, pool = table[slot], self.pool
+        assert isinstance(pool, TailBlockPool), "a group with positional checkpoints needs a TailBlockPool"
+        g = self.checkpoint_geometry()
+        prompt = checkpoint_position(self.profile, request.num_prompt_tokens, g.granularity, g.drop_eagle, g.lookahead)
+        kept = checkpoint_kept(
+            self.profile, self.block_size, position, prompt, self.junctions.get(rid, 0), self.retention, num_tokens,
+            request.num_prompt_tokens,
+        )  # fmt: skip
+        if not kept:
+            pool._evict(b)
+            return None
+        if pool.hash_num_tokens[b] == position:
+            return None
+        if position > len(request.block_hashes) * pool.hash_block_size:
+            return None
+        return rekey_checkpoint_block(pool, request, b, position, self.group_id)
+
     def _exact_with_external(self, hits: Sequence[BlockId], total: int, required: int, num_local: int) -> int:
         """Blocks a new align-mode request with external tokens really takes:
         the external state block, then the copy of a partial hit that
-        attention still reads, the running state and spare blocks."""
+        attention still reads, the running state and spare blocks (a prefill
+        checkpoint's block comes on top: its slot lies past the state the
+        chunk resumes from)."""
         spec = self.mamba.num_speculative_blocks
         skipped = max(total - 1, 0) // self.block_size
         have = max(skipped, len(hits))
@@ -607,16 +704,22 @@ class MambaManager(SingleTypeKVCacheManager):
         Returns the table from its previous length on (nulls and moved blocks
         included); a partial hit is privatised first (:meth:`_privatise`). A
         prefill checkpoint leaves the slot below the running state out of the
-        padding, so a fresh block fills it."""
+        padding, so a fresh block fills it. A positional checkpoint (vLLM
+        0.30.0 on) runs the allocation even when the table is long enough;
+        its chunk leaves the spare blocks in place (0.30.0, 0.31.0) or moves
+        them except into the checkpoint's slot (0.32.0 on)."""
         spec = self.mamba.num_speculative_blocks
-        ckpt = self.num_checkpoint_blocks.get(request_id, 0)
+        if self.positional:
+            ckpt = 1 if request_id in self.checkpoint_at else 0
+        else:
+            ckpt = self.num_checkpoint_blocks.get(request_id, 0)
         table = self.req_to_blocks.setdefault(request_id, [])
         required = cdiv(num_tokens, self.block_size) + spec
         prev = len(table)
         partial = self.partial_hit.pop(request_id, None)
         owner = request_id in self.tail_owners
         self.tail_owners.discard(request_id)
-        if required <= prev and partial is None:
+        if required <= prev and partial is None and not (self.positional and ckpt):
             if self.early_return_allocated:
                 self.allocated_block_reqs.add(request_id)
             return []
@@ -625,13 +728,15 @@ class MambaManager(SingleTypeKVCacheManager):
             self.last_state_block_idx[request_id] = prev - 1 - (spec if allocated else 0)
         skip = required - spec - 1
         table += [NULL_BLOCK] * (skip - ckpt - prev)
-        for idx in range(prev - spec, prev) if allocated else ():
-            if idx >= skip:
+        stays = bool(ckpt) and self.checkpoint_scratch_stays
+        below = skip - ckpt if self.positional else skip  # a positional checkpoint's slot is no spare's target
+        for idx in range(prev - spec, prev) if allocated and not stays else ():
+            if idx >= below:
                 break
             table.append(table[idx])
             table[idx] = NULL_BLOCK
         fresh = max(required - len(table), 0) + (partial is not None)
-        assert fresh <= (1 if allocated else spec + 1) + (partial is not None) + ckpt
+        assert fresh <= 1 + (spec if not allocated or stays else 0) + (partial is not None) + ckpt
         new = self.pool.get_new_blocks(fresh)
         returned = table[prev:]
         if partial is not None:
@@ -712,23 +817,37 @@ def trim_null_head(table: list[BlockId]) -> list[BlockId]:
 
 
 def mamba_align_new_blocks(
-    raw: int, allocated: bool, spec: int, capped: bool, partial: bool = False, checkpoint: int = 0
+    raw: int,
+    allocated: bool,
+    spec: int,
+    capped: bool,
+    partial: bool = False,
+    checkpoint: int = 0,
+    spec_on_checkpoint: bool = False,
+    uncapped_on_checkpoint: bool = False,
 ) -> int:
     """Mamba align's estimate of fresh blocks for a request whose table lacks
     ``raw`` entries: a running state block, plus the speculative blocks for a
-    request not allocated yet, plus (``partial``) the copy of a partial hit,
-    which also counts as one more missing entry, plus the ``checkpoint``
-    block of a prefill checkpoint; from vLLM 0.31.0 on never more than that
-    need (profile switch ``mamba_align_estimate_capped``).
+    request not allocated yet (or, with ``spec_on_checkpoint``, vLLM 0.30.0
+    and 0.31.0, for a checkpoint chunk), plus (``partial``) the copy of a
+    partial hit, which also counts as one more missing entry, plus the
+    ``checkpoint`` block of a prefill checkpoint; from vLLM 0.31.0 on never
+    more than that need (profile switch ``mamba_align_estimate_capped``).
+    With ``uncapped_on_checkpoint`` (vLLM 0.30.0) an allocated request's
+    checkpoint chunk counts its whole shortfall.
 
     pre: spec >= 0 and checkpoint in (0, 1)
     post: raw > 0 or partial or __return__ == raw
+    post: checkpoint or __return__ == mamba_align_new_blocks(raw, allocated, spec, capped, partial)
     """
     if partial:
         raw = (raw if raw > 0 else 0) + 1
     if raw <= 0:
         return raw
-    cap = (1 if allocated else 1 + spec) + partial + checkpoint
+    if checkpoint and allocated and uncapped_on_checkpoint:
+        return raw
+    spare = spec if not allocated or (checkpoint and spec_on_checkpoint) else 0
+    cap = 1 + spare + partial + checkpoint
     return cap if not capped or cap < raw else raw
 
 
@@ -1112,9 +1231,14 @@ def make_manager(
 def inv_uncached_tail(m: SingleTypeKVCacheManager) -> bool:
     """Table entries at or past ``num_cached_block`` carry no full-block key
     (at most a partial-tail entry, a key for fewer tokens than the block's
-    end), and ``num_cached_block`` never exceeds the table length."""
+    end), and ``num_cached_block`` never exceeds the table length. In a
+    Mamba group with positional checkpoints a checkpoint block may be keyed
+    ahead of the caching (the hybrid caches up to a scheduler-block boundary
+    or the hashed tokens, while the checkpoint is keyed at its position), for
+    at most the block's end."""
     pool = m.pool
     ntok = pool.hash_num_tokens if isinstance(pool, TailBlockPool) else None
+    ahead = int(isinstance(m, MambaManager) and m.positional)
     for rid, table in m.req_to_blocks.items():
         n = m.num_cached_block.get(rid, 0)
         if n > len(table):
@@ -1122,7 +1246,7 @@ def inv_uncached_tail(m: SingleTypeKVCacheManager) -> bool:
         for i, b in enumerate(table[n:], start=n):
             if b == NULL_BLOCK or pool.block_hash[b] is None:
                 continue
-            if ntok is None or (ntok[b] or 0) >= (i + 1) * m.block_size:
+            if ntok is None or (ntok[b] or 0) >= (i + 1) * m.block_size + ahead:
                 return False
     return all(rid in m.req_to_blocks for rid in m.num_cached_block)
 

@@ -329,7 +329,9 @@ class StepAPI:
                 if upto // bs > num_cached:
                     fills = True
         else:
-            need = self.coordinator.get_num_blocks_to_allocate(rid, slots, self._no_hits, 0, computed, main)
+            need = self.coordinator.get_num_blocks_to_allocate(
+                rid, slots, self._no_hits, 0, computed, main, request=request
+            )
             grow, fills = True, caching
         if need + wm > len(self.block_pool.free_queue):
             if self.device_tables is not None:

@@ -112,7 +112,8 @@ block hashes (``num_hash_lookahead_tokens``; vLLM 0.33.0 on, where EAGLE-style
 speculative decoding with prefix caching uses them by default); ``retention``: a
 prefix-cache retention interval (``prefix_cache_retention_interval``; vLLM 0.23.0 on);
 ``prefill_checkpoints``: Mamba prefill checkpoints (``num_prefill_checkpoint_blocks``
-above 0 in an ``align`` group; vLLM 0.29.0 on)."""
+above 0 in an ``align`` group, with ``prefill_checkpoint_alignment`` from vLLM
+0.30.0 on; vLLM 0.29.0 on)."""
 REQUEST_FEATURES = (
     "lora", "mm", "cache_salt", "prompt_embeds", "skip_reading_prefix_cache", "prompt_logprobs", "report_mode_full",
 )  # fmt: skip

@@ -3,7 +3,8 @@ group's block holds no per-position KV but one recurrent state, the state
 after a prefix of the request's inputs. Where a step reads that state and
 which blocks it writes depend on vLLM's ``mamba_cache_mode``
 (:func:`state_read_index`, :func:`state_writes`); a prefill checkpoint
-(vLLM 0.29.0 on) writes one more state (:func:`checkpoint_write`); a prefix
+(vLLM 0.29.0 on) writes one more state (:func:`checkpoint_write`,
+:func:`positional_checkpoint_write`); a prefix
 hit of ``n`` tokens serves the state at ``n`` from its last block
 (:func:`state_hit_index`). Groups with speculative blocks, and every Mamba
 group of a model that uses EAGLE, stay unchecked (:func:`mamba_checked`).
@@ -11,7 +12,14 @@ group of a model that uses EAGLE, stay unchecked (:func:`mamba_checked`).
 
 from __future__ import annotations
 
-from kvspec.config import AttentionKind, Mamba
+from kvspec.config import AttentionKind, KVCacheConfig, Mamba
+from kvspec.partial_hits import partial_hash_hits_enabled
+from kvspec.prefill_checkpoints import (
+    POSITIONAL_FORMS,
+    checkpoint_granularity,
+    checkpoint_position,
+    checkpoint_valid,
+)
 
 
 def mamba_checked(kind: AttentionKind, use_eagle: bool) -> bool:
@@ -98,6 +106,45 @@ def checkpoint_write(kind: Mamba, form: str, start: int, end: int) -> tuple[int,
     if end % bs == 0 or boundary <= start:
         return None
     return boundary // bs - 1, boundary
+
+
+def positional_checkpoint_write(kind: Mamba, config: KVCacheConfig, start: int, end: int) -> tuple[int, int] | None:
+    """``(table index, length)`` of the state a prefill checkpoint of a step
+    computing ``[start, end)`` writes under the positional forms of vLLM
+    0.30.0 on, or None: in an ``align`` group with
+    ``num_prefill_checkpoint_blocks`` above 0, when the step can export the
+    checkpoint position of its end (kvspec's ``checkpoint_position`` at the
+    release's unit, ``checkpoint_valid`` with the group's
+    ``prefill_checkpoint_alignment``), the state at that position goes into
+    the slot before the running state, ``cdiv(end, block_size) - 2``. As with
+    :func:`checkpoint_write` the entry holds the null block unless the manager
+    kept the slot, and a write into the null block is dropped.
+
+    NOTE: this is the worker's rule, which vLLM's Mamba backends apply to
+    every prefill row with no regard for what the manager decided
+    (``compute_mamba_prefill_checkpoints`` in
+    vllm/model_executor/layers/mamba/checkpoint.py, 0.31.0 on; the KDA
+    metadata builder of vllm/models/kimi_k3 in 0.30.0): the manager's own
+    bookkeeping (which slot it keeps, under what key) is what the oracle
+    then checks. It uses the pool's hash block and, from 0.32.0 on, the
+    cache-hit alignment as the unit, as the manager does.
+
+    pre: 0 <= start < end
+    post: __return__ is None or start < __return__[1] < end
+    post: __return__ is None or __return__[0] == -(-end // kind.block_size) - 2 >= 0
+    """
+    profile = config.profile
+    if profile.prefill_checkpoints not in POSITIONAL_FORMS:
+        return None
+    if kind.mode != "align" or kind.num_prefill_checkpoint_blocks <= 0:
+        return None
+    hbs = config.resolved_hash_block_size()
+    hit = hbs if partial_hash_hits_enabled(config) else config.scheduler_block_size
+    unit = checkpoint_granularity(profile, hbs, hit)
+    position = checkpoint_position(profile, end, unit, config.use_eagle, config.num_hash_lookahead_tokens)
+    if not checkpoint_valid(start, end, position, hbs, kind.block_size, kind.prefill_checkpoint_alignment):
+        return None
+    return -(-end // kind.block_size) - 2, position
 
 
 def stale_index(kind: Mamba, start: int, end: int) -> int | None:

@@ -29,6 +29,7 @@ from kvref.exits import InputError
 from kvref.targets import load_callable
 from kvspec.config import FULL_TYPE_KINDS, ChunkedLocal, CrossAttention, KVCacheConfig, Mamba, SlidingWindow
 from kvspec.partial_hits import partial_hash_hits_enabled
+from kvspec.prefill_checkpoints import positional_checkpoints
 from kvspec.view import KVView
 
 Json = Any
@@ -260,6 +261,20 @@ def _lookahead_lookup_crash(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_o
     )
 
 
+def _checkpoint_past_hashes_crash(
+    cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool
+) -> bool:
+    """vLLM 0.30.0 on: ``allocate_slots`` (or a ``cache_blocks`` that follows it) raising
+    AssertionError in a model with positional Mamba prefill checkpoints where kvspec answers. A
+    step with draft tokens ends past the request's tokens; the manager's checkpoint for it sits
+    at the last hash boundary below the step's end, past the request's hashes, and the caching
+    that re-keys the checkpoint block asks the pool for a hash the request does not have."""
+    positional = any(isinstance(k, Mamba) and positional_checkpoints(k, cfg.profile) for k in cfg.groups)
+    answered = spec_out is None or isinstance(spec_out, list)
+    crashed = vllm_out == {"crash": "AssertionError"}
+    return positional and op["op"] in ("allocate_slots", "cache_blocks") and crashed and answered
+
+
 def _report_mode_cp_crash(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> bool:
     """vLLM 0.26.0 on: a lookup raising AssertionError under context parallelism with events on
     where kvspec answers with a hit (or there is no kvspec side): the announcement of a report-mode
@@ -476,6 +491,7 @@ MATCHERS: dict[str, Callable[[KVCacheConfig, Json, Json, Json, bool], bool]] = {
     "connector-lookup-bound-crash": _connector_bound_crash,
     "lookahead-lookup-crash": _lookahead_lookup_crash,
     "report-mode-cp-crash": _report_mode_cp_crash,
+    "checkpoint-past-hashes-crash": _checkpoint_past_hashes_crash,
     "report-mode-partial-hit-crash": _report_mode_partial_hit_crash,
     "swa-eagle-window-lost": _swa_eagle_window,
     "common-prefix-pending": _common_prefix,

@@ -549,6 +549,10 @@ class Lockstep:
             self._check_event_logs(op, outs, dog)
         elif op["op"] in ("get_computed_blocks", "get_computed_blocks_for_connector"):
             self._expect_announcements(op, outs)
+        elif op["op"] == "reset_prefix_cache":
+            for log, out in zip(self.event_logs, outs, strict=True):
+                if log is not None and out is True:
+                    log.cleared()
         if self.monitor is not None:
             self.watch(lambda m: m.after(op, outs[0], ref_view), op)
         return outs[0]
@@ -856,9 +860,13 @@ class EventLog:
         self.parents: dict[tuple[Json, Json], Json] = {}
         """``(hash, group) -> parent hash`` as the events told it (kept across
         clears); without group indices ``(hash, block size)``."""
-        self.announced: list[tuple[Json, tuple[Json, ...]]] = []
+        self.announced: list[tuple[int, Json, tuple[Json, ...]]] = []
         """Re-announcements the lookups since the last drain emitted (report
-        mode "full"): ``(group, hashes)`` each (:meth:`expect_announcement`)."""
+        mode "full"): ``(clears before it, group, hashes)`` each
+        (:meth:`expect_announcement`)."""
+        self.clears = 0
+        """Prefix-cache resets since the last drain (:meth:`cleared`): each put
+        an ``AllBlocksCleared`` among the drain's events."""
         self.unsure = False
         """A lookup since the last drain may or may not have announced its hit:
         the next comparison rebuilds the index from the cache instead."""
@@ -894,7 +902,13 @@ class EventLog:
             n = min(len(ids), len(fine) // k)
             digests = [fine[(i + 1) * k - 1] for i in range(n)]
             if digests:
-                self.announced.append((gid if self.grouped else None, tuple(self._external(d) for d in digests)))
+                hashes = tuple(self._external(d) for d in digests)
+                self.announced.append((self.clears, gid if self.grouped else None, hashes))
+
+    def cleared(self) -> None:
+        """A prefix-cache reset succeeded: the announcements of later lookups
+        come after its ``AllBlocksCleared`` in the drain's events."""
+        self.clears += 1
 
     def _external(self, digest: bytes) -> Json:
         """A digest's external form: its low 64 bits (big-endian) or its hex."""
@@ -936,13 +950,18 @@ class EventLog:
         """The positions in ``events`` of the announcements the lookups since
         the last drain made: for each, the last event that matches it (a
         BlockStored of its group and hashes, with no parent) and no earlier
-        announcement took. A block stored from block 0 with the very same
-        hashes is the same event to a consumer; taking the last one never
-        makes a later removal look premature, and the index ends the same."""
-        announced, self.announced = self.announced, []
+        announcement took, between the ``AllBlocksCleared`` of the resets
+        before its lookup and the next one. A block stored from block 0 with
+        the very same hashes is the same event to a consumer; taking the last
+        one never makes a later removal look premature, and the index ends the
+        same (a clear in between would empty it: hence the bounds)."""
+        announced, self.announced, self.clears = self.announced, [], 0
+        clears = [i for i, e in enumerate(events) if e.get("type") == "AllBlocksCleared"]
         taken: set[int] = set()
-        for group, hashes in announced:
-            for i in range(len(events) - 1, -1, -1):
+        for epoch, group, hashes in announced:
+            low = clears[min(epoch, len(clears)) - 1] + 1 if epoch and clears else 0
+            high = clears[epoch] if epoch < len(clears) else len(events)
+            for i in range(high - 1, low - 1, -1):
                 e = events[i]
                 if (
                     i not in taken and e.get("type") == "BlockStored" and e.get("parent_block_hash") is None

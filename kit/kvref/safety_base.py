@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvref.content import BlockContents, PrefixIds, RequestPrefixes, checked_kind
-from kvref.content_states import checkpoint_write, mamba_checked, state_writes
+from kvref.content_states import checkpoint_write, mamba_checked, positional_checkpoint_write, state_writes
 from kvref.ops import RequestBook
 from kvref.scheduler_chunks import drafts_tokens
 from kvspec.config import CrossAttention, KVCacheConfig, Mamba
@@ -251,8 +251,10 @@ class MonitorState:
 
     def _checkpoint(self, kind: Mamba, start: int, end: int) -> tuple[int, int] | None:
         """The prefill checkpoint a step computing ``[start, end)`` writes under the
-        run's release (:func:`kvref.content_states.checkpoint_write`), or None."""
-        return checkpoint_write(kind, self.config.profile.prefill_checkpoints, start, end)
+        run's release (:func:`kvref.content_states.checkpoint_write`,
+        :func:`~kvref.content_states.positional_checkpoint_write`), or None."""
+        found = checkpoint_write(kind, self.config.profile.prefill_checkpoints, start, end)
+        return found or positional_checkpoint_write(kind, self.config, start, end)
 
     def _untouched(self, b: int, since: int) -> bool:
         """Whether nothing wrote ``b`` (zeroing aside) or handed it out after the clock ``since``."""

@@ -28,13 +28,16 @@ blocks are those of :func:`align_block_size`):
 In every release a chunk that starts at or past the prefill end is left alone.
 Under look-ahead block hashes (vLLM 0.33.0 on) the last cache position leaves
 room for the look-ahead tokens (:func:`last_cache_position`). With Mamba
-prefill checkpoints in vLLM 0.29.0's block-aligned form
-(:func:`internal_checkpoint`) a chunk that starts on a block boundary has no
-last cache position and is not cut to a block boundary: the manager keeps the
-state at the last boundary it crosses in a checkpoint block. The later forms
-of checkpoints (vLLM 0.30.0 on) are not followed yet (the kit does not draw
-them: :data:`kvref.machine.configuration.DRAWN_CHECKPOINT_FORMS`), nor is
-``long_prefill_token_threshold``, which kvref does not configure.
+prefill checkpoints (every Mamba group has ``num_prefill_checkpoint_blocks``
+above 0; :func:`internal_checkpoint`) a chunk can rely on the manager keeping
+a state inside it: in vLLM 0.29.0's block-aligned form any chunk that starts
+on a block boundary, which then has no last cache position and is not cut to
+a block boundary; from 0.30.0 on only a chunk that reaches the prefill end
+and can export the prompt's checkpoint (kvspec's ``checkpoint_position`` of
+the prefill end and ``checkpoint_valid``), which then has no last cache
+position, no stop at the end of the block it starts in and no Mamba tail
+stop. ``long_prefill_token_threshold`` is not followed; kvref does not
+configure it.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ from typing import Literal
 from kvref.divergences import release_key
 from kvspec.config import KVCacheConfig, Mamba
 from kvspec.mamba_tail import mamba_tail_boundary
+from kvspec.partial_hits import partial_hash_hits_enabled
+from kvspec.prefill_checkpoints import POSITIONAL_FORMS, checkpoint_position, checkpoint_valid
 
 AlignRule = Literal["whole-blocks", "block-end-if-cacheable", "block-end"]
 
@@ -126,21 +131,36 @@ def last_cache_position(config: KVCacheConfig, num_tokens: int) -> int:
     return max(last - bs, 0) if config.use_eagle else last
 
 
-def internal_checkpoint(config: KVCacheConfig, start: int) -> bool:
-    """Whether the release's scheduler lets a prefill chunk from ``start``
-    rely on a Mamba prefill checkpoint (vLLM 0.29.0,
-    ``Scheduler._mamba_block_aligned_split``): without EAGLE, every Mamba
-    group has ``num_prefill_checkpoint_blocks`` above 0, and ``start`` is on
-    a block boundary (:func:`align_block_size`).
+def internal_checkpoint(config: KVCacheConfig, start: int, end: int = 0, prefill_end: int = 0) -> bool:
+    """Whether the release's scheduler lets a prefill chunk from ``start`` to
+    ``end`` rely on a Mamba prefill checkpoint
+    (``Scheduler._mamba_block_aligned_split``). Every Mamba group needs
+    ``num_prefill_checkpoint_blocks`` above 0. Then, vLLM 0.29.0: no EAGLE,
+    and ``start`` on a block boundary (:func:`align_block_size`). From 0.30.0
+    on: the chunk reaches ``prefill_end`` and can export the checkpoint
+    position of the prefill end (at the hash block, from 0.32.0 on at the
+    scheduler block unless hits are fine-grained; one unit lower under EAGLE)
+    with the first Mamba group's ``prefill_checkpoint_alignment``.
 
-    pre: start >= 0
-    post: not __return__ or start % align_block_size(config) == 0
-    """
-    if config.profile.prefill_checkpoints != "block-aligned" or config.use_eagle:
-        return False
+    pre: 0 <= start and end >= 0 and prefill_end >= 0
+    post: not __return__ or config.profile.prefill_checkpoints == "block-aligned" or start < end
+    post: not __return__ or config.profile.prefill_checkpoints != "block-aligned" or start % align_block_size(config) == 0
+    """  # noqa: E501 - a PEP 316 condition is one line
+    form = config.profile.prefill_checkpoints
     mambas = [k for k in config.groups if isinstance(k, Mamba)]
     bs = align_block_size(config)
-    return bool(bs and mambas and all(k.num_prefill_checkpoint_blocks > 0 for k in mambas) and start % bs == 0)
+    if not (bs and mambas and all(k.num_prefill_checkpoint_blocks > 0 for k in mambas)):
+        return False
+    if form == "block-aligned":
+        return not config.use_eagle and start % bs == 0
+    if form not in POSITIONAL_FORMS or end < prefill_end:
+        return False
+    hbs = config.resolved_hash_block_size()
+    fine = hbs < config.scheduler_block_size and partial_hash_hits_enabled(config)
+    unit = config.scheduler_block_size if form in ("reachable", "hash-lookahead") and not fine else hbs
+    ahead = config.num_hash_lookahead_tokens
+    position = checkpoint_position(config.profile, prefill_end, unit, config.use_eagle, ahead)
+    return checkpoint_valid(start, end, position, hbs, bs, mambas[0].prefill_checkpoint_alignment)
 
 
 def mamba_tail_stop(config: KVCacheConfig, num_prompt_tokens: int, num_tokens: int, start: int) -> int:
@@ -176,9 +196,10 @@ def align_split(
     post: 0 <= __return__ <= n
     """
     bs = align_block_size(config) or config.scheduler_block_size
-    checkpoint = internal_checkpoint(config, start)
-    last = 0 if checkpoint else last_cache_position(config, num_tokens)
     end = start + n
+    prefill_end = max(num_prompt_tokens or num_tokens, num_tokens - 1)
+    checkpoint = internal_checkpoint(config, start, end, prefill_end)
+    last = 0 if checkpoint else last_cache_position(config, num_tokens)
     rule = align_rule(config)
     if rule == "whole-blocks":
         # vllm/v1/core/sched/scheduler.py, vLLM 0.25.1: the length is floored, not the end
@@ -187,7 +208,6 @@ def align_split(
         elif start < last < end:
             end = last
         return (stop if start < stop < end else end) - start
-    prefill_end = max(num_prompt_tokens or num_tokens, num_tokens - 1)
     if start >= prefill_end:
         return n
     if rule == "block-end-if-cacheable":
@@ -198,8 +218,9 @@ def align_split(
         if aligned > start or bs <= config.batched_tokens():
             end = aligned
     block_end = (start // bs + 1) * bs
-    stops = [last, stop]
-    if start % bs and (rule == "block-end" or block_end <= last):
+    positional = checkpoint and config.profile.prefill_checkpoints != "block-aligned"
+    stops = [last, 0 if positional else stop]
+    if start % bs and not checkpoint and (rule == "block-end" or block_end <= last):
         stops.append(block_end)
     end = min((s for s in stops if start < s < end), default=end)
     return max(end - start, 0)

@@ -52,9 +52,10 @@ from kvspec.hashing import (
 )
 from kvspec.invariants import require
 from kvspec.kv_cache_coordinator import GroupBlocks, HybridCoordinator, make_coordinator
+from kvspec.prefill_checkpoints import positional_checkpoints
 from kvspec.profiles import SemanticsProfile
 from kvspec.request import Request, RequestStatus
-from kvspec.single_type_kv_cache_manager import cdiv
+from kvspec.single_type_kv_cache_manager import MambaManager, cdiv
 from kvspec.stats import PrefixCacheStats
 from kvspec.view import BlockIds, KVView
 
@@ -1158,10 +1159,17 @@ def inv_hash_content(mgr: KVCacheManager) -> bool:
     primary key stands for fewer tokens (a partial-tail entry that
     registered on the block after ``evict_blocks`` uncached it while the
     request held it), by the request's hash at that many tokens, which end
-    inside the block."""
+    inside the block. A Mamba group under a positional prefill-checkpoint
+    form (vLLM 0.30.0 on) re-keys a checkpoint block to the checkpoint
+    position (:func:`kvspec.prefill_checkpoints.rekey_checkpoint_block`),
+    which may lie at or below the block's start (EAGLE's step back, a
+    granularity coarser than the block) or past its end (a hash block finer
+    than it): there the count may be any hash boundary of the request's
+    tokens, with the request's key at it."""
     hbs = mgr.coordinator.hash_block_size
     pool = mgr.block_pool
     for g, m in enumerate(mgr.coordinator.managers):
+        anywhere = isinstance(m, MambaManager) and positional_checkpoints(m.mamba, m.profile)
         for rid, table in m.req_to_blocks.items():
             req = mgr.requests.get(rid)
             if req is None or m.block_size % hbs:
@@ -1173,7 +1181,13 @@ def inv_hash_content(mgr: KVCacheManager) -> bool:
                 if b == NULL_BLOCK or key is None:
                     continue
                 n = pool.hash_num_tokens[b]
-                if n is None or not (i * bs < n <= (i + 1) * bs and n % hbs == 0):
+                if n is None or n <= 0 or n % hbs:
+                    return False
+                if anywhere and n != (i + 1) * bs:
+                    if n > len(req.block_hashes) * hbs or key != make_key(req.block_hashes[n // hbs - 1], g):
+                        return False
+                    continue
+                if not i * bs < n <= (i + 1) * bs:
                     return False
                 if key != make_key(hashes[i] if n == (i + 1) * bs else req.block_hashes[n // hbs - 1], g):
                     return False

@@ -135,6 +135,16 @@ class CheckpointGeometry:
     """The pool's look-ahead hash tokens (read from vLLM 0.33.0 on)."""
 
 
+def positional_checkpoints(kind: Mamba, profile: SemanticsProfile) -> bool:
+    """Whether a group of ``kind`` takes checkpoints of a positional form
+    (vLLM 0.30.0 on): align mode, a count above 0, and such a form.
+
+    post: __return__ == (kind.mode == "align" and kind.num_prefill_checkpoint_blocks > 0 and profile.prefill_checkpoints in POSITIONAL_FORMS)
+    """  # noqa: E501 - a PEP 316 condition is one line
+    form = profile.prefill_checkpoints
+    return kind.mode == "align" and kind.num_prefill_checkpoint_blocks > 0 and form in POSITIONAL_FORMS
+
+
 def num_checkpoint_blocks(
     kind: Mamba, profile: SemanticsProfile, table: Sequence[int], num_tokens: int, num_computed_tokens: int
 ) -> int:

@@ -40,6 +40,7 @@ from kvspec.prefill_checkpoints import (
     checkpoint_position,
     chunk_checkpoint,
     num_checkpoint_blocks,
+    positional_checkpoints,
     rekey_checkpoint_block,
 )
 from kvspec.profiles import NEWEST, SemanticsProfile
@@ -480,7 +481,7 @@ class MambaManager(SingleTypeKVCacheManager):
         estimate = new + self._num_evictable(new_computed_blocks)
         if num_external <= 0:
             return estimate
-        exact = self._exact_with_external(new_computed_blocks, total_computed_tokens, required, num_local)
+        exact = self._exact_with_external(new_computed_blocks, total_computed_tokens, required, num_local) + ckpt
         return max(estimate, exact)
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[BlockId]:
@@ -568,7 +569,13 @@ class MambaManager(SingleTypeKVCacheManager):
         """After the full-block caching up to ``num_tokens``: key the request's
         checkpoint block at the checkpoint position (nothing if it is keyed
         there already), or, for a transient checkpoint, drop every key it has
-        (:func:`kvspec.prefill_checkpoints.checkpoint_kept`). Returns the new key."""
+        (:func:`kvspec.prefill_checkpoints.checkpoint_kept`). Returns the new key.
+
+        NOTE: a step with draft tokens can end past the request's tokens and
+        its checkpoint past the request's hashes; vLLM 0.30.0 on then fails an
+        assertion (``checkpoint-past-hashes-crash`` in docs/divergences.md).
+        kvspec leaves such a block alone: it keys no state the request cannot
+        name."""
         rid = request.request_id
         position, slot = self.checkpoints[rid]
         table = self.req_to_blocks[rid]
@@ -586,12 +593,16 @@ class MambaManager(SingleTypeKVCacheManager):
             return None
         if self.pool.hash_num_tokens[b] == position:
             return None
+        if position > len(request.block_hashes) * self.pool.hash_block_size:
+            return None
         return rekey_checkpoint_block(self.pool, request, b, position, self.group_id)
 
     def _exact_with_external(self, hits: Sequence[BlockId], total: int, required: int, num_local: int) -> int:
         """Blocks a new align-mode request with external tokens really takes:
         the external state block, then the copy of a partial hit that
-        attention still reads, the running state and spare blocks."""
+        attention still reads, the running state and spare blocks (a prefill
+        checkpoint's block comes on top: its slot lies past the state the
+        chunk starts from)."""
         spec = self.mamba.num_speculative_blocks
         skipped = max(total - 1, 0) // self.block_size
         have = max(skipped, len(hits))
@@ -1170,13 +1181,18 @@ def make_manager(
 def inv_uncached_tail(m: SingleTypeKVCacheManager) -> bool:
     """Table entries at or past ``num_cached_block`` carry no full-block key
     (at most a partial-tail entry, a key for fewer tokens than the block's
-    end), and ``num_cached_block`` never exceeds the table length."""
+    end), and ``num_cached_block`` never exceeds the table length. A Mamba
+    group's checkpoint block under a positional form (vLLM 0.30.0 on) is
+    keyed at its checkpoint position whatever the full-block caching
+    reached (a hybrid caches only whole scheduler blocks), so there an
+    entry may carry a key for up to the block's end."""
+    ahead = int(isinstance(m, MambaManager) and positional_checkpoints(m.mamba, m.profile))
     for rid, table in m.req_to_blocks.items():
         n = m.num_cached_block.get(rid, 0)
         if n > len(table):
             return False
         for i, b in enumerate(table[n:], start=n):
-            if b != NULL_BLOCK and (m.pool.hash_num_tokens[b] or 0) >= (i + 1) * m.block_size:
+            if b != NULL_BLOCK and (m.pool.hash_num_tokens[b] or 0) >= (i + 1) * m.block_size + ahead:
                 return False
     return all(rid in m.req_to_blocks for rid in m.num_cached_block)
 

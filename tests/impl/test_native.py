@@ -113,10 +113,7 @@ def test_a_switch_the_core_does_not_follow_falls_back(monkeypatch: pytest.Monkey
 
 def _set_switches(p: SemanticsProfile) -> list[dataclasses.Field[object]]:
     """The switches profile ``p`` sets away from their defaults (0.16.0's are not all native)."""
-    return [
-        f for f in dataclasses.fields(p)
-        if f.name not in ("name", "release") and getattr(p, f.name) != f.default
-    ]
+    return [f for f in dataclasses.fields(p) if f.name not in ("name", "release") and getattr(p, f.name) != f.default]
 
 
 def test_a_missing_build_falls_back_with_one_notice(
@@ -451,13 +448,9 @@ def test_refused_batches_raise_what_kvspec_raises_per_request() -> None:
 
 @needs_build
 @pytest.mark.parametrize("profile", [VLLM_0_25_1, PROFILES["vllm-0.26.0"]], ids=lambda p: p.name)
-@pytest.mark.parametrize(
-    "kind", [SlidingWindow(4, 4), Mamba(4, "all", 1)], ids=lambda k: type(k).__name__
-)
+@pytest.mark.parametrize("kind", [SlidingWindow(4, 4), Mamba(4, "all", 1)], ids=lambda k: type(k).__name__)
 @pytest.mark.parametrize("request_kind", ["spec", "python", "native"])
-def test_skipped_blocks_follow_the_in_flight_tokens(
-    profile: SemanticsProfile, kind: Any, request_kind: str
-) -> None:
+def test_skipped_blocks_follow_the_in_flight_tokens(profile: SemanticsProfile, kind: Any, request_kind: str) -> None:
     """From vLLM 0.26.0 on (``skip_on_processed_tokens``) a step frees the
     blocks attention no longer reads below the computed tokens less the
     request's in-flight tokens; the native core does as kvspec, on each kind

@@ -880,7 +880,8 @@ def test_native_core_runs_one_group_under_cp(caching: bool) -> None:
     them): the core runs it at the managers' scaled block sizes and refuses the lookups the release
     refuses, as kvspec."""
     configs: list[tuple[tuple[AttentionKind, ...], SemanticsProfile]] = [
-        ((FullAttention(4),), VLLM_0_33_0), ((SlidingWindow(4, 8),), VLLM_0_33_0)
+        ((FullAttention(4),), VLLM_0_33_0),
+        ((SlidingWindow(4, 8),), VLLM_0_33_0),
     ]
     if not caching:
         configs.append(((FullAttention(4), SlidingWindow(4, 8)), VLLM_0_25_1))

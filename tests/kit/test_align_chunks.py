@@ -22,18 +22,20 @@ from types import SimpleNamespace
 import pytest
 
 from kvref.adapters.vllm import installed_vllm_version
-from kvref.machine.configuration import DRAWN_CHECKPOINT_FORMS
 from kvref.scheduler_chunks import align_rule, align_split, last_cache_position, schedule_chunk
 from kvspec.config import FullAttention, KVCacheConfig, Mamba, SlidingWindow
-from kvspec.profiles import PROFILES, profile_named
+from kvspec.profiles import PREFILL_CHECKPOINTS_MODELLED, PROFILES, profile_named
 
 BS = 4
 
 
-def _config(release: str, eagle: bool = False, budget: int | None = None, checkpoints: int = 0) -> KVCacheConfig:
+def _config(
+    release: str, eagle: bool = False, budget: int | None = None, checkpoints: int = 0, alignment: int | None = None
+) -> KVCacheConfig:
+    mamba = Mamba(BS, "align", num_prefill_checkpoint_blocks=checkpoints, prefill_checkpoint_alignment=alignment)
     return KVCacheConfig(
         num_blocks=64,
-        groups=(FullAttention(BS), Mamba(BS, "align", num_prefill_checkpoint_blocks=checkpoints)),
+        groups=(FullAttention(BS), mamba),
         max_model_len=64,
         max_num_batched_tokens=budget,
         use_eagle=eagle,
@@ -209,6 +211,38 @@ def test_vllm_0_29_0_prefill_checkpoints(start: int, n: int, eagle: bool, expect
     assert schedule_chunk(_config("0.29.0", eagle, checkpoints=1), 22, start, n) == expected
 
 
+@pytest.mark.parametrize(
+    ("release", "start", "n", "eagle", "alignment", "expected"),
+    [
+        # the final chunk exports the prompt's checkpoint at 8 (the last hash boundary below 10):
+        # no stop at the last cache position 8
+        ("0.30.0", 0, 10, False, 1, 10),
+        ("0.30.0", 4, 6, False, 1, 6),
+        ("0.34.0", 0, 10, False, 1, 10),
+        # an alignment the offset 8 is no multiple of, or none: the usual stop at 8
+        ("0.30.0", 0, 10, False, 3, 8),
+        ("0.30.0", 0, 10, False, None, 8),
+        # a chunk short of the prefill end has no checkpoint: floored to a block boundary
+        ("0.30.0", 0, 7, False, 1, 4),
+        # a start inside a block cannot export it: the chunk stops at the block's end
+        ("0.30.0", 2, 8, False, 1, 2),
+        # EAGLE: the checkpoint is one hash block lower (4), still inside the chunk
+        ("0.30.0", 0, 10, True, 1, 10),
+        # ... which alignment 3 cannot export: the usual stop at the last cache position, one block
+        # lower under EAGLE (4)
+        ("0.30.0", 0, 10, True, 3, 4),
+    ],
+)
+def test_positional_prefill_checkpoints(
+    release: str, start: int, n: int, eagle: bool, alignment: int | None, expected: int
+) -> None:
+    """vLLM 0.30.0 on, a prompt of 10 tokens with a prefill checkpoint block: only a chunk that
+    reaches the prefill end and can export the prompt's checkpoint runs past the last cache position;
+    EAGLE no longer turns checkpoints off."""
+    cfg = _config(release, eagle, checkpoints=1, alignment=alignment)
+    assert schedule_chunk(cfg, 10, start, n) == expected
+
+
 # -- vLLM 0.34.0 (scheduler.py lines 563-679) -----------------------------------
 
 
@@ -286,9 +320,16 @@ def test_matches_the_installed_vllm() -> None:
     if split is None:
         pytest.skip("this vLLM has no _mamba_block_aligned_split")
     checked = 0
-    modelled = PROFILES[f"vllm-{VLLM}"].prefill_checkpoints in DRAWN_CHECKPOINT_FORMS
-    for eagle, budget, checkpoints in itertools.product((False, True), (64, 2), (0, 1) if modelled else (0,)):
-        cfg = _config(str(VLLM), eagle, budget, checkpoints)
+    form = PROFILES[f"vllm-{VLLM}"].prefill_checkpoints
+    modelled = form in PREFILL_CHECKPOINTS_MODELLED
+    alignments: tuple[int | None, ...] = (None, 1, 2, 3) if modelled and form != "block-aligned" else (None,)
+    grid = itertools.product((False, True), (64, 2), (0, 1) if modelled else (0,), alignments)
+    for eagle, budget, checkpoints, alignment in grid:
+        if alignment is not None and not checkpoints:
+            continue
+        cfg = _config(str(VLLM), eagle, budget, checkpoints, alignment)
+        # as the release computes it: 0.29.0 leaves EAGLE out
+        has_checkpoints = checkpoints > 0 and not (eagle and form == "block-aligned")
         fake = SimpleNamespace(  # every attribute the releases' function reads, at kvref's settings
             cache_config=SimpleNamespace(block_size=BS),
             block_size=BS,
@@ -299,8 +340,8 @@ def test_matches_the_installed_vllm() -> None:
             max_num_scheduled_tokens=budget,
             scheduler_config=SimpleNamespace(long_prefill_token_threshold=0),
             mamba_partial_cache_hit=False,
-            mamba_has_prefill_checkpoint_blocks=checkpoints > 0 and not eagle,  # as the release computes it
-            mamba_prefill_checkpoint_alignment=None,
+            mamba_has_prefill_checkpoint_blocks=has_checkpoints,
+            mamba_prefill_checkpoint_alignment=alignment,
             mamba_fine_grained_prefix_cache=False,
             mamba_shared_prefix_checkpoint=False,
         )
@@ -317,7 +358,7 @@ def test_matches_the_installed_vllm() -> None:
                         )
                         theirs.append(split(fake, req, n))
                     for n in range(1, total - start + 1):
-                        where = (eagle, budget, checkpoints, total, prompt, start, n)
+                        where = (eagle, budget, checkpoints, alignment, total, prompt, start, n)
                         assert align_split(cfg, total, start, n, num_prompt_tokens=prompt) == theirs[n - 1], where
                         smallest = next(t for t in theirs[n - 1 :] if t)
                         assert schedule_chunk(cfg, total, start, n, num_prompt_tokens=prompt) == smallest, where

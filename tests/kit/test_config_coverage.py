@@ -56,7 +56,7 @@ def _draw_baseline(drawn: tuple[str, KVCacheConfig | str]) -> None:
 @settings(max_examples=500, database=None, phases=[Phase.generate], suppress_health_check=list(HealthCheck))
 @given(configs(SHAPES, PROFILES["vllm-0.29.0"]))
 def _draw_checkpoints(drawn: tuple[str, KVCacheConfig | str]) -> None:
-    """vLLM 0.29.0: the one release whose Mamba prefill checkpoints are drawn."""
+    """vLLM 0.29.0: its block-aligned prefill checkpoints (the newest profile draws the positional form)."""
     if not isinstance(drawn[1], str):
         TAKEN.update(properties_of(drawn[1]))
 

@@ -15,7 +15,14 @@ import pytest
 
 from kvref.adapters import load_factory
 from kvref.content import UNWRITTEN
-from kvref.content_states import checkpoint_write, stale_index, state_hit_index, state_read_index, state_writes
+from kvref.content_states import (
+    checkpoint_write,
+    positional_checkpoint_write,
+    stale_index,
+    state_hit_index,
+    state_read_index,
+    state_writes,
+)
 from kvref.lockstep import Lockstep, LockstepFailure, RunStats
 from kvref.safety import SafetyMonitor, safety_monitor
 from kvspec.config import FullAttention, KVCacheConfig, Mamba, MambaMode
@@ -185,4 +192,61 @@ def test_a_checkpoint_the_step_did_not_write_is_caught(tmp_path: Path) -> None:
     monitor.contents.write(found[0], 1, 0, UNWRITTEN)
     lock.request_op({"op": "add_request", "rid": "b", "prompt": [*range(10), 7, 7]})
     with pytest.raises(LockstepFailure, match=r"request b hit block \d+ \(group 1\) for the state at 8 tokens"):
+        lock.call({"op": "get_computed_blocks", "rid": "b"})
+
+
+def _positional(release: str, alignment: int | None = 1) -> KVCacheConfig:
+    mamba = Mamba(4, "align", num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=alignment)
+    return KVCacheConfig(num_blocks=24, groups=(FullAttention(4), mamba), max_model_len=32,
+                         profile=profile_named(f"vllm-{release}"))  # fmt: skip
+
+
+@pytest.mark.parametrize("release", ["0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0"])
+def test_a_positional_checkpoint_writes_the_state_at_its_position(release: str) -> None:
+    """From vLLM 0.30.0 on the worker writes the state at the last hash boundary below a step's end
+    into the slot before the running state, when the step can export it: also for an end on a
+    block boundary, and only a multiple of the alignment past the step's start."""
+    cfg = _positional(release)
+    kind = cfg.groups[1]
+    assert isinstance(kind, Mamba)
+    assert positional_checkpoint_write(kind, cfg, 0, 10) == (1, 8)
+    assert positional_checkpoint_write(kind, cfg, 0, 8) == (0, 4)  # on a boundary too (0.29.0: none)
+    assert positional_checkpoint_write(kind, cfg, 4, 7) is None  # the slot is the start's own
+    assert positional_checkpoint_write(kind, cfg, 2, 13) is None  # a start inside a hash block
+    assert positional_checkpoint_write(kind, cfg, 4, 13) == (2, 12)
+    for alignment in (3, None):  # 8 is no multiple of 3; None: no checkpoints
+        other = _positional(release, alignment)
+        group = other.groups[1]
+        assert isinstance(group, Mamba) and positional_checkpoint_write(group, other, 0, 10) is None
+    assert positional_checkpoint_write(Mamba(4, "align"), cfg, 0, 10) is None
+    assert checkpoint_write(kind, cfg.profile.prefill_checkpoints, 0, 10) is None  # 0.29.0's rule is not theirs
+    old = _positional("0.29.0", None)
+    assert positional_checkpoint_write(kind, old, 0, 10) is None
+
+
+@pytest.mark.parametrize("release", ["0.30.0", "0.34.0"])
+def test_a_hit_on_a_positional_checkpoint_serves_its_state(release: str, tmp_path: Path) -> None:
+    """An 8-token prompt in one chunk keeps its checkpoint, the state at 4 tokens in slot 0; a
+    prompt sharing only the first 6 tokens hits it and continues from it, and the oracle compares
+    that state."""
+    lock, monitor = _solo(_positional(release), tmp_path)
+    _admit(lock, "a", list(range(8)))
+    lock.call({"op": "new_step_starts"})
+    assert monitor.counts["checkpoint states written"] == 1
+    before = monitor.counts["states compared"]
+    _admit(lock, "b", [*range(6), 9, 9, 9])
+    assert monitor.counts["states compared"] > before and lock.stats.unexplained == 0
+
+
+def test_a_positional_checkpoint_the_step_did_not_write_is_caught(tmp_path: Path) -> None:
+    """Where the oracle's worker did not write the checkpoint, the hit on it fails."""
+    lock, monitor = _solo(_positional("0.34.0"), tmp_path)
+    _admit(lock, "a", list(range(8)))
+    found = [b for b in range(1, 24) if monitor.contents.value(b, 1, 0) == monitor.prefixes.of(
+        lock.book.requests["a"], 4)[-1]]  # fmt: skip
+    assert len(found) == 1
+    monitor.contents.write(found[0], 1, 0, UNWRITTEN)
+    lock.call({"op": "new_step_starts"})
+    lock.request_op({"op": "add_request", "rid": "b", "prompt": [*range(6), 9, 9, 9]})
+    with pytest.raises(LockstepFailure, match=r"request b hit block \d+ \(group 1\) for the state at 4 tokens"):
         lock.call({"op": "get_computed_blocks", "rid": "b"})

@@ -135,6 +135,32 @@ def test_event_log_takes_the_last_matching_event_as_the_announcement() -> None:
     assert log.compare(view_with(((key, (1,)),))) == ""
 
 
+def test_event_log_keeps_an_announcement_before_the_clear_that_follows_it() -> None:
+    """A lookup announces a hit, the prefix cache is reset, and a new request stores the
+    same blocks again from block 0 before the drain: the announcement is the event before
+    the AllBlocksCleared, not the later store, which the index keeps (taking the last
+    matching event regardless of the clear left the index one entry short)."""
+    cfg = KVCacheConfig(
+        num_blocks=6, groups=(FullAttention(2),), max_model_len=16, enable_kv_cache_events=True, profile=VLLM_0_34_0
+    )
+    request = RequestBlockHasher.for_config(cfg).new_request("b", [1, 2, 3], kv_cache_report_mode="full")
+    h = int.from_bytes(request.block_hashes[0][-8:], "big")
+    key = request.block_hashes[0] + (0).to_bytes(4, "big")
+    store = {**stored(h), "parent_block_hash": None}
+    log = EventLog(int_block_hashes=True)
+    assert log.consume([store]) == ""
+    log.expect_announcement(cfg, request, [[1]])
+    log.cleared()
+    assert log.consume([store, {"type": "AllBlocksCleared"}, store]) == ""
+    assert log.compare(view_with(((key, (1,)),))) == ""
+    # a lookup after the reset announces after the clear
+    log.expect_announcement(cfg, request, [[1]])
+    log.cleared()
+    log.expect_announcement(cfg, request, [[1]])
+    assert log.consume([store, {"type": "AllBlocksCleared"}, store, store]) == ""
+    assert log.compare(view_with(((key, (1,)),))) == ""
+
+
 def test_lockstep_counts_event_log_checks(tmp_path: Path) -> None:
     """A take_events step on an events-enabled adapter is one check."""
     stats = RunStats()

@@ -432,6 +432,27 @@ def scenarios(profile: SemanticsProfile = VLLM_0_25_1) -> dict[str, Scenario | s
                 ],
                 7,
             ),
+            _divergence(
+                "checkpoint-past-hashes-crash",
+                "Mamba(2, align) alone with a prefill checkpoint block (alignment 1): a 4-token prompt is "
+                "computed, one output token appended, and a step of 4 tokens scheduled (the token and three "
+                "drafts), which ends at 8. Its checkpoint lies at 6, in slot 2, past the request's 5 tokens "
+                "(2 hashed blocks). vLLM re-keys the checkpoint block at 6 inside allocate_slots and asks "
+                "the pool for the hash of block 3: AssertionError. kvspec allocates the same blocks and "
+                "leaves the checkpoint block unkeyed",
+                lambda: KVCacheConfig(
+                    profile=p, num_blocks=16, max_model_len=32,
+                    groups=(Mamba(2, "align", num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1),),
+                ),
+                [
+                    _add("r", [0, 0, 0, 0]),
+                    _alloc("r", 4),
+                    {"op": "set_request", "rid": "r", "num_computed_tokens": 4, "status": "RUNNING"},
+                    {"op": "append_tokens", "rid": "r", "tokens": [0]},
+                    _alloc("r", 4),
+                ],
+                4,
+            ),
         ]
     )
 

@@ -26,13 +26,14 @@ from kvspec.config import RING_KINDS, AttentionKind, KVCacheConfig, Mamba, sched
 from kvspec.errors import ConfigError
 from kvspec.hashing import HASH_FUNCTION_NAMES
 from kvspec.partial_tail import registers_partial_tail
+from kvspec.prefill_checkpoints import POSITIONAL_FORMS
 from kvspec.profiles import NEWEST, SemanticsProfile
 from kvspec.retention import retention_applies
 
 VOCAB = 4
 """Tokens are drawn from a tiny vocabulary so equal blocks recur by chance too."""
 
-DRAWN_CHECKPOINT_FORMS = frozenset({"block-aligned"})
+DRAWN_CHECKPOINT_FORMS = frozenset({"block-aligned", "chunk-position", "prompt-end", "reachable", "hash-lookahead"})
 """The forms of Mamba prefill checkpoints (the profile switch ``prefill_checkpoints``)
 the kit draws: those its scheduler model, its content oracle and kvimpl follow,
 which may lag behind kvspec's (:data:`kvspec.profiles.PREFILL_CHECKPOINTS_MODELLED`)."""
@@ -146,15 +147,20 @@ def configs(
         retention = draw(st.sampled_from([None, None, 0, 1, 2, 4]))
         retention = None if retention is None else retention * step
         fields["prefix_cache_retention_interval"] = None if "retention" in excluded else retention
-    # Mamba prefill checkpoints (vLLM 0.29.0's block-aligned form) in runs with a Mamba align group:
-    # a count of 0, 1 or 2 (2 acts as 1), and with two such groups the second one's 0 in half of the
-    # runs (the scheduler then splits as without checkpoints); drawn last, and only there.
+    # Mamba prefill checkpoints (vLLM 0.29.0 on) in runs with a Mamba align group: a count of 0, 1
+    # or 2 (2 acts as 1), and with two such groups the second one's 0 in half of the runs (the
+    # scheduler then splits as without checkpoints); from 0.30.0 on with checkpoints an alignment
+    # too (None turns them off; 1 as Mamba2's kernels, 2 and 16 a coarser kernel chunk); drawn
+    # last, and only there.
     align = [g for g, k in enumerate(groups) if isinstance(k, Mamba) and k.mode == "align"]
     if align and profile.prefill_checkpoints in DRAWN_CHECKPOINT_FORMS:
         count = draw(st.sampled_from([0, 1, 1, 2]))
         lone = len(align) > 1 and draw(st.booleans())
+        alignment = None
+        if count and profile.prefill_checkpoints in POSITIONAL_FORMS:
+            alignment = draw(st.sampled_from([None, 1, 1, 1, 2, 16]))
         if count and "prefill_checkpoints" not in excluded:
-            fields["groups"] = checkpointed(groups, align[:1] if lone else align, count)
+            fields["groups"] = checkpointed(groups, align[:1] if lone else align, count, alignment)
     for feature, key, off in _SWITCHES:
         if feature in excluded:
             fields[key] = off
@@ -179,10 +185,15 @@ def retention_drawable(groups: Sequence[AttentionKind], profile: SemanticsProfil
     return plain and any(retention_applies(g, profile) for g in groups)
 
 
-def checkpointed(groups: Sequence[AttentionKind], gids: Sequence[int], count: int) -> tuple[AttentionKind, ...]:
-    """``groups`` with ``num_prefill_checkpoint_blocks = count`` in the Mamba groups ``gids``."""
+def checkpointed(
+    groups: Sequence[AttentionKind], gids: Sequence[int], count: int, alignment: int | None = None
+) -> tuple[AttentionKind, ...]:
+    """``groups`` with ``num_prefill_checkpoint_blocks = count`` and
+    ``prefill_checkpoint_alignment = alignment`` in the Mamba groups ``gids``."""
     return tuple(
-        replace(k, num_prefill_checkpoint_blocks=count) if g in gids and isinstance(k, Mamba) else k
+        replace(k, num_prefill_checkpoint_blocks=count, prefill_checkpoint_alignment=alignment)
+        if g in gids and isinstance(k, Mamba)
+        else k
         for g, k in enumerate(groups)
     )
 

@@ -52,12 +52,12 @@ the scheduler block, one in a model without a group it acts on, one under a rele
 (vLLM 0.22.1). In runs that draw a retention interval half the broken-config actions try all of them."""
 CHECKPOINT_BAD_CONFIGS = (
     "checkpoint_negative", "checkpoint_type", "checkpoint_alignment", "checkpoint_alignment_old_release",
-    "checkpoint_old_release", "checkpoint_unmodelled_form",
+    "checkpoint_old_release", "checkpoint_alignment_type",
 )  # fmt: skip
 """Broken Mamba prefill checkpoints: a negative count, a count that is not an int, an alignment
 below 1, an alignment under a release before it (vLLM 0.29.0), a count under a release before it
-(0.28.0), a count under a release whose form kvspec does not model yet (0.30.0). In runs that draw
-checkpoints half the broken-config actions try all of them."""
+(0.28.0), an alignment that is not an int (0.30.0). In runs that draw checkpoints half the
+broken-config actions try all of them."""
 BAD_REQUESTS = (
     "request_id", "empty_prompt", "str_prompt", "negative_token", "lora_id", "lora_path", "append_str",
     "logprobs_flag", "logprob_start", "start_without_logprobs", "report_mode",
@@ -126,9 +126,15 @@ def bad_config(cfg: KVCacheConfig, kind: str) -> dict[str, Any] | None:
         "checkpoint_negative": {"groups": (FullAttention(bs), Mamba(bs, "align", num_prefill_checkpoint_blocks=-1))},
         "checkpoint_type": {"groups": (Mamba(bs, "align", num_prefill_checkpoint_blocks="1"),)},  # type: ignore[arg-type]  # the broken argument
         "checkpoint_alignment": {"groups": (Mamba(bs, "align", prefill_checkpoint_alignment=0),)},
-        "checkpoint_alignment_old_release": {"groups": (Mamba(bs, "align", prefill_checkpoint_alignment=bs),)},
+        "checkpoint_alignment_old_release": {
+            "profile": profile_named("vllm-0.29.0"),
+            "groups": (Mamba(bs, "align", prefill_checkpoint_alignment=bs),),
+        },
         "checkpoint_old_release": {"profile": profile_named("vllm-0.28.0"), "groups": (checkpointed,)},
-        "checkpoint_unmodelled_form": {"profile": profile_named("vllm-0.30.0"), "groups": (checkpointed,)},
+        "checkpoint_alignment_type": {
+            "profile": profile_named("vllm-0.30.0"),
+            "groups": (Mamba(bs, "align", num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=2.0),),  # type: ignore[arg-type]  # the broken argument
+        },
     }
     return table[kind]
 

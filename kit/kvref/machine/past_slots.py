@@ -17,6 +17,7 @@ from kvref.machine.configuration import draw_tokens
 from kvref.machine.scripted import ScriptedMoves
 from kvspec.config import AttentionKind, Mamba, cacheable_blocks
 from kvspec.partial_tail import fa_tail_boundary
+from kvspec.prefill_checkpoints import positional_checkpoints
 
 ACTIONS: tuple[Action, ...] = (("cache_past_slots", lambda m: bool(m.running) and m.cfg.enable_caching),)
 """The family's actions and when each is ready (their place in the step table: :data:`kvref.stateful.ORDER`)."""
@@ -45,7 +46,12 @@ class PastSlotRules(ScriptedMoves):
         if self.past_tail_groups and len(self.reqs) < 9 and integer(data, 0, 3) == 0:
             self._tail_past_table(data)
             return
-        rid = choose(data, tuple(self.running))
+        running = tuple(self.running)
+        if any(positional_checkpoints(k, self.cfg.profile) for k in self.cfg.groups if isinstance(k, Mamba)):
+            running = tuple(r for r in running if not self._allocation_failed(r))
+            if not running:
+                return
+        rid = choose(data, running)
         low, high = self._cache_bounds(rid)
         if low is None:
             return
@@ -57,6 +63,27 @@ class PastSlotRules(ScriptedMoves):
             return
         n = high if boolean(data) else integer(data, low + 1, high)
         self._call({"op": "cache_blocks", "rid": rid, "num_computed_tokens": n})
+
+    def _allocation_failed(self, rid: str) -> bool:
+        """Whether ``rid``'s latest ``allocate_slots`` did not fit.
+
+        NOTE: with positional prefill checkpoints (vLLM 0.30.0 on) vLLM's Mamba
+        manager keeps the checkpoint its latest estimate decided on until the
+        next estimate, also when that allocation then did not fit, and
+        ``cache_blocks`` re-keys its slot, which the table may not reach:
+        vLLM fails an assertion. Its scheduler never caches for a request
+        whose allocation failed, so this family leaves such requests out
+        in runs with those checkpoints."""
+        assert self.lock is not None
+        for op in reversed(self.lock.log):
+            if op["op"] == "allocate_slots" and op.get("rid") == rid:
+                return op.get("expect") is None
+            if op["op"] == "allocate_slots_batch":
+                rids = [item["rid"] for item in op.get("items", ())]
+                outs = op.get("expect")
+                if rid in rids:
+                    return not isinstance(outs, list) or outs[rids.index(rid)] is None
+        return False
 
     def _cache_bounds(self, rid: str) -> tuple[int | None, int]:
         """For running ``rid``: the fewest slots any caching group's table

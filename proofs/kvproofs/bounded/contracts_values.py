@@ -284,6 +284,16 @@ def _num_checkpoint_blocks() -> Iterator[Case]:
 
 
 @contract(
+    "kvspec.prefill_checkpoints.positional_checkpoints",
+    "Mamba(4) modes none/all/align x 0-2 checkpoint blocks x every profile",
+)
+def _positional_checkpoints() -> Iterator[Case]:
+    modes: tuple[MambaMode, ...] = ("none", "all", "align")
+    for mode, ncp, profile in product(modes, range(3), PROFILE_LIST):
+        yield Mamba(4, mode, 0, ncp), profile
+
+
+@contract(
     "kvspec.prefill_checkpoints.checkpoint_granularity",
     "every profile x hash block 1/2/4 x hit alignment 1/2/4/8",
 )

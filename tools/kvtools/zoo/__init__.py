@@ -69,6 +69,8 @@ from kvtools.zoo.production import (
 from kvtools.zoo.safety import (
     cache_before_load,
     cache_beyond_computed,
+    checkpoint_eagle_shift_without_eagle,
+    checkpoint_ignores_alignment,
     checkpoint_on_block_end,
     chunked_frees_current_chunk,
     cross_blocks_rounded_down,
@@ -120,6 +122,8 @@ ORDER: tuple[Factory, ...] = (
     cross_frees_encoder_blocks,
     cross_blocks_rounded_down,
     checkpoint_on_block_end,
+    checkpoint_ignores_alignment,
+    checkpoint_eagle_shift_without_eagle,
 )
 """The order of the report's rows: the order in which the entries joined the zoo."""
 

@@ -12,6 +12,7 @@ the class it belongs to.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from kvimpl.block_pool import NULL_BLOCK
@@ -308,4 +309,46 @@ def checkpoint_on_block_end(config: KVCacheConfig) -> ImplAdapter:
                 return out
 
             patch(mgr, "get_num_blocks_to_allocate", estimate)
+    return m
+
+
+def _positional_managers(m: ImplAdapter) -> list[MambaManager]:
+    """The mutant's Mamba managers with positional prefill checkpoints (vLLM 0.30.0 on)."""
+    return [mgr for mgr in m.coordinator.managers if isinstance(mgr, MambaManager) and mgr.positional]
+
+
+@entry(
+    "vLLM 0.30.0 prefill checkpoints (class: the manager and the worker judge a checkpoint by different rules)",
+    "a Mamba align group's manager keeps and keys prefill checkpoints as if the kernel could export a state "
+    "at any offset (the group's prefill_checkpoint_alignment read as 1); the worker writes a checkpoint only "
+    "a multiple of the alignment past the chunk's start, so some kept blocks never get their state",
+    "safety (content): a hit serves a checkpoint block that holds no state, or another one (vLLM 0.34.0 "
+    "configurations with an alignment other than 1)",
+    level=SAFETY,
+    semantics="vllm-0.34.0",
+)
+def checkpoint_ignores_alignment(config: KVCacheConfig) -> ImplAdapter:
+    """The manager's checkpoint rule reads the alignment as 1."""
+    m = mutant(config, "checkpoint_ignores_alignment")
+    for mgr in _positional_managers(m):
+        patch(mgr, "mamba", replace(mgr.mamba, prefill_checkpoint_alignment=1))
+    return m
+
+
+@entry(
+    "vLLM 0.30.0 prefill checkpoints (class: EAGLE's one-unit step back applied without EAGLE)",
+    "a Mamba align group's manager places prefill checkpoints one hash unit lower, as under EAGLE, in a "
+    "model without it; the worker writes the state at the unshifted position into the same block, which the "
+    "manager keys one unit too low",
+    "safety (content): a hit at the lower position serves a later state (vLLM 0.34.0 configurations with "
+    "prefill checkpoints)",
+    level=SAFETY,
+    semantics="vllm-0.34.0",
+)
+def checkpoint_eagle_shift_without_eagle(config: KVCacheConfig) -> ImplAdapter:
+    """The manager's checkpoint positions step back one unit although the model has no EAGLE."""
+    m = mutant(config, "checkpoint_eagle_shift_without_eagle")
+    for mgr in _positional_managers(m):
+        if not config.use_eagle:
+            patch(mgr, "drop_eagle_checkpoint", True)
     return m
