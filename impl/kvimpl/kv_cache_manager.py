@@ -892,7 +892,7 @@ def inv_hash_content(mgr: KVCacheManager) -> bool:
                 if n is None or n <= 0 or n % hbs:
                     return False
                 if anywhere and n != (i + 1) * bs:
-                    if n > len(req.block_hashes) * hbs or key != make_key(req.block_hashes[n // hbs - 1], g):
+                    if n <= len(req.block_hashes) * hbs and key != make_key(req.block_hashes[n // hbs - 1], g):
                         return False
                     continue
                 if not i * bs < n <= (i + 1) * bs:

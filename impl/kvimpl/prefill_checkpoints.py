@@ -288,10 +288,8 @@ def checkpoint_kept(
         return False
     if retention is None:
         return True
-    if retention == 0:
-        return False
     every = retention // block_size
-    return every <= 1 or (position // block_size) % every == 0
+    return retention > 0 and (every <= 1 or (position // block_size) % every == 0)
 
 
 def rekey_checkpoint_block(

@@ -36,7 +36,7 @@ from kvspec.partial_hits import (
     fine_mamba_hit,
     partial_hash_hits_enabled,
 )
-from kvspec.prefill_checkpoints import checkpoint_granularity, checkpoint_prefill_end
+from kvspec.prefill_checkpoints import checkpoint_granularity, checkpoint_prefill_end, positional_checkpoints
 from kvspec.request import Request
 from kvspec.retention import retention_applies
 from kvspec.single_type_kv_cache_manager import (
@@ -144,7 +144,9 @@ class KVCacheCoordinator:
         total = 0
         retention = self.config.prefix_cache_retention_interval
         prefill_end = 0
-        if request is not None:
+        mambas = [m for m in self.managers if isinstance(m, MambaManager)]
+        checkpointed = any(positional_checkpoints(m.mamba, m.profile) for m in mambas)
+        if request is not None and checkpointed:
             prefill_end = checkpoint_prefill_end(
                 self.config.profile, retention, request.num_prompt_tokens, request.num_tokens
             )

@@ -1164,8 +1164,11 @@ def inv_hash_content(mgr: KVCacheManager) -> bool:
     position (:func:`kvspec.prefill_checkpoints.rekey_checkpoint_block`),
     which may lie at or below the block's start (EAGLE's step back, a
     granularity coarser than the block) or past its end (a hash block finer
-    than it): there the count may be any hash boundary of the request's
-    tokens, with the request's key at it."""
+    than it): there the count may be any hash boundary, with the request's
+    key at it where the request has a hash there. (A later step of the
+    request that keyed a checkpoint can key it again further on while
+    another request holds it as its hit, as vLLM 0.34.0 does: past that
+    request's hashes nothing can be compared.)"""
     hbs = mgr.coordinator.hash_block_size
     pool = mgr.block_pool
     for g, m in enumerate(mgr.coordinator.managers):
@@ -1184,7 +1187,7 @@ def inv_hash_content(mgr: KVCacheManager) -> bool:
                 if n is None or n <= 0 or n % hbs:
                     return False
                 if anywhere and n != (i + 1) * bs:
-                    if n > len(req.block_hashes) * hbs or key != make_key(req.block_hashes[n // hbs - 1], g):
+                    if n <= len(req.block_hashes) * hbs and key != make_key(req.block_hashes[n // hbs - 1], g):
                         return False
                     continue
                 if not i * bs < n <= (i + 1) * bs:
