@@ -76,3 +76,19 @@ def test_a_chunk_from_inside_a_block_has_no_checkpoint() -> None:
 def test_fine_hashes_keep_the_block_boundary_and_the_tail() -> None:
     trace = _by_name()["checkpoint-fine-hash"]
     assert [n for _, n, _ in _hits(trace)] == [0, 68, 68]  # the Mamba tail entry at 68 (the checkpoint holds 64)
+
+
+@pytest.mark.parametrize(("release", "hit", "mamba"), [
+    ("vllm-0.30.0", 48, [0, 0, 5]), ("vllm-0.31.0", 48, [0, 0, 5]), ("vllm-0.32.0", 32, [0, 4]),
+])  # fmt: skip
+def test_a_scratch_block_below_the_checkpoint_is_hit(release: str, hit: int, mamba: list[int]) -> None:
+    """0.30.0 and 0.31.0 key the first chunk's scratch block (5) as the state at 48 and
+    serve it to a request sharing 48 tokens; 0.32.0 moves it into the checkpoint slot."""
+    sc = scenarios(release)
+    assert [s.name for s in sc] == ["checkpoint-scratch-block"]
+    trace = sc[0].record()
+    folder = DIRECTED_DIR.parent.parent / release / "directed"
+    assert (folder / "checkpoint-scratch-block.jsonl").read_text() == trace.dumps()
+    first = next(s["expect"][1] for s in trace.steps if s["op"] == "allocate_slots")
+    assert first == [3, 4, 5]  # the checkpoint at 16, the running state, the scratch block
+    assert _hits(trace)[-1] == ("b", hit, mamba)

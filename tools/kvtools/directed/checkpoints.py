@@ -23,9 +23,23 @@ pins down:
   fine-grained hits): the checkpoint is still the block boundary (64), and a
   chunk ending at 68 also keys the Mamba tail entry there.
 
-``python -m kvtools.directed.checkpoints vllm-0.29.0`` records them on kvspec
-into ``traces/vllm-0.29.0/directed/``; real vLLM 0.29.0 replays them (``kvref
-replay traces/vllm-0.29.0/directed/checkpoint-*.jsonl --target vllm``).
+Under vLLM 0.30.0, 0.31.0 and 0.32.0 one script pins down how a checkpoint
+meets a speculative (scratch) block:
+
+* ``checkpoint-scratch-block`` (the Mamba group has one speculative block and
+  the checkpoint alignment 1): chunks of 32 and 38. In 0.30.0 and 0.31.0 the
+  first chunk's scratch block stays at slot 2 while the second chunk's
+  checkpoint takes slot 3, so the full-block caching keys the scratch block
+  as the state at 48, and a request sharing 48 tokens hits them with its
+  Mamba state served from that block, which no step wrote the state at 48
+  into (a scratch block holds the states after draft tokens, and a prefill
+  chunk has none). From 0.32.0 on the scratch block moves into the
+  checkpoint slot and the same request hits 32 tokens.
+
+``python -m kvtools.directed.checkpoints vllm-0.29.0 vllm-0.30.0 vllm-0.31.0
+vllm-0.32.0`` records them on kvspec into ``traces/<release>/directed/``; the
+real releases replay them (``kvref replay traces/vllm-0.29.0/directed/checkpoint-*.jsonl
+--target vllm``, and so on).
 """
 
 from __future__ import annotations
@@ -43,8 +57,14 @@ PROMPT = [(11 * i) % 60 + 100 for i in range(70)]
 
 
 def scenarios(profile_name: str = "vllm-0.29.0") -> list[Scenario]:
-    """The scenarios under ``profile_name`` (vLLM 0.29.0)."""
+    """The scenarios under ``profile_name`` (vLLM 0.29.0; 0.30.0 on: the scratch block's)."""
     profile = profile_named(profile_name)
+    if profile.prefill_checkpoints != "block-aligned":
+        scratch = config(
+            FullAttention(16), Mamba(16, "align", 1, num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1),
+            num_blocks=64, max_model_len=128, enable_kv_cache_events=True, profile=profile,
+        )  # fmt: skip
+        return [Scenario("checkpoint-scratch-block", "a scratch block below the checkpoint", scratch, _scratch)]
 
     def model(**kw: Any) -> KVCacheConfig:
         return config(
@@ -80,6 +100,19 @@ def _chunks(sizes: Sequence[int]) -> Any:
         s.call({"op": "get_computed_blocks", "rid": "c"})
 
     return script
+
+
+def _scratch(s: Script) -> None:
+    """``a`` computes the prompt in chunks of 32 and 38 and finishes; ``b`` shares 48 tokens."""
+    s.add("a", PROMPT)
+    s.admit("a", new=32)
+    s.new_step()
+    s.step("a", 38)
+    s.call({"op": "take_events"})
+    s.free("a")
+    s.new_step()
+    s.add("b", [*PROMPT[:48], *range(1, 18)])
+    s.call({"op": "get_computed_blocks", "rid": "b"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
