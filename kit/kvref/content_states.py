@@ -6,34 +6,91 @@ which blocks it writes depend on vLLM's ``mamba_cache_mode``
 (vLLM 0.29.0 on) writes one more state (:func:`checkpoint_write`,
 :func:`positional_checkpoint_write`); a prefix
 hit of ``n`` tokens serves the state at ``n`` from its last block
-(:func:`state_hit_index`). Groups with speculative blocks, and every Mamba
-group of a model that uses EAGLE, stay unchecked (:func:`mamba_checked`).
+(:func:`state_hit_index`). An ``align`` group with speculative blocks
+follows the worker's rules for speculative decoding: a row with draft
+tokens writes the state after each of its tokens into the running block
+and the ones after it (:func:`draft_row_writes`), and the accepted count
+decides where the next step reads and which block-boundary state is copied
+back (:func:`accepted_copy`). ``none`` and ``all`` groups with speculative
+blocks stay unchecked (:func:`mamba_checked`).
 """
 
 from __future__ import annotations
 
+from kvref.scheduler_chunks import checkpoint_unit
 from kvspec.config import AttentionKind, KVCacheConfig, Mamba
-from kvspec.partial_hits import partial_hash_hits_enabled
-from kvspec.prefill_checkpoints import (
-    POSITIONAL_FORMS,
-    checkpoint_granularity,
-    checkpoint_position,
-    checkpoint_valid,
-)
+from kvspec.prefill_checkpoints import POSITIONAL_FORMS, checkpoint_position, checkpoint_valid
 
 
-def mamba_checked(kind: AttentionKind, use_eagle: bool) -> bool:
+def mamba_checked(kind: AttentionKind) -> bool:
     """Whether the content oracle checks the states of a Mamba group of ``kind``.
 
-    NOTE: a group with speculative blocks is left out: vLLM keeps the states
-    after each draft token in the blocks past the running one and picks the
-    one of the last accepted token when the next step starts, a choice the
-    scheduler never sees (the worker keeps the accepted counts). The same
-    holds for every Mamba group of a model that uses EAGLE: the kit may draw
-    draft tokens for it without speculative blocks, which vLLM never builds,
-    so what such a run does to a state is no release's behaviour.
+    An ``align`` group with speculative blocks is checked under the worker's
+    rules for rows with draft tokens (:func:`draft_row_writes`,
+    :func:`accepted_copy`). NOTE: ``none`` and ``all`` groups with
+    speculative blocks are left out: their draft rows follow other rules,
+    not modelled. A row with draft tokens in a group without a speculative
+    block per draft (vLLM gives a Mamba group one per draft token, so no
+    release runs it) leaves its request's states unchecked from then on
+    (:meth:`kvref.safety_steps.StepChecks._run_states`).
+
+    post: __return__ == (isinstance(kind, Mamba) and (kind.num_speculative_blocks == 0 or kind.mode == "align"))
     """
-    return isinstance(kind, Mamba) and kind.num_speculative_blocks == 0 and not use_eagle
+    return isinstance(kind, Mamba) and (kind.num_speculative_blocks == 0 or kind.mode == "align")
+
+
+def draft_row_writes(kind: Mamba, start: int, end: int) -> list[tuple[int, int]]:
+    """``(table index, length)`` pairs a row with draft tokens computing
+    ``[start, end)`` writes in an ``align`` group with speculative blocks:
+    the state after each of its tokens, the first into the running block (the
+    block of the row's last position, ``cdiv(end, block_size) - 1``) and each
+    next one into the block after (the speculative blocks).
+
+    NOTE: vLLM's worker (``preprocess_mamba`` in vllm/v1/worker/mamba_utils.py,
+    0.30.0 to 0.33.0; its fused kernels in 0.34.0) takes the running block at
+    the row's end, drafts included; the decode kernels write the state of
+    token ``i`` of the row into the ``i``-th of the ``1 + num_speculative_blocks``
+    blocks from there. Such a row writes no prefill checkpoint (the checkpoint
+    rows are the rows without drafts).
+
+    pre: 0 <= start < end
+    post: [n for _, n in __return__] == list(range(start + 1, end + 1))
+    post: __return__[0][0] == (end - 1) // kind.block_size
+    """
+    first = (end - 1) // kind.block_size
+    return [(first + i, start + i + 1) for i in range(end - start)]
+
+
+def accepted_copy(kind: Mamba, end: int, num_drafts: int, accepted: int) -> tuple[tuple[int, int] | None, bool]:
+    """What the worker does once a row computing up to ``end`` with
+    ``num_drafts`` draft tokens has ``accepted`` of them accepted, in an
+    ``align`` group: the copy ``(source index, destination index)`` that puts
+    the state at the last block boundary the accepted tokens reach into the
+    block ending there (None: no copy), and whether the next step reads the
+    running block itself (True) or the block of the last accepted token.
+
+    The row's states lie from its running block on (:func:`draft_row_writes`):
+    the state at ``end - num_drafts`` in the running block, one more token per
+    block after it. When the accepted tokens reach a block boundary at or past
+    that first state, the state at the boundary goes into the block ending
+    there; when that block is the running block, the next step reads it there.
+
+    NOTE: vLLM's ``postprocess_mamba`` rule (vllm/v1/worker/mamba_utils.py,
+    the decision its fused kernel takes from 0.30.0 on): only the last
+    boundary reached is saved.
+
+    pre: 0 <= accepted <= num_drafts < end
+    post: __return__[0] is None or __return__[0][1] <= __return__[0][0]
+    """
+    bs = kind.block_size
+    running = end - num_drafts
+    aligned = (running + accepted) // bs * bs
+    first = (end - 1) // bs
+    if aligned < running:
+        return None, False
+    bias, dest = aligned - running, aligned // bs - 1
+    copy = None if dest == first and bias == 0 else (first + bias, dest)
+    return copy, dest == first
 
 
 def state_read_index(kind: Mamba, computed: int) -> int | None:
@@ -126,8 +183,8 @@ def positional_checkpoint_write(kind: Mamba, config: KVCacheConfig, start: int, 
     vllm/model_executor/layers/mamba/checkpoint.py, 0.31.0 on; the KDA
     metadata builder of vllm/models/kimi_k3 in 0.30.0): the manager's own
     bookkeeping (which slot it keeps, under what key) is what the oracle
-    then checks. It uses the pool's hash block and, from 0.32.0 on, the
-    cache-hit alignment as the unit, as the manager does.
+    then checks. Its unit is the scheduler's and the manager's
+    (:func:`kvref.scheduler_chunks.checkpoint_unit`).
 
     pre: 0 <= start < end
     post: __return__ is None or start < __return__[1] < end
@@ -139,9 +196,8 @@ def positional_checkpoint_write(kind: Mamba, config: KVCacheConfig, start: int, 
     if kind.mode != "align" or kind.num_prefill_checkpoint_blocks <= 0:
         return None
     hbs = config.resolved_hash_block_size()
-    hit = hbs if partial_hash_hits_enabled(config) else config.scheduler_block_size
-    unit = checkpoint_granularity(profile, hbs, hit)
-    position = checkpoint_position(profile, end, unit, config.use_eagle, config.num_hash_lookahead_tokens)
+    unit, ahead = checkpoint_unit(config), config.num_hash_lookahead_tokens
+    position = checkpoint_position(profile, end, unit, config.use_eagle, ahead)
     if not checkpoint_valid(start, end, position, hbs, kind.block_size, kind.prefill_checkpoint_alignment):
         return None
     return -(-end // kind.block_size) - 2, position

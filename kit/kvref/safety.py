@@ -191,6 +191,7 @@ class SafetyMonitor(StepChecks):
             self.counts["blocks zeroed"] += 1
         for source, dest in step.copies:
             self.contents.copy(source, dest)
+        self.rejected = dict(shifts or {})
         for entry in step.entries:
             self._execute(step, entry)
         self.early = {k: v for k, v in self.early.items() if v[1] > step.number}
@@ -202,7 +203,7 @@ class SafetyMonitor(StepChecks):
             for later in (*self.in_flight, self.open):
                 for entry in later.entries:
                     if entry.rid == rid:
-                        entry.start, entry.end = entry.start - n, entry.end - n
+                        entry.start, entry.end, entry.shifted = entry.start - n, entry.end - n, entry.shifted + n
 
     def _check_hit(self, rid: str, blocks: Sequence[Sequence[int]], num_tokens: int, lagging: bool = False) -> None:
         """A lookup's hit serves the request's own KV in every group; with
@@ -231,7 +232,7 @@ class SafetyMonitor(StepChecks):
                 continue
             self._loading(b, f"request {rid}'s hit reads it")
             what = f"request {rid} hit block {b} (group {g}) for the state at {n} tokens"
-            self._compare_state(b, g, want[n - 1], what)
+            self._compare_state(b, g, want[n - 1], what, n)
 
     def _allocated(self, op: Json, out: list[list[int]], view: KVView) -> None:
         rid = op["rid"]
@@ -240,6 +241,11 @@ class SafetyMonitor(StepChecks):
             self.freed.discard(rid)
             self.failed_skips.pop(rid, None)
             self.drafted.discard(rid)
+            for key in [k for k in self.worker_rows if k[0] == rid]:
+                del self.worker_rows[key]  # the worker forgets a preempted request's place
+            for step in self.in_flight:
+                for e in step.entries:
+                    e.superseded = e.superseded or e.rid == rid
         tables = dict(view.tables).get(rid, tuple(() for _ in self.kinds))
         for ids in out:
             for b in ids:

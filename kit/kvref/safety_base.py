@@ -18,7 +18,6 @@ from typing import Any
 from kvref.content import BlockContents, PrefixIds, RequestPrefixes, checked_kind
 from kvref.content_states import checkpoint_write, mamba_checked, positional_checkpoint_write, state_writes
 from kvref.ops import RequestBook
-from kvref.scheduler_chunks import drafts_tokens
 from kvspec.config import CrossAttention, KVCacheConfig, Mamba
 from kvspec.partial_hits import partial_hash_hits_enabled
 
@@ -65,6 +64,11 @@ class StepEntry:
     """Encoder positions the step reads in each cross-attention group."""
     encoder_write: bool = False
     """Whether the step writes them first (the first step after the blocks were handed out)."""
+    shifted: int = 0
+    """Positions the step moved down since it was allocated (drafts of the request's step before it
+    rejected while it was in flight)."""
+    superseded: bool = False
+    """Whether the request was freed and given a new table while the step was in flight."""
 
 
 @dataclass
@@ -155,7 +159,7 @@ class MonitorState:
         self.book = book
         self.kinds = config.manager_groups()
         self.checked = tuple(g for g, k in enumerate(self.kinds) if checked_kind(k))
-        self.mamba = tuple(g for g, k in enumerate(self.kinds) if mamba_checked(k, drafts_tokens(config)))
+        self.mamba = tuple(g for g, k in enumerate(self.kinds) if mamba_checked(k))
         """Mamba groups whose states the content oracle checks."""
         self.cross = tuple(g for g, k in enumerate(self.kinds) if isinstance(k, CrossAttention))
         """Cross-attention groups (their encoder positions are checked)."""
@@ -165,6 +169,23 @@ class MonitorState:
         self.drafted: set[str] = set()
         """Requests a step with draft tokens ran for since their table was new: their Mamba
         states are not checked (:meth:`_run_states`)."""
+        self.worker_rows: dict[tuple[str, int], tuple[int, int]] = {}
+        """The worker's place of each request's state in a Mamba ``align`` group with speculative
+        blocks, as of its latest step: (request, group) -> (the running block's table index, the
+        accepted drafts past it whose state the next step reads). Dropped when the request gets
+        a new table (the worker forgets a finished or preempted request's place)."""
+        self.scratch: dict[int, tuple[int, str, int, int]] = {}
+        """Speculative blocks of Mamba ``align`` steps without draft tokens, which such a step never
+        writes: block -> (group, request, the step's end, the clock then). Read as a state before
+        anything writes it or hands it out anew, it meets
+        :data:`kvref.safety_defects.CHECKPOINT_SCRATCH` (:meth:`_attributed`)."""
+        self.checkpoints: dict[int, tuple[int, str, int, int, int]] = {}
+        """Mamba blocks a prefill checkpoint wrote the state at a position below the block's end into:
+        block -> (group, request, the position, the block's end, the clock then). Served as the state at
+        the block's end before anything writes it or hands it out anew, it meets
+        :data:`kvref.safety_defects.CHECKPOINT_REKEYED` (:meth:`_attributed`)."""
+        self.rejected: dict[str, int] = {}
+        """The draft tokens the step being processed rejected, per request (:meth:`processed`)."""
         self.fine_hits = partial_hash_hits_enabled(config)
         """Hits may end inside a block, served by copy-on-write: any allocation may leave copies."""
         self.zeroing = any(isinstance(k, Mamba) for k in config.groups) if zeroing is None else zeroing
@@ -258,4 +279,4 @@ class MonitorState:
 
     def _untouched(self, b: int, since: int) -> bool:
         """Whether nothing wrote ``b`` (zeroing aside) or handed it out after the clock ``since``."""
-        return self.contents.written_at[b][0] <= since and self.contents.handed.get(b, 0) <= since
+        return self.contents.written_at.get(b, [0])[0] <= since and self.contents.handed.get(b, 0) <= since

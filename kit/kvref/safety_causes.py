@@ -16,6 +16,8 @@ from kvref.content import describe, read_span
 from kvref.content_states import stale_index, state_read_index, state_writes
 from kvref.safety_base import COMPARED, MonitorState, SafetyViolation, StepEntry, Tables, Withdrawal
 from kvref.safety_defects import (
+    CHECKPOINT_REKEYED,
+    CHECKPOINT_SCRATCH,
     EARLY_FREE,
     FAILED_LOAD_WINDOW,
     MAMBA_ALIGN_MIDBLOCK,
@@ -145,12 +147,17 @@ class MonitorCauses(MonitorState):
             "scheduling pass after its allocation had cached the block, so nothing computed it; nothing wrote it since)"
         )
 
-    def _attributed(self, b: int, g: int) -> tuple[str | None, str]:
+    def _attributed(self, b: int, g: int, length: int) -> tuple[str | None, str]:
         """The registered defect a wrong state in the Mamba block ``b`` comes
         from, by its rule, and the words that say why: a failed load was to
         fill it (:attr:`failed_states`), or a chunk that started inside it
-        left it behind (:attr:`behind`), and since then nothing wrote it
-        (zeroing aside) and nothing handed it out anew."""
+        left it behind (:attr:`behind`), or it was a speculative block of a
+        step without draft tokens (:attr:`scratch`), or a prefill checkpoint
+        wrote a state at a position below its end into it and it is served as
+        the state at its end, ``length`` (:attr:`checkpoints`), and since then
+        nothing wrote it (zeroing aside) and nothing handed it out anew. A block
+        a withdrawn step was to write names that defect first
+        (:meth:`_withdrawn_cause`): the step would have written it."""
         if self.contents.owner.get(b) == g:
             failed = self.failed_states.get(b)
             if failed is not None and self._untouched(b, failed[2]):
@@ -166,6 +173,23 @@ class MonitorCauses(MonitorState):
                     f" (request {rid}'s chunk of positions {start}-{end - 1} started inside the block and ran past "
                     f"its end, so the block kept the state at {start} tokens and was cached as the state at its end)"
                 )
+        withdrawn = self._withdrawn_cause(b, g, 0)  # a step that would have written it was taken back out
+        if withdrawn[0] is not None:
+            return withdrawn
+        mark = self.checkpoints.get(b)
+        if mark is not None and mark[0] == g and mark[3] == length and self._untouched(b, mark[4]):
+            _, rid, position, _, _ = mark
+            return CHECKPOINT_REKEYED, (
+                f" (request {rid}'s prefill checkpoint wrote the state at {position} tokens into it, below the "
+                f"block's end; nothing wrote the state at {length} tokens since)"
+            )
+        scratch = self.scratch.get(b)
+        if scratch is not None and scratch[0] == g and self._untouched(b, scratch[3]):
+            _, rid, end, _ = scratch
+            return CHECKPOINT_SCRATCH, (
+                f" (a speculative block of request {rid}'s step up to {end} tokens, which had no draft tokens, so "
+                "nothing wrote a state into it; the manager cached it as the state at its end)"
+            )
         return None, ""
 
     def _stale(self, kind: Mamba, g: int, table: Sequence[int], start: int, end: int, rid: str) -> None:

@@ -22,7 +22,14 @@ from), or a Mamba block that such a load was to fill a state into, read
 it left behind (holding the state at the chunk's start), read before anything
 wrote it again, under a release whose scheduler does not stop such chunks; for
 :data:`WITHDRAWN_STEP`, a slot a step taken back out of its scheduling pass was
-to write, read before anything wrote it or handed its block out anew.
+to write, read before anything wrote it or handed its block out anew; for
+:data:`CHECKPOINT_SCRATCH`, a Mamba block that was a speculative block of a
+step without draft tokens, read as a state before anything wrote it or handed
+it out anew; for :data:`CHECKPOINT_REKEYED`, a Mamba block a prefill
+checkpoint wrote the state at a position below the block's end into, served
+as the state at the block's end before anything wrote it or handed it out
+anew; for :data:`MAMBA_REJECTED_NULL`, a Mamba state written into a null
+entry by a step that rejected drafts moved down (``StepEntry.shifted``).
 :func:`registered` then checks that the entry applies to the run's release;
 the lockstep counts the run as meeting a known defect and stops it
 (``kvref check`` lists it among the known divergences as ``safety defect
@@ -58,6 +65,25 @@ MAMBA_ALIGN_MIDBLOCK = "mamba-align-midblock"
 past its end: the block keeps the state at the chunk's start, and the manager caches it as the state at
 its end, which a later hit is served (:attr:`kvref.safety.SafetyMonitor.behind`). vLLM 0.26.0's scheduler
 stops such a chunk at the block's end. Not reported upstream when found."""
+CHECKPOINT_SCRATCH = "checkpoint-scratch-block"
+"""With Mamba prefill checkpoints and speculative blocks (vLLM 0.30.0 and 0.31.0): a prefill chunk's
+speculative (scratch) block, which a step without draft tokens never writes, stays in the table below
+the next chunk's checkpoint; the full-block caching keys it as the state at its end, which a later hit
+is served (:attr:`kvref.safety.SafetyMonitor.scratch`). vLLM 0.32.0 moves the scratch block into the
+checkpoint slot. Not reported upstream when found."""
+CHECKPOINT_REKEYED = "checkpoint-rekeyed"
+"""With Mamba prefill checkpoints under look-ahead block hashes (vLLM 0.33.0 on): a checkpoint is written
+into the block below the running one at a position below that block's end (the position must leave room
+for the look-ahead tokens); once the request has the look-ahead tokens past the block's end, the caching
+(the asynchronous scheduler's ``cache_blocks`` on the processed tokens) keys the block as the state at its
+end, which a later hit is served (:attr:`kvref.safety.SafetyMonitor.checkpoints`). Not reported upstream
+when found."""
+MAMBA_REJECTED_NULL = "mamba-rejected-draft-null"
+"""Under asynchronous scheduling with speculative decoding, a Mamba ``align`` group: a step allocated
+while the request's previous step with draft tokens was in flight counts those drafts as computed, so the
+allocation drops the block below the new running one; the drafts are rejected, the step runs that many
+positions lower, and its running state falls in the dropped entry, the null block (which every null
+entry shares). Not reported upstream when found."""
 WITHDRAWN_STEP = "withdrawn-step-cached"
 """vLLM#43569 (an open pull request): ``allocate_slots`` caches the full blocks of the tokens the step is
 to compute before the step runs; under priority scheduling a request scheduled earlier in a pass is taken

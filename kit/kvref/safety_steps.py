@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvref.content import STALE, read_span
-from kvref.content_states import state_read_index, state_writes
-from kvref.safety_base import Step, StepEntry
+from kvref.content_states import accepted_copy, draft_row_writes, state_read_index, state_writes
+from kvref.safety_base import SafetyViolation, Step, StepEntry
+from kvref.safety_defects import MAMBA_REJECTED_NULL
 from kvref.safety_loads import LoadChecks
 from kvspec.request import Request
 
@@ -33,7 +34,12 @@ class StepChecks(LoadChecks):
             i = state_read_index(kind, entry.start)
             if i is not None and i < len(table) and table[i]:
                 step.uses.setdefault(table[i], f"request {entry.rid} reads its state at {entry.start} tokens")
-            for b, n in self._state_blocks(kind, table, entry.start, entry.end, step=True):
+            if kind.num_speculative_blocks and entry.drafts:
+                rows = draft_row_writes(kind, entry.start, entry.end)
+                writes = [(table[i], n) for i, n in rows if i < len(table) and table[i]]
+            else:
+                writes = self._state_blocks(kind, table, entry.start, entry.end, step=True)
+            for b, n in writes:
                 step.uses.setdefault(b, f"request {entry.rid} writes its state at {n} tokens")
         verb = "writes" if entry.encoder_write else "reads"
         for g in self.cross:
@@ -93,11 +99,15 @@ class StepChecks(LoadChecks):
 
     def _run_states(self, step: Step, entry: StepEntry, g: int, want: Sequence[int]) -> None:
         """The device runs ``entry`` in the Mamba group ``g``: it reads the
-        state it starts from (checked), then writes the states of its mode."""
+        state it starts from (checked), then writes the states of its mode (a
+        row with draft tokens in a group with speculative blocks: the state
+        after each token, then the copy its accepted count decides)."""
         kind, table = self._mamba(g), entry.tables[g]
         where = f"step {step.number}: request {entry.rid}"
-        if entry.drafts or entry.rid in self.drafted:
-            # drafts without speculative blocks (the kit draws them, vLLM never runs them on a Mamba
+        spec = kind.num_speculative_blocks > 0
+        unmodelled = not spec or len(entry.drafts) > kind.num_speculative_blocks
+        if (entry.drafts or entry.rid in self.drafted) and unmodelled:
+            # drafts without a speculative block each (the kit draws them, vLLM never runs them on a Mamba
             # group): a rejected draft leaves a state past the accepted tokens; nothing is checked
             self.drafted.add(entry.rid)
             self.counts["states not checked"] += 1
@@ -105,27 +115,71 @@ class StepChecks(LoadChecks):
                 self.contents.write(b, g, 0, STALE)
             return
         i = state_read_index(kind, entry.start)
+        row = self.worker_rows.get((entry.rid, g)) if spec and not entry.superseded else None
+        if i is not None and row is not None:
+            i = row[0] + row[1]  # the worker's running block, and the accepted tokens' offset past it
         if i is not None:
             # a recomputation after a failed load may start from an entry its admission skipped (_entry names it)
             reads = f"{where} reads the state at {entry.start} tokens (group {g})"
             b = self._entry(table, i, reads, (entry.rid, g), entry)
             self._loading(b, f"{where} reads its state at {entry.start} tokens in it")
             what = f"{where} reads block {b} (group {g}) for the state at {entry.start} tokens"
-            self._compare_state(b, g, want[entry.start - 1], what)
-        checkpoint = self._checkpoint(kind, entry.start, entry.end)
-        optional = [checkpoint] if checkpoint and checkpoint[0] < len(table) and table[checkpoint[0]] else []
-        self.counts["checkpoint states written"] += len(optional)
-        for i, n in [*optional, *state_writes(kind, entry.start, entry.end)]:
+            self._compare_state(b, g, want[entry.start - 1], what, entry.start)
+        optional: list[tuple[int, int]] = []
+        if spec and entry.drafts:
+            writes = draft_row_writes(kind, entry.start, entry.end)
+        else:
+            first = (entry.end - 1) // kind.block_size
+            for b in table[first + 1 : first + 1 + kind.num_speculative_blocks] if kind.mode == "align" else ():
+                if b:
+                    self.scratch[b] = (g, entry.rid, entry.end, self.contents.writes)
+            checkpoint = self._checkpoint(kind, entry.start, entry.end)
+            optional = [checkpoint] if checkpoint and checkpoint[0] < len(table) and table[checkpoint[0]] else []
+            self.counts["checkpoint states written"] += len(optional)
+            writes = [*optional, *state_writes(kind, entry.start, entry.end)]
+        for i, n in writes:
+            if spec and entry.shifted and i < len(table) and not table[i]:
+                raise SafetyViolation(
+                    "content",
+                    f"{where} writes the state at {n} tokens (group {g}): the table holds the null block there "
+                    f"(the step was allocated {entry.shifted} positions further on, while drafts of the request's "
+                    "step before it were in flight and counted computed; they were rejected)",
+                    defect=MAMBA_REJECTED_NULL,
+                )
             b = self._entry(table, i, f"{where} writes the state at {n} tokens (group {g})", (entry.rid, g), entry)
             self._loading(b, f"{where} writes its state at {n} tokens into it")
             self.contents.write(b, g, 0, want[n - 1])
             self.writers.setdefault(want[n - 1], f"request {entry.rid} at position {n - 1}")
+        for i, n in optional:
+            if n != (i + 1) * kind.block_size:  # a checkpoint below its block's end, as written just now
+                self.checkpoints[table[i]] = (g, entry.rid, n, (i + 1) * kind.block_size, self.contents.writes)
         self._stale(kind, g, table, entry.start, entry.end, entry.rid)
+        if spec:
+            self._accepted(entry, g, table, where)
 
-    def _compare_state(self, b: int, g: int, want: int, what: str) -> None:
-        """Compare the state ``b`` holds; a block left behind a boundary is not checked."""
+    def _accepted(self, entry: StepEntry, g: int, table: Sequence[int], where: str) -> None:
+        """The worker's step end in an ``align`` group with speculative blocks:
+        the state at the last block boundary the accepted tokens reach is copied
+        into the block ending there, and the next step of the request reads from
+        the running block on (:func:`kvref.content_states.accepted_copy`)."""
+        kind, drafts = self._mamba(g), len(entry.drafts)
+        accepted = drafts - self.rejected.get(entry.rid, 0)
+        copy, reset = accepted_copy(kind, entry.end, drafts, accepted)
+        if copy is not None and copy[1] < len(table) and table[copy[1]]:
+            # (a copy into the null block, where the manager kept no block for that boundary, is dropped)
+            what = f"{where}: the worker copies the state at a block boundary (group {g})"
+            source = self._entry(table, copy[0], f"{what} from entry {copy[0]}", (entry.rid, g), entry)
+            self._loading(table[copy[1]], f"{what} into it")
+            self.contents.write(table[copy[1]], g, 0, self.contents.value(source, g, 0))
+            self.counts["accepted states copied"] += 1
+        if not entry.superseded:
+            self.worker_rows[entry.rid, g] = ((entry.end - 1) // kind.block_size, 0 if reset else accepted)
+
+    def _compare_state(self, b: int, g: int, want: int, what: str, length: int) -> None:
+        """Compare the state ``b`` holds with ``want``, the state at ``length``
+        tokens; a block left behind a boundary is not checked."""
         if self.contents.value(b, g, 0) == STALE:
             self.counts["states not checked"] += 1
             return
-        defect, detail = self._attributed(b, g)
+        defect, detail = self._attributed(b, g, length)
         self._compare(b, g, 0, want, what, of="state", defect=defect, detail=detail)

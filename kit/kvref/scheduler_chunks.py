@@ -49,7 +49,7 @@ from kvref.divergences import release_key
 from kvspec.config import KVCacheConfig, Mamba
 from kvspec.mamba_tail import mamba_tail_boundary
 from kvspec.partial_hits import partial_hash_hits_enabled
-from kvspec.prefill_checkpoints import POSITIONAL_FORMS, checkpoint_position, checkpoint_valid
+from kvspec.prefill_checkpoints import POSITIONAL_FORMS, checkpoint_granularity, checkpoint_position, checkpoint_valid
 
 AlignRule = Literal["whole-blocks", "block-end-if-cacheable", "block-end"]
 
@@ -155,12 +155,23 @@ def internal_checkpoint(config: KVCacheConfig, start: int, end: int = 0, prefill
         return not config.use_eagle and start % bs == 0
     if form not in POSITIONAL_FORMS or end < prefill_end:
         return False
-    hbs = config.resolved_hash_block_size()
-    fine = hbs < config.scheduler_block_size and partial_hash_hits_enabled(config)
-    unit = config.scheduler_block_size if form in ("reachable", "hash-lookahead") and not fine else hbs
     ahead = config.num_hash_lookahead_tokens
-    position = checkpoint_position(config.profile, prefill_end, unit, config.use_eagle, ahead)
+    position = checkpoint_position(config.profile, prefill_end, checkpoint_unit(config), config.use_eagle, ahead)
+    hbs = config.resolved_hash_block_size()
     return checkpoint_valid(start, end, position, hbs, bs, mambas[0].prefill_checkpoint_alignment)
+
+
+def checkpoint_unit(config: KVCacheConfig) -> int:
+    """The unit the checkpoint positions of ``config`` are multiples of, as
+    its scheduler, manager and worker take it: the pool's hash block, from
+    vLLM 0.32.0 on the cache-hit alignment (the hash block with fine-grained
+    hits, else the scheduler block; kvspec's ``checkpoint_granularity``).
+
+    post: __return__ >= 1
+    """
+    hbs = config.resolved_hash_block_size()
+    hit = hbs if partial_hash_hits_enabled(config) else config.scheduler_block_size
+    return checkpoint_granularity(config.profile, hbs, hit)
 
 
 def mamba_tail_stop(config: KVCacheConfig, num_prompt_tokens: int, num_tokens: int, start: int) -> int:

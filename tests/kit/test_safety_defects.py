@@ -18,17 +18,21 @@ from kvref.adapters.vllm import installed_vllm_version
 from kvref.divergences import release_key
 from kvref.safety import safety_replay
 from kvref.safety_defects import (
+    CHECKPOINT_REKEYED,
+    CHECKPOINT_SCRATCH,
     EARLY_FREE,
     FAILED_LOAD_WINDOW,
     LOAD_ZEROING,
     MAMBA_ALIGN_MIDBLOCK,
     MAMBA_FAILED_LOAD,
+    MAMBA_REJECTED_NULL,
     WITHDRAWN_STEP,
     load_defects,
     registered,
 )
 from kvref.traces import Trace, load
 from kvspec.config import Mamba, MambaMode
+from kvspec.errors import ConfigError
 from kvspec.profiles import profile_named
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,7 +54,8 @@ def _trace(defect: str, release: str | None = None) -> Trace:
 
 def test_the_registry_lists_the_defects_the_monitor_names() -> None:
     assert set(DEFECTS) == {
-        EARLY_FREE, LOAD_ZEROING, FAILED_LOAD_WINDOW, MAMBA_FAILED_LOAD, MAMBA_ALIGN_MIDBLOCK, WITHDRAWN_STEP
+        EARLY_FREE, LOAD_ZEROING, FAILED_LOAD_WINDOW, MAMBA_FAILED_LOAD, MAMBA_ALIGN_MIDBLOCK, WITHDRAWN_STEP,
+        CHECKPOINT_SCRATCH, CHECKPOINT_REKEYED, MAMBA_REJECTED_NULL,
     }
     for defect in DEFECTS.values():
         trace = load(ROOT / defect.trace)
@@ -75,8 +80,16 @@ def test_the_minimal_trace_shows_its_defect(defect: str, engine: str, monkeypatc
     assert registered(violation.defect, violation.oracle, trace.config.profile.release) is DEFECTS[defect]
 
 
-@pytest.mark.parametrize("defect", FIXED)
-@pytest.mark.parametrize("release", ["0.26.0", "0.29.0", "0.33.0"])
+AFTER_FIXES = [
+    (defect, release)
+    for defect in FIXED
+    for release in ("0.26.0", "0.29.0", "0.32.0", "0.33.0")
+    if release_key(release) >= release_key(str(DEFECTS[defect].fixed))
+]
+"""Each fixed defect with releases from its fix on."""
+
+
+@pytest.mark.parametrize(("defect", "release"), AFTER_FIXES)
 def test_the_same_history_is_safe_after_the_fix(defect: str, release: str) -> None:
     """The trace's operations under a fixed release's profile: no violation."""
     trace = _trace(defect, release)
@@ -90,7 +103,11 @@ def test_real_vllm_shows_the_defect_where_it_has_it(defect: str) -> None:
     """The installed vLLM replays the trace (under its own release's profile):
     the violation where the entry applies, none where it is fixed."""
     assert VLLM is not None
-    trace = _trace(defect, VLLM)
+    try:
+        trace = _trace(defect, VLLM)
+    except ConfigError as exc:  # a model of a later release (prefill checkpoints, look-ahead hashes)
+        assert not DEFECTS[defect].applies_to(VLLM)
+        pytest.skip(f"vLLM {VLLM} refuses the trace's model: {exc}")
     found = safety_replay(trace, load_factory("vllm")(trace.config))
     if DEFECTS[defect].applies_to(VLLM):
         assert found is not None and found[1].defect == defect

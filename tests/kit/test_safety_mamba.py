@@ -16,7 +16,10 @@ import pytest
 from kvref.adapters import load_factory
 from kvref.content import UNWRITTEN
 from kvref.content_states import (
+    accepted_copy,
     checkpoint_write,
+    draft_row_writes,
+    mamba_checked,
     positional_checkpoint_write,
     stale_index,
     state_hit_index,
@@ -24,7 +27,8 @@ from kvref.content_states import (
     state_writes,
 )
 from kvref.lockstep import Lockstep, LockstepFailure, RunStats
-from kvref.safety import SafetyMonitor, safety_monitor
+from kvref.safety import SafetyMonitor, safety_monitor, safety_replay
+from kvref.traces import load
 from kvspec.config import FullAttention, KVCacheConfig, Mamba, MambaMode
 from kvspec.profiles import VLLM_0_25_1, profile_named
 
@@ -250,3 +254,114 @@ def test_a_positional_checkpoint_the_step_did_not_write_is_caught(tmp_path: Path
     lock.request_op({"op": "add_request", "rid": "b", "prompt": [*range(6), 9, 9, 9]})
     with pytest.raises(LockstepFailure, match=r"request b hit block \d+ \(group 1\) for the state at 4 tokens"):
         lock.call({"op": "get_computed_blocks", "rid": "b"})
+
+
+def test_which_mamba_groups_are_checked() -> None:
+    """Every Mamba group without speculative blocks; with them, ``align`` groups only."""
+    assert mamba_checked(Mamba(4, "none")) and mamba_checked(Mamba(4, "all")) and mamba_checked(Mamba(4, "align", 2))
+    assert not mamba_checked(Mamba(4, "none", 1)) and not mamba_checked(Mamba(4, "all", 2))
+    assert not mamba_checked(FullAttention(4))
+
+
+def test_a_draft_row_writes_a_state_per_token_and_the_accepted_boundary_is_copied() -> None:
+    """Block size 4, a row computing [6, 9) (its token and two drafts): the states at 7, 8 and 9
+    go into the running block (the block of position 8, entry 2) and the next two. One draft
+    accepted (8 tokens computed): the state at 8, in entry 3, is copied into entry 1 (the block
+    ending at 8), and the next step reads entry 2 + 1. Both accepted: 9 is no boundary, the copy
+    is the same. None accepted: no boundary reached, no copy."""
+    kind = Mamba(4, "align", 2)
+    assert draft_row_writes(kind, 6, 9) == [(2, 7), (3, 8), (4, 9)]
+    assert accepted_copy(kind, 9, 2, 1) == ((3, 1), False)
+    assert accepted_copy(kind, 9, 2, 2) == ((3, 1), False)
+    assert accepted_copy(kind, 9, 2, 0) == (None, False)
+    # a row [5, 8) whose drafts are all accepted ends on the running block's end: the state at 8 is
+    # copied into the running block itself, and the next step reads it there
+    assert accepted_copy(kind, 8, 2, 2) == ((3, 1), True)
+    assert accepted_copy(kind, 8, 1, 1) == ((2, 1), True)  # [6, 8): the state at 8 is one block past it
+    assert accepted_copy(kind, 8, 1, 0) == (None, False)  # its draft rejected: 7 reaches no boundary
+
+
+def _drafting(tmp_path: Path) -> tuple[Lockstep, SafetyMonitor, tuple[int, ...]]:
+    """A 6-token prompt, then a step of its next token and two drafts [6, 9) of which one is
+    accepted, under the asynchronous pipeline (block size 4, two speculative blocks)."""
+    cfg = KVCacheConfig(num_blocks=24, groups=(Mamba(4, "align", 2),), max_model_len=32, enable_caching=False,
+                        use_eagle=True, profile=profile_named("vllm-0.34.0"))  # fmt: skip
+    lock, monitor = _solo(cfg, tmp_path)
+    monitor.pipelined = True
+    lock.request_op({"op": "add_request", "rid": "a", "prompt": [1, 2, 3, 4, 5, 6]})
+    lock.call({"op": "get_computed_blocks", "rid": "a"})
+    assert lock.call({"op": "allocate_slots", "rid": "a", "num_new_tokens": 6}) is not None
+    monitor.dispatch()
+    monitor.processed()
+    lock.request_op({"op": "set_request", "rid": "a", "num_computed_tokens": 6, "status": "RUNNING"})
+    lock.request_op({"op": "append_tokens", "rid": "a", "tokens": [7]})
+    assert lock.call({"op": "allocate_slots", "rid": "a", "num_new_tokens": 3}) is not None
+    table = lock.adapters[0].get_block_ids("a")[0]
+    monitor.dispatch({"a": [50, 51]})
+    monitor.processed({"a": 1})
+    lock.request_op({"op": "append_tokens", "rid": "a", "tokens": [50, 60]})
+    lock.request_op({"op": "set_request", "rid": "a", "num_computed_tokens": 8})
+    return lock, monitor, table
+
+
+def test_the_next_step_reads_the_state_of_the_last_accepted_draft(tmp_path: Path) -> None:
+    """After the draft row, the running block (entry 2) holds the state at 7, entry 3 the state at 8
+    (copied into entry 1, the block ending at 8) and entry 4 the state after the rejected draft; the
+    next step reads entry 3, where the state at 8 is, and the oracle compares it."""
+    lock, monitor, table = _drafting(tmp_path)
+    ids = monitor.prefixes.of(lock.book.requests["a"], 8)
+    held = [monitor.contents.value(b, 0, 0) for b in table[1:5]]
+    assert held[:3] == [ids[7], ids[6], ids[7]] and held[3] not in ids
+    assert monitor.worker_rows == {("a", 0): (2, 1)} and monitor.counts["accepted states copied"] == 1
+    before = monitor.counts["states compared"]
+    assert lock.call({"op": "allocate_slots", "rid": "a", "num_new_tokens": 1}) is not None
+    monitor.dispatch()
+    monitor.processed()
+    assert monitor.counts["states compared"] == before + 1 and lock.stats.unexplained == 0
+
+
+def test_a_step_that_read_the_running_block_after_drafts_would_fail(tmp_path: Path) -> None:
+    """The same history with the worker's place forgotten (as a monitor that reads the running block
+    after an accepted draft would): the next step reads the state at 7 for 8 and fails."""
+    lock, monitor, _ = _drafting(tmp_path)
+    monitor.worker_rows.clear()  # the read falls back to the block of the last computed token, entry 1...
+    monitor.worker_rows["a", 0] = (2, 0)  # ...or here, the running block: the state at 7
+    assert lock.call({"op": "allocate_slots", "rid": "a", "num_new_tokens": 1}) is not None
+    monitor.dispatch()
+    with pytest.raises(Exception, match=r"for the state at 8 tokens, but the block holds the state of another"):
+        monitor.processed()
+
+
+def test_the_accepted_copy_moves_the_boundary_state_into_the_block_ending_there() -> None:
+    """Exhaustively for small blocks and rows: a copy's source is the entry the row wrote the state
+    at the last boundary its accepted tokens reach, its destination the block ending there, never
+    past the source; the next read (the running block, or the last accepted token's entry) holds the
+    state at the accepted tokens' end once the copy is made."""
+    for bs in (1, 2, 3, 4):
+        kind = Mamba(bs, "align", 3)
+        for start in range(0, 9):
+            for drafts in range(1, 4):
+                end = start + 1 + drafts
+                written = dict(draft_row_writes(kind, start, end))
+                first = (end - 1) // bs
+                for accepted in range(drafts + 1):
+                    copy, reset = accepted_copy(kind, end, drafts, accepted)
+                    held = dict(written)
+                    if copy is not None:
+                        source, dest = copy
+                        assert (written[source], (dest + 1) * bs) == ((start + 1 + accepted) // bs * bs,) * 2
+                        assert dest <= source
+                        held[dest] = written[source]
+                    read = first if reset else first + accepted
+                    assert held[read] == start + 1 + accepted, (bs, start, drafts, accepted)
+
+
+@pytest.mark.parametrize("engine", ["spec", "impl"])
+def test_a_request_admitted_again_starts_its_worker_place_anew(engine: str) -> None:
+    """A request with a speculative-block Mamba group is preempted while its step is in flight and
+    admitted again (one connector token, so its first step reads the state at 1): the old table's step
+    runs after the preemption, and the monitor must not carry its place of the state over to the new
+    table (the worker forgets a preempted request's place). A monitor that kept it read the state at
+    1 from the old place's entry and raised a false alarm."""
+    trace = load(Path(__file__).with_name("safety_traces") / "spec-blocks-readmitted-under-a-step.jsonl")
+    assert safety_replay(trace, load_factory(engine)(trace.config)) is None

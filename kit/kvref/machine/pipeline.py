@@ -127,9 +127,11 @@ class PipelineRules(RunningRules, RecordingRules):
         )
         self.sched = sched
         self.max_drafts = integer(data, 0, MAX_DRAFTS)
-        if any(isinstance(k, Mamba) and k.num_speculative_blocks == 0 for k in self.cfg.groups):
-            # vLLM gives a Mamba group one block per speculative token: a model with drafts has them
-            self.max_drafts = 0
+        spec_blocks = [k.num_speculative_blocks for k in self.cfg.groups if isinstance(k, Mamba)]
+        if spec_blocks:
+            # vLLM gives a Mamba group one block per speculative token: a model drafts no more
+            # tokens a step than its Mamba groups have speculative blocks
+            self.max_drafts = min(self.max_drafts, *spec_blocks)
         # the pipeline's own actions stay on whatever the run's action swarm drew: a scheduler
         # without them would dispatch only when it schedules a request twice
         self.actions_off = (self.actions_off | OFF) - {name for name, _ in ACTIONS}
