@@ -59,9 +59,11 @@ KVREF_NATIVE=0 timed "lockstep (impl vs spec, $NEWEST, pure Python, asynchronous
 # pure-Python manager and on the native core (--target impl-batch,
 # impl-batch-native), two short runs of one shape each: `wide` (65 groups,
 # kvimpl's pure-Python fallback past the native core's 64) and a cached Mamba
-# group under context parallelism, and five runs of a few shapes each for
-# situations the full runs meet at some seeds only (tools/kvtools/coverage.py):
-# `python -m kvtools coverage --ci-runs` lists them.
+# group under context parallelism, and runs of a few shapes each for
+# situations the full runs meet at some seeds only or not at all (one of them
+# with asynchronous scheduling; tools/kvtools/coverage.py):
+# `python -m kvtools coverage --ci-runs` lists them (profile, target, build,
+# shapes, step goal, scheduling).
 # Each run also writes its branch coverage of kvspec and kvimpl; the gate
 # merges them (an outcome is taken if any run took it) and fails on a gap not
 # in tools/kvtools/coverage_gaps.toml, on a listed gap now taken, and on a
@@ -71,7 +73,7 @@ COVERAGE_DIR="$(mktemp -d)"
 trap 'rm -rf "$COVERAGE_DIR"' EXIT
 CI_RUNS="$(python -m kvtools coverage --ci-runs)"
 run=0
-while read -r profile target build shapes steps; do
+while read -r profile target build shapes steps scheduling; do
     env_prefix=(env)
     label="$target vs spec, $profile"
     extra=()
@@ -85,6 +87,10 @@ while read -r profile target build shapes steps; do
     fi
     if [[ "$steps" != - ]]; then
         extra+=(--min-steps "$steps")
+    fi
+    if [[ "$scheduling" == async ]]; then
+        extra+=(--async-scheduling)
+        label+=", asynchronous scheduling"
     fi
     timed "lockstep ($label)" "${env_prefix[@]}" kvref check --target "$target" --against spec --profile ci \
         --seed 0 --semantics "$profile" "${extra[@]}" \

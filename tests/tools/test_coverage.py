@@ -24,9 +24,14 @@ from kvtools.coverage import (
     EAGLE_WINDOW_SHAPES,
     MAMBA_SHAPES,
     MTP_SHAPES,
+    PAST_HASHES_SHAPES,
+    PAST_HASHES_STEPS,
     PCP_MAMBA_DCP_PROFILE,
     PCP_MAMBA_SHAPE,
     PCP_MAMBA_STEPS,
+    PROMPT_END_PROFILE,
+    PROMPT_END_SHAPES,
+    PROMPT_END_STEPS,
     REKEYED_SHAPES,
     REKEYED_STEPS,
     RING_SHAPES,
@@ -228,7 +233,7 @@ def test_merge_mode_checks_reports_against_the_list(tmp_path: Path, monkeypatch:
 
 def test_ci_runs_cover_every_profile() -> None:
     runs = ci_runs()
-    full = {r.profile for r in runs if r.target == "impl" and r.native and r.shapes is None}
+    full = {r.profile for r in runs if r.target == "impl" and r.native and r.shapes is None and not r.asynchronous}
     assert full == set(behaviours(IMPL_PROFILES))
     assert Run(VLLM_0_25_1.name, "impl", native=False) in runs
     assert Run(NEWEST.name, "impl-mutable") in runs
@@ -245,6 +250,10 @@ def test_ci_runs_cover_every_profile() -> None:
     assert Run(CONNECTOR_NATIVE_PROFILE, "impl", shapes=MAMBA_SHAPES) in runs
     assert Run(EAGLE_WINDOW_PROFILE, "impl", shapes=EAGLE_WINDOW_SHAPES) in runs
     assert Run(NEWEST.name, "impl", shapes=MTP_SHAPES) in runs
+    assert Run(PROMPT_END_PROFILE, "impl", shapes=PROMPT_END_SHAPES, min_steps=PROMPT_END_STEPS) in runs
+    past_hashes = Run(NEWEST.name, "impl", shapes=PAST_HASHES_SHAPES, min_steps=PAST_HASHES_STEPS, asynchronous=True)
+    assert past_hashes in runs
+    assert [r for r in runs if r.asynchronous] == [past_hashes]  # the others run synchronously, as before
     assert MTP_SHAPES.split(",") == [s.name for s in CATALOG_MTP_SHAPES]  # every MTP shape, nothing else
     assert parse_profiles("newest") == [NEWEST.name]
     assert set(parse_profiles("all")) == IMPL_PROFILES
@@ -291,14 +300,16 @@ def test_known_gaps_file_quotes_its_lines() -> None:
 def test_the_wide_shape_is_past_the_native_core() -> None:
     """CI's ``wide`` run exists to run kvimpl's pure-Python fallback: the native
     core refuses that many groups (with the core built), and the lines CI reads
-    name the shape and the step goal."""
+    name the shape, the step goal and the scheduling."""
     cfg = KVCacheConfig(num_blocks=300, groups=build_kinds(WIDE, 4), max_model_len=32)
     reason = native_unsupported(cfg)
     assert reason is not None
     if native_module() is not None:
         assert reason == "65 groups (the native core takes up to 64)"
-    assert Run(NEWEST.name, "impl", shapes="wide", min_steps=7).ci_line() == f"{NEWEST.name} impl native wide 7"
-    assert Run(NEWEST.name, "impl").ci_line() == f"{NEWEST.name} impl native - -"
+    assert Run(NEWEST.name, "impl", shapes="wide", min_steps=7).ci_line() == f"{NEWEST.name} impl native wide 7 sync"
+    assert Run(NEWEST.name, "impl").ci_line() == f"{NEWEST.name} impl native - - sync"
+    assert Run(NEWEST.name, "impl", asynchronous=True).ci_line() == f"{NEWEST.name} impl native - - async"
+    assert Run(NEWEST.name, "impl", native=False, asynchronous=True).label == f"{NEWEST.name}/impl+pure-python+async"
 
 
 def test_out_keeps_each_runs_report_for_merge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -322,6 +333,30 @@ def test_out_keeps_each_runs_report_for_merge(tmp_path: Path, monkeypatch: pytes
     assert len(kept) == 4 and all(name.startswith(("seed-0-", "seed-1-")) for name in kept)
     assert (out / "coverage.md").exists() and (out / "coverage.json").exists()
     assert main(["--merge", *map(str, (out / "runs").glob("seed-0-*.json")), "--out", str(tmp_path / "m")]) == 0
+
+
+def test_an_asynchronous_run_schedules_asynchronously(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run with ``asynchronous`` passes ``--async-scheduling`` to ``kvref check`` (and keeps a
+    report of its own next to the synchronous run of the same profile, target and shapes); a
+    synchronous run does not."""
+    import subprocess  # noqa: PLC0415
+
+    from kvtools.coverage import run_seed  # noqa: PLC0415
+
+    commands: list[list[str]] = []
+
+    def fake_run(cmd: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        commands.append(cmd)
+        report = _report([[2, 3]])
+        report["totals"] = {"outcomes": 10, "taken": 8, "import_time": 1, "unreachable": 0, "gaps": 1, "stale": 0}
+        Path(cmd[cmd.index("--coverage-json") + 1]).write_text(json.dumps(report))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    run_seed(0, tmp_path, Run(NEWEST.name, "impl", shapes="full", asynchronous=True), None)
+    run_seed(0, tmp_path, Run(NEWEST.name, "impl", shapes="full"), None)
+    assert ["--async-scheduling" in cmd for cmd in commands] == [True, False]
+    assert len(list(tmp_path.glob("*.json"))) == 2
 
 
 def test_relocate_moves_entries_with_their_code(tmp_path: Path) -> None:

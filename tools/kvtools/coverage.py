@@ -57,7 +57,8 @@ tables on either build, and kvimpl's own mutable requests."""
 
 @dataclass(frozen=True)
 class Run:
-    """One lockstep run: a semantics profile, a target, and whether the native core may be used."""
+    """One lockstep run: a semantics profile, a target, whether the native core may be used, the
+    shapes, the step goal, and whether the scheduler keeps steps in flight."""
 
     profile: str
     target: str
@@ -67,17 +68,23 @@ class Run:
     """``--shapes`` (None: the machine's whole catalog)."""
     min_steps: int | None = None
     """``--min-steps`` (None: the ci profile's step goal)."""
+    asynchronous: bool = False
+    """``--async-scheduling`` (vLLM's asynchronous scheduler: steps in flight, draft tokens)."""
 
     @property
     def label(self) -> str:
-        """``vllm-0.33.0/impl`` (``+pure-python`` for ``KVREF_NATIVE=0``, ``[wide]`` for ``--shapes wide``)."""
+        """``vllm-0.33.0/impl`` (``+pure-python`` for ``KVREF_NATIVE=0``, ``+async`` for
+        ``--async-scheduling``, ``[wide]`` for ``--shapes wide``)."""
         shapes = f"[{self.shapes}]" if self.shapes else ""
-        return f"{self.profile}/{self.target}" + ("" if self.native else "+pure-python") + shapes
+        build = "" if self.native else "+pure-python"
+        return f"{self.profile}/{self.target}{build}" + ("+async" if self.asynchronous else "") + shapes
 
     def ci_line(self) -> str:
-        """The run as ``ci/test.sh`` reads it: profile, target, build, shapes and step goal (``-``: default)."""
+        """The run as ``ci/test.sh`` reads it: profile, target, build, shapes, step goal (``-``: default)
+        and scheduling (``sync``, or ``async`` for ``--async-scheduling``)."""
         build = "native" if self.native else "pure-python"
-        return f"{self.profile} {self.target} {build} {self.shapes or '-'} {self.min_steps or '-'}"
+        scheduling = "async" if self.asynchronous else "sync"
+        return f"{self.profile} {self.target} {build} {self.shapes or '-'} {self.min_steps or '-'} {scheduling}"
 
 
 WIDE_STEPS = 200
@@ -177,6 +184,27 @@ groups. The full runs missed both at seed 4; these shapes alone meet both at see
 (20,000 steps)."""
 
 
+PAST_HASHES_SHAPES = "full+mamba-align+mamba-align"
+PAST_HASHES_STEPS = 10000
+"""A run of a hybrid with two Mamba align groups under the newest profile with asynchronous
+scheduling (``--async-scheduling``), for the guards of the registered vLLM crash
+``checkpoint-past-hashes-crash``: a step with draft tokens whose prefill checkpoint lies past the
+request's hashes (kvspec and kvimpl leave its block alone). Only the asynchronous pipeline schedules
+a step past the request's tokens, and it draws drafts only under EAGLE with speculative Mamba
+blocks; from vLLM 0.32.0 on the checkpoint must also be one that stays cached (on a block boundary
+that the retention mask keeps). The other runs are synchronous; this one meets it at seed 0 within
+10,000 steps (not at seeds 1-4)."""
+
+PROMPT_END_PROFILE = "vllm-0.31.0"
+PROMPT_END_SHAPES = "full@2x+mamba-align"
+PROMPT_END_STEPS = 3000
+"""A run of a coarse full-attention hybrid with a Mamba align group under vLLM 0.31.0, for that
+release's rule for a checkpoint that is neither the prompt's nor the junction's (a prefill chunk
+before the prompt's last one that keeps a checkpoint: two blocks or more from a block boundary,
+with no retention interval or one above 0). The full 0.31.0 run misses it at seed 0; this shape
+alone meets it at seeds 0-4 within 3,000 steps."""
+
+
 def behaviours(names: Iterable[str]) -> list[str]:
     """One profile of ``names`` per set of switches, oldest first: of the releases
     that share their switches (a release with no observable change shares its
@@ -213,7 +241,9 @@ def ci_runs() -> list[Run]:
     situations the full runs meet at some seeds only: :data:`CHUNKED_SHAPES`
     through the batch API, :data:`SINK_SHAPES` under :data:`SINK_PROFILE`,
     :data:`RING_SHAPES`, :data:`MAMBA_SHAPES` (also under :data:`CONNECTOR_NATIVE_PROFILE`), :data:`EAGLE_WINDOW_SHAPES`
-    under :data:`EAGLE_WINDOW_PROFILE`, :data:`REKEYED_SHAPES`, :data:`MTP_SHAPES` and :data:`FINE_SWA_SHAPES`. Profiles
+    under :data:`EAGLE_WINDOW_PROFILE`, :data:`REKEYED_SHAPES`, :data:`MTP_SHAPES`, :data:`FINE_SWA_SHAPES`,
+    :data:`PROMPT_END_SHAPES` under :data:`PROMPT_END_PROFILE` and, with asynchronous
+    scheduling, :data:`PAST_HASHES_SHAPES`. Profiles
     with the same switches take the same steps, so ``impl`` runs once per
     :func:`behaviours` group."""
     from kvref.adapters.impl import IMPL_PROFILES  # noqa: PLC0415 - imports kvimpl
@@ -239,6 +269,8 @@ def ci_runs() -> list[Run]:
         Run(NEWEST.name, "impl", shapes=REKEYED_SHAPES, min_steps=REKEYED_STEPS),
         Run(NEWEST.name, "impl", shapes=MTP_SHAPES),
         Run(NEWEST.name, "impl", shapes=FINE_SWA_SHAPES),
+        Run(PROMPT_END_PROFILE, "impl", shapes=PROMPT_END_SHAPES, min_steps=PROMPT_END_STEPS),
+        Run(NEWEST.name, "impl", shapes=PAST_HASHES_SHAPES, min_steps=PAST_HASHES_STEPS, asynchronous=True),
     ]
 
 
@@ -254,7 +286,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--profiles", default="all", help="semantics profiles: all (default), newest, or P,Q")
     parser.add_argument("--ci", action="store_true", help="run what CI's lockstep runs (see --ci-runs)")
     parser.add_argument("--ci-runs", action="store_true",
-                        help="print CI's runs (profile target build shapes steps), then exit")  # fmt: skip
+                        help="print CI's runs (profile target build shapes steps scheduling), then exit")  # fmt: skip
     parser.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON",
                         help="run nothing: merge these kvref check --coverage-json reports (one seed)")  # fmt: skip
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
@@ -360,13 +392,16 @@ def parse_seeds(text: str) -> list[int]:
 
 def run_seed(seed: int, tmp: Path, run: Run, min_steps: int | None) -> dict[str, Any]:
     """One ``kvref check --coverage`` run; its branch report, exit code and seconds."""
-    out = tmp / f"seed-{seed}-{run.profile}-{run.target}-{'n' if run.native else 'p'}-{run.shapes or 'all'}.json"
+    sched = "-async" if run.asynchronous else ""
+    out = tmp / f"seed-{seed}-{run.profile}-{run.target}-{'n' if run.native else 'p'}{sched}-{run.shapes or 'all'}.json"
     cmd = [sys.executable, "-m", "kvref", "check", "--target", run.target, "--against", "spec", "--profile", "ci",
            "--seed", str(seed), "--semantics", run.profile, "--coverage-json", str(out)]  # fmt: skip
     if run.shapes:
         cmd += ["--shapes", run.shapes]
     if run.min_steps or min_steps:
         cmd += ["--min-steps", str(run.min_steps or min_steps)]
+    if run.asynchronous:
+        cmd.append("--async-scheduling")
     env = dict(os.environ, **({} if run.native else {"KVREF_NATIVE": "0"}))
     start = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=tmp, env=env)
