@@ -192,6 +192,7 @@ class SafetyMonitor(StepChecks):
         for source, dest in step.copies:
             self.contents.copy(source, dest)
         self.rejected = dict(shifts or {})
+        self.rolled_back.update(rid for rid, n in self.rejected.items() if n)
         for entry in step.entries:
             self._execute(step, entry)
         self.early = {k: v for k, v in self.early.items() if v[1] > step.number}
@@ -203,7 +204,7 @@ class SafetyMonitor(StepChecks):
             for later in (*self.in_flight, self.open):
                 for entry in later.entries:
                     if entry.rid == rid:
-                        entry.start, entry.end, entry.shifted = entry.start - n, entry.end - n, entry.shifted + n
+                        entry.start, entry.end = entry.start - n, entry.end - n
 
     def _check_hit(self, rid: str, blocks: Sequence[Sequence[int]], num_tokens: int, lagging: bool = False) -> None:
         """A lookup's hit serves the request's own KV in every group; with
@@ -241,6 +242,8 @@ class SafetyMonitor(StepChecks):
             self.freed.discard(rid)
             self.failed_skips.pop(rid, None)
             self.drafted.discard(rid)
+            self.furthest.pop(rid, None)
+            self.rolled_back.discard(rid)
             for key in [k for k in self.worker_rows if k[0] == rid]:
                 del self.worker_rows[key]  # the worker forgets a preempted request's place
             for step in self.in_flight:
@@ -274,6 +277,7 @@ class SafetyMonitor(StepChecks):
         if new > 0:
             failed = dict(self.failed_skips.get(rid, {}))
             entry = StepEntry(rid, local + external, local + external + new, tables, failed_skips=failed)
+            self.furthest[rid] = max(self.furthest.get(rid, 0), entry.end)
             encoder = self.encoders.get(rid)
             if encoder is not None:  # the first step after the blocks were handed out runs the encoder
                 entry.encoder, entry.encoder_write, encoder[1] = encoder[0], not encoder[1], 1

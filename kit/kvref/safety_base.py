@@ -64,9 +64,6 @@ class StepEntry:
     """Encoder positions the step reads in each cross-attention group."""
     encoder_write: bool = False
     """Whether the step writes them first (the first step after the blocks were handed out)."""
-    shifted: int = 0
-    """Positions the step moved down since it was allocated (drafts of the request's step before it
-    rejected while it was in flight)."""
     superseded: bool = False
     """Whether the request was freed and given a new table while the step was in flight."""
 
@@ -184,6 +181,12 @@ class MonitorState:
         block -> (group, request, the position, the block's end, the clock then). Served as the state at
         the block's end before anything writes it or hands it out anew, it meets
         :data:`kvref.safety_defects.CHECKPOINT_REKEYED` (:meth:`_attributed`)."""
+        self.furthest: dict[str, int] = {}
+        """The furthest end any step of each request was allocated for since its table is new (draft
+        tokens counted, as the scheduler counts them while they are in flight)."""
+        self.rolled_back: set[str] = set()
+        """Requests whose drafts were rejected since their table is new: their later steps run below
+        positions their allocations already counted computed (:data:`kvref.safety_defects.MAMBA_REJECTED_NULL`)."""
         self.rejected: dict[str, int] = {}
         """The draft tokens the step being processed rejected, per request (:meth:`processed`)."""
         self.fine_hits = partial_hash_hits_enabled(config)

@@ -29,7 +29,9 @@ it out anew; for :data:`CHECKPOINT_REKEYED`, a Mamba block a prefill
 checkpoint wrote the state at a position below the block's end into, served
 as the state at the block's end before anything wrote it or handed it out
 anew; for :data:`MAMBA_REJECTED_NULL`, a Mamba state written into a null
-entry by a step that rejected drafts moved down (``StepEntry.shifted``).
+entry below the running entry of the furthest step the request was
+allocated for, once drafts of it were rejected
+(:attr:`kvref.safety.SafetyMonitor.rolled_back`).
 :func:`registered` then checks that the entry applies to the run's release;
 the lockstep counts the run as meeting a known defect and stops it
 (``kvref check`` lists it among the known divergences as ``safety defect

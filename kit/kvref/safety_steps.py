@@ -16,6 +16,7 @@ from kvref.content_states import accepted_copy, draft_row_writes, state_read_ind
 from kvref.safety_base import SafetyViolation, Step, StepEntry
 from kvref.safety_defects import MAMBA_REJECTED_NULL
 from kvref.safety_loads import LoadChecks
+from kvspec.config import Mamba
 from kvspec.request import Request
 
 
@@ -138,12 +139,12 @@ class StepChecks(LoadChecks):
             self.counts["checkpoint states written"] += len(optional)
             writes = [*optional, *state_writes(kind, entry.start, entry.end)]
         for i, n in writes:
-            if spec and entry.shifted and i < len(table) and not table[i]:
+            if spec and i < len(table) and not table[i] and self._rolled_back_below(entry, kind, i):
                 raise SafetyViolation(
                     "content",
                     f"{where} writes the state at {n} tokens (group {g}): the table holds the null block there "
-                    f"(the step was allocated {entry.shifted} positions further on, while drafts of the request's "
-                    "step before it were in flight and counted computed; they were rejected)",
+                    f"(an allocation dropped that entry while it counted the request's drafts computed, up to "
+                    f"{self.furthest[entry.rid]} tokens; the drafts were rejected and the request runs below)",
                     defect=MAMBA_REJECTED_NULL,
                 )
             b = self._entry(table, i, f"{where} writes the state at {n} tokens (group {g})", (entry.rid, g), entry)
@@ -156,6 +157,13 @@ class StepChecks(LoadChecks):
         self._stale(kind, g, table, entry.start, entry.end, entry.rid)
         if spec:
             self._accepted(entry, g, table, where)
+
+    def _rolled_back_below(self, entry: StepEntry, kind: Mamba, index: int) -> bool:
+        """Whether table entry ``index`` lies below the running entry of the furthest step the
+        request was allocated for, after drafts of it were rejected (a request that never rolled
+        back never writes below its furthest running entry)."""
+        furthest = self.furthest.get(entry.rid, 0)
+        return entry.rid in self.rolled_back and not entry.superseded and index < (furthest - 1) // kind.block_size
 
     def _accepted(self, entry: StepEntry, g: int, table: Sequence[int], where: str) -> None:
         """The worker's step end in an ``align`` group with speculative blocks:
