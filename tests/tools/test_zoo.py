@@ -13,6 +13,7 @@ from kvref.cli import main
 from kvref.lockstep import Lockstep, LockstepFailure, RunStats
 from kvref.ops import REQUEST_OPS
 from kvref.safety import safety_replay
+from kvref.safety_defects import MAMBA_FAILED_LOAD, registered
 from kvref.traces import load, replay
 from kvspec.config import CrossAttention, FullAttention, KVCacheConfig, Mamba, SlidingWindow
 from kvspec.profiles import VLLM_0_25_1, profile_named
@@ -225,9 +226,14 @@ def test_failed_load_zeroing_one_block_early_is_seen() -> None:
     scheduler caches the 2 valid tokens and lists the blocks from token 2 on for
     zeroing again. The mutant lists from token 0, so the zeroing wipes the block
     that holds the valid prefix, and r1's next step reads it. kvspec and kvimpl
-    run the same calls with no violation (a start inside a block is refused)."""
+    run the same calls with no zeroed read (a start inside a block is refused);
+    the Mamba group (checked under EAGLE too) then starts r1's recomputation
+    from the state entry its failed load skipped, vLLM 0.34.0's registered
+    ``mamba-failed-load``, which they model as the release has it."""
     trace = load(Path(__file__).with_name("zoo_traces") / "failed_load_zeroes_valid_block.jsonl")
     found = safety_replay(trace, load_factory("kvtools.zoo:failed_load_zeroes_valid_block")(trace.config))
     assert found is not None and "zeroed" in str(found[1]), found
     for target in ("spec", "impl"):
-        assert safety_replay(trace, load_factory(target)(trace.config)) is None, target
+        same = safety_replay(trace, load_factory(target)(trace.config))
+        assert same is not None and same[1].defect == MAMBA_FAILED_LOAD, (target, same)
+        assert registered(same[1].defect, same[1].oracle, trace.config.profile.release) is not None
