@@ -192,7 +192,8 @@ class SafetyMonitor(StepChecks):
         for source, dest in step.copies:
             self.contents.copy(source, dest)
         self.rejected = dict(shifts or {})
-        self.rolled_back.update(rid for rid, n in self.rejected.items() if n)
+        current = {e.rid for e in step.entries if not e.superseded}  # not a step of a table given up since
+        self.rolled_back.update(rid for rid, n in self.rejected.items() if n and rid in current)
         for entry in step.entries:
             self._execute(step, entry)
         self.early = {k: v for k, v in self.early.items() if v[1] > step.number}

@@ -164,8 +164,9 @@ class MonitorState:
         """Requests whose cross-attention blocks are handed out: rid -> [encoder positions,
         whether a step that writes them was scheduled]."""
         self.drafted: set[str] = set()
-        """Requests a step with draft tokens ran for since their table was new: their Mamba
-        states are not checked (:meth:`_run_states`)."""
+        """Requests a step with draft tokens ran for since their table was new, in a Mamba group
+        without a speculative block per draft (no release runs that): their Mamba states are not
+        checked (:meth:`_run_states`)."""
         self.worker_rows: dict[tuple[str, int], tuple[int, int]] = {}
         """The worker's place of each request's state in a Mamba ``align`` group with speculative
         blocks, as of its latest step: (request, group) -> (the running block's table index, the
