@@ -192,7 +192,7 @@ class SafetyMonitor(StepChecks):
         for source, dest in step.copies:
             self.contents.copy(source, dest)
         self.rejected = dict(shifts or {})
-        current = {e.rid for e in step.entries if not e.superseded}  # not a step of a table given up since
+        current = {e.rid for e in step.entries if self._current(e)}  # not a step of a table given up since
         self.rolled_back.update(rid for rid, n in self.rejected.items() if n and rid in current)
         for entry in step.entries:
             self._execute(step, entry)
@@ -245,11 +245,7 @@ class SafetyMonitor(StepChecks):
             self.drafted.discard(rid)
             self.furthest.pop(rid, None)
             self.rolled_back.discard(rid)
-            for key in [k for k in self.worker_rows if k[0] == rid]:
-                del self.worker_rows[key]  # the worker forgets a preempted request's place
-            for step in self.in_flight:
-                for e in step.entries:
-                    e.superseded = e.superseded or e.rid == rid
+            self.tables_given[rid] = self.tables_given.get(rid, 0) + 1
         tables = dict(view.tables).get(rid, tuple(() for _ in self.kinds))
         for ids in out:
             for b in ids:
@@ -277,7 +273,8 @@ class SafetyMonitor(StepChecks):
             self.encoders[rid] = [op["num_encoder_tokens"], 0]
         if new > 0:
             failed = dict(self.failed_skips.get(rid, {}))
-            entry = StepEntry(rid, local + external, local + external + new, tables, failed_skips=failed)
+            entry = StepEntry(rid, local + external, local + external + new, tables, failed_skips=failed,
+                              table=self.tables_given.get(rid, 0))  # fmt: skip
             self.furthest[rid] = max(self.furthest.get(rid, 0), entry.end)
             encoder = self.encoders.get(rid)
             if encoder is not None:  # the first step after the blocks were handed out runs the encoder

@@ -64,8 +64,9 @@ class StepEntry:
     """Encoder positions the step reads in each cross-attention group."""
     encoder_write: bool = False
     """Whether the step writes them first (the first step after the blocks were handed out)."""
-    superseded: bool = False
-    """Whether the request was freed and given a new table while the step was in flight."""
+    table: int = 0
+    """Which of the request's tables (0 for its first) the step was allocated in: a request freed
+    and given a new table while the step was in flight has a later one by the time it runs."""
 
 
 @dataclass
@@ -167,11 +168,14 @@ class MonitorState:
         """Requests a step with draft tokens ran for since their table was new, in a Mamba group
         without a speculative block per draft (no release runs that): their Mamba states are not
         checked (:meth:`_run_states`)."""
-        self.worker_rows: dict[tuple[str, int], tuple[int, int]] = {}
+        self.tables_given: dict[str, int] = {}
+        """How many tables each request had before its current one (:attr:`StepEntry.table`)."""
+        self.worker_rows: dict[tuple[str, int, int], tuple[int, int]] = {}
         """The worker's place of each request's state in a Mamba ``align`` group with speculative
-        blocks, as of its latest step: (request, group) -> (the running block's table index, the
-        accepted drafts past it whose state the next step reads). Dropped when the request gets
-        a new table (the worker forgets a finished or preempted request's place)."""
+        blocks, as of its latest step: (request, group, table) -> (the running block's table index,
+        the accepted drafts past it whose state the next step reads). A new table starts with no
+        place (the worker forgets a finished or preempted request's place); a step of the old one
+        still in flight keeps to the old one's."""
         self.scratch: dict[int, tuple[int, str, int, int]] = {}
         """Speculative blocks of Mamba ``align`` steps without draft tokens, which such a step never
         writes: block -> (group, request, the step's end, the clock then). Read as a state before
@@ -280,6 +284,10 @@ class MonitorState:
         :func:`~kvref.content_states.positional_checkpoint_write`), or None."""
         found = checkpoint_write(kind, self.config.profile.prefill_checkpoints, start, end)
         return found or positional_checkpoint_write(kind, self.config, start, end)
+
+    def _current(self, entry: StepEntry) -> bool:
+        """Whether ``entry`` was allocated in its request's current table."""
+        return entry.table == self.tables_given.get(entry.rid, 0)
 
     def _untouched(self, b: int, since: int) -> bool:
         """Whether nothing wrote ``b`` (zeroing aside) or handed it out after the clock ``since``."""

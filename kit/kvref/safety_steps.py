@@ -116,7 +116,7 @@ class StepChecks(LoadChecks):
                 self.contents.write(b, g, 0, STALE)
             return
         i = state_read_index(kind, entry.start)
-        row = self.worker_rows.get((entry.rid, g)) if spec and not entry.superseded else None
+        row = self.worker_rows.get((entry.rid, g, entry.table)) if spec else None
         if i is not None and row is not None:
             i = row[0] + row[1]  # the worker's running block, and the accepted tokens' offset past it
         if i is not None:
@@ -163,7 +163,7 @@ class StepChecks(LoadChecks):
         request was allocated for, after drafts of it were rejected (a request that never rolled
         back never writes below its furthest running entry)."""
         furthest = self.furthest.get(entry.rid, 0)
-        return entry.rid in self.rolled_back and not entry.superseded and index < (furthest - 1) // kind.block_size
+        return entry.rid in self.rolled_back and self._current(entry) and index < (furthest - 1) // kind.block_size
 
     def _accepted(self, entry: StepEntry, g: int, table: Sequence[int], where: str) -> None:
         """The worker's step end in an ``align`` group with speculative blocks:
@@ -180,8 +180,7 @@ class StepChecks(LoadChecks):
             self._loading(table[copy[1]], f"{what} into it")
             self.contents.write(table[copy[1]], g, 0, self.contents.value(source, g, 0))
             self.counts["accepted states copied"] += 1
-        if not entry.superseded:
-            self.worker_rows[entry.rid, g] = ((entry.end - 1) // kind.block_size, 0 if reset else accepted)
+        self.worker_rows[entry.rid, g, entry.table] = ((entry.end - 1) // kind.block_size, 0 if reset else accepted)
 
     def _compare_state(self, b: int, g: int, want: int, what: str, length: int) -> None:
         """Compare the state ``b`` holds with ``want``, the state at ``length``

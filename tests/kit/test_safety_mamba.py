@@ -312,7 +312,7 @@ def test_the_next_step_reads_the_state_of_the_last_accepted_draft(tmp_path: Path
     ids = monitor.prefixes.of(lock.book.requests["a"], 8)
     held = [monitor.contents.value(b, 0, 0) for b in table[1:5]]
     assert held[:3] == [ids[7], ids[6], ids[7]] and held[3] not in ids
-    assert monitor.worker_rows == {("a", 0): (2, 1)} and monitor.counts["accepted states copied"] == 1
+    assert monitor.worker_rows == {("a", 0, 0): (2, 1)} and monitor.counts["accepted states copied"] == 1
     before = monitor.counts["states compared"]
     assert lock.call({"op": "allocate_slots", "rid": "a", "num_new_tokens": 1}) is not None
     monitor.dispatch()
@@ -325,7 +325,7 @@ def test_a_step_that_read_the_running_block_after_drafts_would_fail(tmp_path: Pa
     after an accepted draft would): the next step reads the state at 7 for 8 and fails."""
     lock, monitor, _ = _drafting(tmp_path)
     monitor.worker_rows.clear()  # the read falls back to the block of the last computed token, entry 1...
-    monitor.worker_rows["a", 0] = (2, 0)  # ...or here, the running block: the state at 7
+    monitor.worker_rows["a", 0, 0] = (2, 0)  # ...or here, the running block: the state at 7
     assert lock.call({"op": "allocate_slots", "rid": "a", "num_new_tokens": 1}) is not None
     monitor.dispatch()
     with pytest.raises(Exception, match=r"for the state at 8 tokens, but the block holds the state of another"):
@@ -364,4 +364,15 @@ def test_a_request_admitted_again_starts_its_worker_place_anew(engine: str) -> N
     table (the worker forgets a preempted request's place). A monitor that kept it read the state at
     1 from the old place's entry and raised a false alarm."""
     trace = load(Path(__file__).with_name("safety_traces") / "spec-blocks-readmitted-under-a-step.jsonl")
+    assert safety_replay(trace, load_factory(engine)(trace.config)) is None
+
+
+@pytest.mark.parametrize("engine", ["spec", "impl"])
+def test_a_step_of_the_old_table_keeps_the_old_place(engine: str) -> None:
+    """Real vLLM 0.30.0 alone at the safety level (seed 0, 100,000 steps, shrunk): a request's step
+    whose draft was accepted leaves its state in the speculative entry; its next step, in flight, runs
+    after the request was preempted and admitted again. That step reads the state at 18 tokens from
+    the old table's place (the entry of the accepted draft), not the new table's (none yet). A monitor
+    that dropped the old place read the running entry, the state at 17, and raised a false alarm."""
+    trace = load(Path(__file__).with_name("safety_traces") / "spec-blocks-old-step-after-readmission.jsonl")
     assert safety_replay(trace, load_factory(engine)(trace.config)) is None
