@@ -194,12 +194,6 @@ def start(request: CheckRequest) -> Session:
         profile = choose_profile(request.semantics, watched)
     except (KeyError, ValueError) as exc:
         raise InputError(f"--semantics: {exc}") from None
-    if request.asynchronous and not profile.deferred_free:
-        raise InputError(
-            f"--async-scheduling: {profile.name} has no deferred free (pop_blocks_for_free, vLLM 0.24.0 and "
-            "later), which the asynchronous pipeline model needs to keep a finished request's blocks until the "
-            "steps in flight end; choose a profile from vllm-0.24.0 on"
-        )
     reference, upstream, release_note = _declared_release(watched, names, profile, request.allow_mismatch, pool)
     excluded = request.without.union(*(declared_unsupported(f) for f in factories))
     failure_dir = default_failure_dir()

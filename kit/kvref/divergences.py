@@ -400,6 +400,20 @@ def _mamba_external(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json
     return vllm_out == {"crash": "ValueError"} or isinstance(vllm_out, list)
 
 
+def _mamba_recompute_crash(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> bool:
+    """vLLM 0.16.0 to 0.22.x: an ``allocate_slots`` without connector tokens raising AssertionError in a
+    model with a Mamba ``align`` group where kvspec gives that group no new block (or there is no kvspec
+    side): the request's table is longer than the tokens need (a connector load that failed part-way
+    left it so), and the release asserts that an ``align`` table only grows."""
+    align = [g for g, k in enumerate(cfg.groups) if isinstance(k, Mamba) and k.mode == "align"]
+    if op["op"] != "allocate_slots" or op.get("num_external_computed_tokens", 0) or not align:
+        return False
+    nothing_new = spec_out is None or (
+        isinstance(spec_out, list) and len(spec_out) == len(cfg.groups) and all(not spec_out[g] for g in align)
+    )
+    return vllm_out == {"crash": "AssertionError"} and nothing_new
+
+
 def _mamba_cow_owner(cfg: KVCacheConfig, op: Json, vllm_out: Json, spec_out: Json, pending: bool) -> bool:
     if op["op"] != "allocate_slots" or not isinstance(vllm_out, list) or not isinstance(spec_out, list):
         return False
@@ -496,5 +510,6 @@ MATCHERS: dict[str, Callable[[KVCacheConfig, Json, Json, Json, bool], bool]] = {
     "swa-eagle-window-lost": _swa_eagle_window,
     "common-prefix-pending": _common_prefix,
     "mamba-align-external-estimate": _mamba_external,
+    "mamba-align-recompute-crash": _mamba_recompute_crash,
     "mamba-cow-owner": _mamba_cow_owner,
 }

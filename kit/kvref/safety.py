@@ -147,6 +147,10 @@ class SafetyMonitor(StepChecks):
             elif load is not None:
                 # the scheduler frees a loading request's blocks once its load has ended (vLLM#32255)
                 self._load_done(op["rid"])
+            if name == "free":  # no fence: whatever its steps in flight use is free at once
+                for step in self.in_flight:
+                    for entry in (e for e in step.entries if e.rid == op["rid"]):
+                        self.unfenced.update((b, step.number) for table in entry.tables for b in table if b)
             self.freed.add(op["rid"])  # its failed-load entries hold for its steps still in flight
             self.encoders.pop(op["rid"], None)  # its steps in flight keep their own encoder count
 
@@ -197,6 +201,7 @@ class SafetyMonitor(StepChecks):
         for entry in step.entries:
             self._execute(step, entry)
         self.early = {k: v for k, v in self.early.items() if v[1] > step.number}
+        self.unfenced = {b: n for b, n in self.unfenced.items() if n > step.number}
         for mark in self.withdrawals:  # the steps dispatched before a withdrawal come before it
             if mark.after <= step.number:
                 mark.clock, mark.after = self.contents.writes, 0

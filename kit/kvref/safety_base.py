@@ -237,6 +237,10 @@ class MonitorState:
         it meets :data:`kvref.safety_defects.MAMBA_FAILED_LOAD` (:meth:`_failed_state`)."""
         self.freed: set[str] = set()
         """Requests freed since their latest allocation: the next one starts a new table."""
+        self.unfenced: dict[int, int] = {}
+        """Blocks of a request freed at once (``free``, no deferred free) while a step in flight still
+        used them: block -> the last such step, kept until its output is processed. A connector load
+        into one meets :data:`kvref.safety_defects.UNFENCED_FREE`."""
         self.withdrawn: dict[int, Withdrawal] = {}
         """Blocks a step taken back out of its scheduling pass was to write (its allocation had
         already cached the full ones). Read by a step or a hit before anything writes it again,

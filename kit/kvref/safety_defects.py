@@ -11,6 +11,9 @@ The safety monitor attributes a violation to a defect by that defect's own
 rule, never by a message: for :data:`EARLY_FREE`, the block involved is one
 the allocation freed below the window on the computed tokens while a step in
 flight still read it (:attr:`kvref.safety.SafetyMonitor.early`); for
+:data:`UNFENCED_FREE`, a block a connector load fills that was freed with its
+request, without a deferred free, while a step in flight still used it
+(:attr:`kvref.safety.SafetyMonitor.unfenced`); for
 :data:`LOAD_ZEROING`, a block ``take_new_block_ids`` lists while a connector
 load fills it, where the release's scheduler does not leave the loads out; for
 :data:`FAILED_LOAD_WINDOW`, a null entry of an attention group a step reads that
@@ -49,6 +52,11 @@ from kvref.divergences import release_key
 
 EARLY_FREE = "swa-inflight-free"
 """vLLM#47728: blocks below a sliding or chunked window freed while a step in flight reads them."""
+UNFENCED_FREE = "unfenced-free"
+"""vLLM#45357: under asynchronous scheduling, a finished or preempted request's blocks go back to the pool at
+once while a step in flight still writes or reads them; a connector load (on a stream of its own, not
+ordered against the steps) may fill them for another request first (:attr:`kvref.safety.SafetyMonitor.unfenced`).
+vLLM 0.24.0 defers the free until the step's output is processed (``pop_blocks_for_free``)."""
 LOAD_ZEROING = "load-zeroing"
 """vLLM#47373: a connector load's destinations listed for zeroing (the monitor's rule for a scheduler
 before vLLM 0.26.0, :attr:`kvref.safety.SafetyMonitor.skip_load_zeroing`)."""

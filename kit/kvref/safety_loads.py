@@ -18,6 +18,7 @@ from kvref.safety_causes import MonitorCauses
 from kvref.safety_defects import (
     EARLY_FREE,
     LOAD_ZEROING,
+    UNFENCED_FREE,
 )
 
 
@@ -47,7 +48,7 @@ class LoadChecks(MonitorCauses):
                         "inflight",
                         f"the connector load of request {load.rid} fills block {b} while step {step.number} is "
                         f"in flight and {step.uses[b].replace('request', 'its request', 1)} in it",
-                        defect=EARLY_FREE if b in early else None,
+                        defect=EARLY_FREE if b in early else UNFENCED_FREE if b in self.unfenced else None,
                     )
             self._loading(b, f"the connector load of request {load.rid} fills it too")
 

@@ -6,7 +6,7 @@ the next step was dispatched. :class:`PipelineScheduler` adds that to the
 scheduler model (:class:`kvref.scheduler.Scheduler`); the machine family
 :mod:`kvref.machine.pipeline` drives it. The rules (vLLM's ``AsyncScheduler``,
 its engine core's queue of two batches, and the deferred free of vLLM#45357,
-as of vLLM 0.25.1):
+as of vLLM 0.25.1; a release before 0.24.0 frees at once, ``can_pop`` off):
 
 * A *step* is what the scheduler allocated since the last dispatch; a
   request takes part in a step once (scheduling it again dispatches the open
@@ -31,7 +31,9 @@ as of vLLM 0.25.1):
   tokens but rolls nothing back (its computed tokens start again from 0).
 * Freeing a request whose last dispatched step is still in flight pops its
   blocks, and frees them, reversed, once that step's output is processed
-  (the fence of vLLM#45357); any other free is immediate. A request freed
+  (the fence of vLLM#45357, from vLLM 0.24.0; under an earlier release,
+  ``can_pop`` off, every free is immediate as its scheduler's is); any other
+  free is immediate. A request freed
   before the open step is dispatched leaves that step (a preempted request
   is taken back out of the pass, and nothing of it runs).
 

@@ -163,7 +163,8 @@ def warnings(stats: RunStats, excluded: frozenset[str]) -> list[str]:
     if stats.asynchronous and not stats.pipeline:
         out.append(
             "--async-scheduling: no run kept a step in flight (the pipeline needs pop_blocks_for_free and "
-            "free_blocks, and an adapter left one out): these steps ran synchronously"
+            "free_blocks under a release with the deferred free, vLLM 0.24.0 on, and free before it; an adapter "
+            "left one out): these steps ran synchronously"
         )
     return out
 

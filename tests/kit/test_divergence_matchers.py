@@ -14,8 +14,8 @@ import pytest
 
 from kvref.divergences import explain, load_registry
 from kvref.traces import load
-from kvspec.config import MLA, ChunkedLocal, FullAttention, KVCacheConfig, Mamba, SlidingWindow
-from kvspec.profiles import VLLM_0_25_1, VLLM_0_26_0, VLLM_0_28_0, VLLM_0_33_0, VLLM_0_34_0
+from kvspec.config import MLA, ChunkedLocal, FullAttention, KVCacheConfig, Mamba, MambaMode, SlidingWindow
+from kvspec.profiles import VLLM_0_25_1, VLLM_0_26_0, VLLM_0_28_0, VLLM_0_33_0, VLLM_0_34_0, profile_named
 
 ROOT = Path(__file__).resolve().parents[2]
 LOOKUP = {"op": "get_computed_blocks", "rid": "b"}
@@ -48,6 +48,7 @@ def _trace_step(div_id: str) -> tuple[KVCacheConfig, dict[str, Any], Any]:
         ("lookahead-lookup-crash", {"crash": "IndexError"}),
         ("report-mode-cp-crash", {"crash": "AssertionError"}),
         ("report-mode-partial-hit-crash", {"crash": "IndexError"}),
+        ("mamba-align-recompute-crash", {"crash": "AssertionError"}),
     ],
 )
 def test_matcher_explains_vllms_output_on_its_trace(div_id: str, vllm_out: Any) -> None:
@@ -305,3 +306,25 @@ def test_report_mode_partial_hit_crash_needs_a_hit_inside_a_block() -> None:
     assert explain(config(hash_block=None), LOOKUP, crash, inside, False) is None
     assert explain(config(), LOOKUP, {"crash": "AssertionError"}, inside, False) is None
 
+
+
+def test_mamba_recompute_crash_only_where_kvspec_adds_no_entry_and_before_0_23_0() -> None:
+    """An ``align`` allocation that vLLM 0.16.0-0.22.x asserts on: the table already covers the
+    tokens, so kvspec gives the Mamba group nothing (real 0.16.0, seed 2 of the ci profile at the
+    safety level). A new entry on kvspec's side, connector tokens, another exception or 0.23.0,
+    which dropped the assertion, leave it unexplained."""
+    crash = {"crash": "AssertionError"}
+    step = {"op": "allocate_slots", "rid": "a", "num_new_tokens": 2}
+
+    def config(release: str = "vllm-0.20.0", mode: MambaMode = "align") -> KVCacheConfig:
+        return KVCacheConfig(
+            num_blocks=16, groups=(FullAttention(2), Mamba(2, mode)), max_model_len=32, profile=profile_named(release)
+        )  # fmt: skip
+
+    assert explain(config(), step, crash, [[5], []], False) == "mamba-align-recompute-crash"
+    assert explain(config(), step, crash, None, False) == "mamba-align-recompute-crash"  # the safety level
+    assert explain(config(), step, crash, [[5], [6]], False) is None
+    assert explain(config(), {**step, "num_external_computed_tokens": 2}, crash, [[5], []], False) is None
+    assert explain(config(), step, {"crash": "ValueError"}, [[5], []], False) is None
+    assert explain(config(mode="all"), step, crash, [[5], []], False) is None
+    assert explain(config("vllm-0.23.0"), step, crash, [[5], []], False) is None

@@ -2,11 +2,12 @@
 
 Steps are dispatched before the previous step's output is processed: the
 requests' in-flight tokens follow the steps, rejected drafts are rolled back
-when the output arrives, a free under a step in flight waits for its fence,
-and the safety monitor learns each step's boundaries. The machine family
-runs in lockstep (kvimpl against kvspec) and at the safety level, where it
-finds the registered premature free of vLLM 0.25.1 (vLLM#47728) and nothing
-under 0.33.0.
+when the output arrives, a free under a step in flight waits for its fence
+(from vLLM 0.24.0; before, it is immediate), and the safety monitor learns
+each step's boundaries. The machine family runs in lockstep (kvimpl against
+kvspec) and at the safety level, where it finds the registered premature free
+of vLLM 0.25.1 (vLLM#47728) and nothing under 0.33.0, and the unfenced free
+of releases before 0.24.0 (vLLM#45357).
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ import pytest
 
 from kvref.adapters import load_factory
 from kvref.check import run_lockstep
-from kvref.cli import main
-from kvref.exits import USAGE
 from kvref.lockstep import Lockstep, RunStats
 from kvref.safety import safety_monitor, safety_replay
 from kvref.scheduler_pipeline import PipelineScheduler
@@ -285,14 +284,38 @@ def test_the_safety_level_finds_the_premature_free_where_the_release_has_it(
     assert setup.stats.pipeline["drafts rejected"] > 0 and setup.stats.safety["slots compared"] > 0
 
 
-def test_a_release_without_the_deferred_free_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    """Up to vLLM 0.23.0 there is no ``pop_blocks_for_free``: the pipeline model
-    cannot run, so ``--async-scheduling`` refuses instead of running every step
-    synchronously and reporting success."""
-    code = main(["check", "--target", "spec", "--against", "none", "--semantics", "vllm-0.23.0",
-                 "--async-scheduling", "--min-steps", "10"])  # fmt: skip
-    assert code == USAGE
-    assert "no deferred free" in capsys.readouterr().err
+def test_a_release_without_the_deferred_free_frees_at_once(tmp_path: Path) -> None:
+    """Up to vLLM 0.23.0 there is no ``pop_blocks_for_free``: the scheduler frees a
+    finished request's blocks at once, its step in flight or not, and so does the
+    pipeline model of such a release."""
+    lock, sched = _pipeline(tmp_path, profile_named("vllm-0.23.0"))
+    sched.can_pop = False
+    _admit(sched, "a", [1, 2, 3, 4, 5, 6])
+    sched.dispatch()
+    sched.forget("a")
+    assert sched.release("a", pop=True) is None and sched.pending == []
+    assert [op["op"] for op in lock.log if op.get("rid") == "a"][-1] == "free"
+    sched.process()
+    assert not lock.failed
+
+
+@pytest.mark.parametrize(("release", "found"), [("0.23.0", True), ("0.16.0", True), ("0.24.0", False)])
+def test_the_safety_level_finds_the_unfenced_free_where_the_release_has_it(
+    release: str, found: bool, tmp_path: Path
+) -> None:
+    """No fault planted, a full-attention and a sliding-window group: under a release without the
+    deferred free, a request freed with a step in flight hands its blocks to a
+    connector load that step still races (vLLM#45357); from 0.24.0 the fence
+    holds them."""
+    load_profile("ci")
+    setup = MachineSetup(
+        [load_factory("spec")], RunStats(), tmp_path, shapes=tuple(s for s in SHAPES if s.name == "full+swa"),
+        profile=profile_named(f"vllm-{release}"), safety=True, asynchronous=True,
+    )  # fmt: skip
+    assert run_lockstep(setup, seed=0, goal=10_000) is None
+    assert ("safety defect unfenced-free" in setup.stats.known) == found, setup.stats.known
+    assert setup.stats.pipeline["steps dispatched"] > 0 and setup.stats.safety["loads"] > 0
+    assert (setup.stats.pipeline["frees fenced"] > 0) == (not found), setup.stats.pipeline
 
 
 def test_an_asked_pipeline_that_never_ran_is_named() -> None:

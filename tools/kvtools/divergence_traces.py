@@ -311,6 +311,23 @@ def scenarios(profile: SemanticsProfile = VLLM_0_25_1) -> dict[str, Scenario | s
                 1,
             ),
             _divergence(
+                "mamba-align-recompute-crash",
+                "Mamba(2, align) alone: a 10-token request is admitted with 9 tokens from a delayed connector load "
+                "(five table entries), the load fails after 6 (cache_blocks at 6, the valid prefix), and the "
+                "scheduler's recovery computes 2 tokens from there: 8 tokens need four entries, fewer than the "
+                "table has. vLLM asserts that a request's table only grows: AssertionError. kvspec allocates "
+                "nothing (the table already covers the tokens)",
+                lambda: KVCacheConfig(profile=p, num_blocks=16, groups=(Mamba(2, "align"),), max_model_len=32),
+                [
+                    _add("a", list(range(10))),
+                    _alloc("a", 0, num_external_computed_tokens=9, delay_cache_blocks=True),
+                    {"op": "cache_blocks", "rid": "a", "num_computed_tokens": 6},
+                    {"op": "set_request", "rid": "a", "num_computed_tokens": 6, "status": "WAITING"},
+                    _alloc("a", 2),
+                ],
+                4,
+            ),
+            _divergence(
                 "hits-touched-per-group",
                 "FA(4) + SWA(4, window 8), 7 blocks: a caches blocks 1-2 (FA) and 3-4 (SWA), c takes 5-6, both "
                 "are freed (free queue 2 1 4 3 5 6). b hits 8 tokens (FA 1 2, SWA 3 4; SWA's block 3 is skipped) and "

@@ -62,7 +62,8 @@ def add_parser(sub: Any) -> None:
         "--async-scheduling",
         action="store_true",
         help="the scheduler keeps steps in flight as vLLM's asynchronous scheduler does (output placeholders, "
-        "rejected draft tokens, fenced frees; docs/safety.md); runs without it draw as before",
+        "rejected draft tokens, frees fenced from vLLM 0.24.0 and immediate before it; docs/safety.md); runs "
+        "without it draw as before",
     )
     check.set_defaults(run=run)
 

@@ -32,7 +32,9 @@ each step in flight reads and writes.
 The family takes part in the runs of a machine set up with
 :attr:`kvref.machine.configuration.MachineSetup.asynchronous` (``kvref check
 --async-scheduling``) whose adapters pop blocks for a deferred free (vLLM
-0.25.1 on); every other run draws as before.
+0.24.0 on), or whose release has none (before 0.24.0 its scheduler frees a
+request's blocks at once, steps in flight or not, and so does the pipeline:
+the registered ``unfenced-free``); every other run draws as before.
 """
 
 from __future__ import annotations
@@ -81,8 +83,15 @@ and processes an output on every pass, as often as it schedules; a withdrawal is
 that has admitted nothing yet, and its defect needs the withdrawn step to have cached a block)."""
 
 
+def _pops(m: MachineBase) -> bool:
+    """Whether the adapters pop blocks for a deferred free (and free popped lists)."""
+    return m._allowed("op:pop_blocks_for_free") and m._allowed("op:free_blocks")
+
+
 def _takes_part(m: MachineBase) -> bool:
-    return m.SETUP.asynchronous and m._allowed("op:pop_blocks_for_free") and m._allowed("op:free_blocks")
+    # a release without the deferred free (before vLLM 0.24.0) frees a request's blocks at once, steps in
+    # flight or not, as its scheduler does
+    return m.SETUP.asynchronous and (_pops(m) or (not m.SETUP.profile.deferred_free and m._allowed("op:free")))
 
 
 def _setup(m: MachineBase, data: st.DataObject) -> None:
@@ -120,7 +129,7 @@ class PipelineRules(RunningRules, RecordingRules):
             lock.pending = n
 
         sched = PipelineScheduler(
-            self.cfg, lock.book, lock.call, lock.request_op, event, True, note_pending, lock.stats.pipeline
+            self.cfg, lock.book, lock.call, lock.request_op, event, _pops(self), note_pending, lock.stats.pipeline
         )
         sched.whole_prefill, sched.zeroing_skip, sched.drain_zeroing = (
             old.whole_prefill, old.zeroing_skip, old.drain_zeroing
