@@ -35,19 +35,30 @@ class StepChecks(LoadChecks):
             i = state_read_index(kind, entry.start)
             if i is not None and i < len(table) and table[i]:
                 step.uses.setdefault(table[i], f"request {entry.rid} reads its state at {entry.start} tokens")
-            if kind.num_speculative_blocks and entry.drafts:
-                rows = draft_row_writes(kind, entry.start, entry.end)
-                writes = [(table[i], n) for i, n in rows if i < len(table) and table[i]]
-            else:
-                writes = self._state_blocks(kind, table, entry.start, entry.end, step=True)
-            for b, n in writes:
-                step.uses.setdefault(b, f"request {entry.rid} writes its state at {n} tokens")
+            writes, checkpoint = self._step_state_writes(kind, entry)
+            for i, n in [*writes, *([checkpoint] if checkpoint else [])]:
+                if i < len(table) and table[i]:
+                    step.uses.setdefault(table[i], f"request {entry.rid} writes its state at {n} tokens")
         verb = "writes" if entry.encoder_write else "reads"
         for g in self.cross:
             bs, table = self.contents.block_size(g), entry.tables[g]
             for e in range(entry.encoder):
                 if e // bs < len(table) and table[e // bs]:
                     step.uses.setdefault(table[e // bs], f"request {entry.rid} {verb} encoder position {e}")
+
+    def _step_state_writes(
+        self, kind: Mamba, entry: StepEntry
+    ) -> tuple[list[tuple[int, int]], tuple[int, int] | None]:
+        """The table entries a step writes states into in a Mamba group, each with the
+        length whose state it gets, and the prefill checkpoint it writes (or None): a
+        row with draft tokens in a group with speculative blocks writes the state after
+        each token (:func:`kvref.content_states.draft_row_writes`) and no checkpoint;
+        any other row writes its mode's states."""
+        if entry.end <= entry.start:
+            return [], None
+        if kind.num_speculative_blocks and entry.drafts:
+            return draft_row_writes(kind, entry.start, entry.end), None
+        return state_writes(kind, entry.start, entry.end), self._checkpoint(kind, entry.start, entry.end)
 
     def _execute(self, step: Step, entry: StepEntry) -> None:
         """The device runs ``entry``: writes, then the reads (checked)."""
@@ -126,18 +137,15 @@ class StepChecks(LoadChecks):
             self._loading(b, f"{where} reads its state at {entry.start} tokens in it")
             what = f"{where} reads block {b} (group {g}) for the state at {entry.start} tokens"
             self._compare_state(b, g, want[entry.start - 1], what, entry.start)
-        optional: list[tuple[int, int]] = []
-        if spec and entry.drafts:
-            writes = draft_row_writes(kind, entry.start, entry.end)
-        else:
+        writes, checkpoint = self._step_state_writes(kind, entry)
+        if not (spec and entry.drafts):
             first = (entry.end - 1) // kind.block_size
             for b in table[first + 1 : first + 1 + kind.num_speculative_blocks] if kind.mode == "align" else ():
                 if b:
                     self.scratch[b] = (g, entry.rid, entry.end, self.contents.writes)
-            checkpoint = self._checkpoint(kind, entry.start, entry.end)
-            optional = [checkpoint] if checkpoint and checkpoint[0] < len(table) and table[checkpoint[0]] else []
-            self.counts["checkpoint states written"] += len(optional)
-            writes = [*optional, *state_writes(kind, entry.start, entry.end)]
+        optional = [checkpoint] if checkpoint and checkpoint[0] < len(table) and table[checkpoint[0]] else []
+        self.counts["checkpoint states written"] += len(optional)
+        writes = [*optional, *writes]
         for i, n in writes:
             if spec and i < len(table) and not table[i] and self._rolled_back_below(entry, kind, i):
                 raise SafetyViolation(
