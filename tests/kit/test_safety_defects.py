@@ -82,6 +82,23 @@ def test_the_minimal_trace_shows_its_defect(defect: str, engine: str, monkeypatc
     assert registered(violation.defect, violation.oracle, trace.config.profile.release) is DEFECTS[defect]
 
 
+SAFETY_TRACES = sorted((ROOT / "traces").glob("vllm-*/safety/*.jsonl"))
+"""Every committed safety trace: each registry entry's minimal trace, and the same history under
+an older release where that release lacks some of the trace's operations or arguments."""
+
+
+@pytest.mark.parametrize("path", SAFETY_TRACES, ids=lambda p: f"{p.parent.parent.name}/{p.stem}")
+def test_every_safety_trace_shows_its_defect_under_its_release(path: Path) -> None:
+    """kvspec and kvimpl, under the trace's own release, meet the defect its header names at
+    its step; the defect applies to that release."""
+    trace = load(path)
+    defect = trace.meta["safety_defect"]
+    assert path.stem == defect and DEFECTS[defect].applies_to(trace.config.profile.release)
+    for target in ("spec", "impl"):
+        found = safety_replay(trace, load_factory(target)(trace.config))
+        assert found is not None and (found[0], found[1].defect) == (trace.meta["safety_step"], defect), target
+
+
 AFTER_FIXES = [
     (defect, release)
     for defect in FIXED
