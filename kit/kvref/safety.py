@@ -44,6 +44,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from kvref.adapters import KVCacheAdapter
+from kvref.content import read_span
 from kvref.content_states import state_hit_index
 from kvref.divergences import release_key
 from kvref.ops import REQUEST_OPS, STEP_EVENTS, ZEROING_RANGE, RequestBook, execute
@@ -223,6 +224,8 @@ class SafetyMonitor(StepChecks):
         want = self.prefixes.of(req, num_tokens)
         self.counts["hits checked"] += 1
         pending = self._pending_writes()
+        if not lagging:
+            self._note_windowless(rid, blocks, num_tokens)
         for g in self.checked:
             bs = self.contents.block_size(g)
             for i, b in enumerate(blocks[g]):
@@ -240,6 +243,16 @@ class SafetyMonitor(StepChecks):
             self._loading(b, f"request {rid}'s hit reads it")
             what = f"request {rid} hit block {b} (group {g}) for the state at {n} tokens"
             self._compare_state(b, g, want[n - 1], what, n)
+
+    def _note_windowless(self, rid: str, blocks: Sequence[Sequence[int]], num_tokens: int) -> None:
+        """Remember the null entries a hit of ``num_tokens`` for ``rid`` has inside
+        the window of its end (:attr:`windowless`; they replace the request's earlier ones)."""
+        self.windowless = {k: n for k, n in self.windowless.items() if k[0] != rid}
+        for g in self.checked:
+            bs = self.contents.block_size(g)
+            for p in range(read_span(self.kinds[g], num_tokens, num_tokens).start, num_tokens):
+                if p // bs < len(blocks[g]) and blocks[g][p // bs] == 0:
+                    self.windowless[(rid, g, p // bs)] = num_tokens
 
     def _allocated(self, op: Json, out: list[list[int]], view: KVView) -> None:
         rid = op["rid"]
@@ -259,6 +272,9 @@ class SafetyMonitor(StepChecks):
         local = req.num_computed_tokens + op.get("num_new_computed_tokens", 0)
         external = op.get("num_external_computed_tokens", 0)
         new = op["num_new_tokens"]
+        hits = op.get("new_computed_blocks")
+        if hits and op.get("num_new_computed_tokens", 0):  # the hit the scheduler hands over is the one used
+            self._note_windowless(rid, hits, local)
         # without the pipeline a step runs at its allocation, unless it waits for its copies (the
         # copies run first, then its synchronous load, as on the device; see _copies_may_follow)
         defer = not self.pipelined and new > 0 and (self.deferred or self._copies_may_follow(op))

@@ -237,6 +237,10 @@ class MonitorState:
         it meets :data:`kvref.safety_defects.MAMBA_FAILED_LOAD` (:meth:`_failed_state`)."""
         self.freed: set[str] = set()
         """Requests freed since their latest allocation: the next one starts a new table."""
+        self.windowless: dict[tuple[str, int, int], int] = {}
+        """Null entries a request's latest hit returned inside the window of its end: (request, group,
+        table index) -> the hit's length. A step that reads one meets
+        :data:`kvref.safety_defects.SWA_EAGLE_WINDOW_LOST`."""
         self.unfenced: dict[int, int] = {}
         """Blocks of a request freed at once (``free``, no deferred free) while a step in flight still
         used them: block -> the last such step, kept until its output is processed. A connector load

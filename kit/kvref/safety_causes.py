@@ -22,6 +22,7 @@ from kvref.safety_defects import (
     FAILED_LOAD_WINDOW,
     MAMBA_ALIGN_MIDBLOCK,
     MAMBA_FAILED_LOAD,
+    SWA_EAGLE_WINDOW_LOST,
     WITHDRAWN_STEP,
 )
 from kvspec.config import Mamba
@@ -97,6 +98,14 @@ class MonitorCauses(MonitorState):
                     f"past {failed[1]} tokens and the recomputation from there reads it",
                     defect=FAILED_LOAD_WINDOW,
                 )
+            windowless = None if at is None else self.windowless.get((*at, index))
+            if windowless is not None:
+                raise SafetyViolation(
+                    "content",
+                    f"{what}: the table holds the null block there, which the request's hit of {windowless} tokens "
+                    "returned inside the window of its end",
+                    defect=SWA_EAGLE_WINDOW_LOST,
+                )
             raise SafetyViolation("content", f"{what}: the table holds the null block there")
         return table[index]
 
@@ -127,8 +136,12 @@ class MonitorCauses(MonitorState):
                 if p // bs < len(table) and table[p // bs]:
                     self.withdrawn[table[p // bs]] = mark
         for g in self.mamba:
-            for b, _ in self._state_blocks(self._mamba(g), entry.tables[g], entry.start, entry.end, step=True):
+            kind = self._mamba(g)
+            for b, _ in self._state_blocks(kind, entry.tables[g], entry.start, entry.end, step=True):
                 self.withdrawn[b] = mark
+            # a chunk that starts inside a block leaves it behind whether or not it runs: its allocation
+            # caches the block as the state at its end all the same
+            self._stale(kind, g, entry.tables[g], entry.start, entry.end, entry.rid)
 
     def _withdrawn_cause(self, b: int, g: int, slot: int) -> tuple[str | None, str]:
         """:data:`kvref.safety_defects.WITHDRAWN_STEP` and the words that say why,

@@ -34,7 +34,10 @@ as the state at the block's end before anything wrote it or handed it out
 anew; for :data:`MAMBA_REJECTED_NULL`, a Mamba state written into a null
 entry below the running entry of the furthest step the request was
 allocated for, once drafts of it were rejected
-(:attr:`kvref.safety.SafetyMonitor.rolled_back`).
+(:attr:`kvref.safety.SafetyMonitor.rolled_back`); for
+:data:`SWA_EAGLE_WINDOW_LOST`, a null entry a step reads that the request's
+latest hit returned null inside the window of its end
+(:attr:`kvref.safety.SafetyMonitor.windowless`).
 :func:`registered` then checks that the entry applies to the run's release;
 the lockstep counts the run as meeting a known defect and stops it
 (``kvref check`` lists it among the known divergences as ``safety defect
@@ -94,6 +97,12 @@ while the request's previous step with draft tokens was in flight counts those d
 allocation drops the block below the new running one; the drafts are rejected, the step runs that many
 positions lower, and its running state falls in the dropped entry, the null block (which every null
 entry shares). Not reported upstream when found."""
+SWA_EAGLE_WINDOW_LOST = "swa-eagle-window-lost"
+"""vLLM 0.19.1 only (the known divergence of the same name, docs/divergences.md): a sliding-window group's
+hit under EAGLE keeps its length but loses a block inside the window of its end, which is null in the hit;
+the step that continues the request reads the null block as that position's KV
+(:attr:`kvref.safety.SafetyMonitor.windowless`). kvspec returns the window's blocks, so only vLLM 0.19.1's
+own hit (or a trace that hands it to an engine) shows it."""
 WITHDRAWN_STEP = "withdrawn-step-cached"
 """vLLM#43569 (an open pull request): ``allocate_slots`` caches the full blocks of the tokens the step is
 to compute before the step runs; under priority scheduling a request scheduled earlier in a pass is taken
