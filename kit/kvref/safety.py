@@ -206,6 +206,8 @@ class SafetyMonitor(StepChecks):
         for mark in self.withdrawals:  # the steps dispatched before a withdrawal come before it
             if mark.after <= step.number:
                 mark.clock, mark.after = self.contents.writes, 0
+                if mark.entry is not None:
+                    self._left_behind(mark.entry)
         self.withdrawals = [mark for mark in self.withdrawals if mark.after]
         for rid, n in (shifts or {}).items():
             for later in (*self.in_flight, self.open):

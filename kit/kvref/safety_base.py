@@ -95,6 +95,9 @@ class Withdrawal:
     after: int
     """The last step in flight at the withdrawal (0 once it has run: the steps dispatched before the
     withdrawal write first, so :attr:`clock` moves past their writes then)."""
+    entry: StepEntry | None = None
+    """The withdrawn step, while the steps in flight at the withdrawal have not run: the Mamba block
+    it leaves behind (:meth:`kvref.safety_causes.MonitorCauses._stale`) is known once they have."""
 
 
 @dataclass

@@ -127,7 +127,7 @@ class MonitorCauses(MonitorState):
         self.counts["steps withdrawn"] += 1
         self.contents.writes += 1
         after = self.in_flight[-1].number if self.in_flight else 0
-        mark = Withdrawal(entry.rid, entry.start, entry.end, self.contents.writes, after)
+        mark = Withdrawal(entry.rid, entry.start, entry.end, self.contents.writes, after, entry if after else None)
         if after:
             self.withdrawals.append(mark)
         for g in self.checked:
@@ -136,12 +136,17 @@ class MonitorCauses(MonitorState):
                 if p // bs < len(table) and table[p // bs]:
                     self.withdrawn[table[p // bs]] = mark
         for g in self.mamba:
-            kind = self._mamba(g)
-            for b, _ in self._state_blocks(kind, entry.tables[g], entry.start, entry.end, step=True):
+            for b, _ in self._state_blocks(self._mamba(g), entry.tables[g], entry.start, entry.end, step=True):
                 self.withdrawn[b] = mark
-            # a chunk that starts inside a block leaves it behind whether or not it runs: its allocation
-            # caches the block as the state at its end all the same
-            self._stale(kind, g, entry.tables[g], entry.start, entry.end, entry.rid)
+        if not after:
+            self._left_behind(entry)
+
+    def _left_behind(self, entry: StepEntry) -> None:
+        """A chunk that starts inside a Mamba block leaves it behind whether or not it runs: its
+        allocation caches the block as the state at its end all the same (:meth:`_stale`, once the
+        steps before it have written the block)."""
+        for g in self.mamba:
+            self._stale(self._mamba(g), g, entry.tables[g], entry.start, entry.end, entry.rid)
 
     def _withdrawn_cause(self, b: int, g: int, slot: int) -> tuple[str | None, str]:
         """:data:`kvref.safety_defects.WITHDRAWN_STEP` and the words that say why,

@@ -274,13 +274,18 @@ def test_a_chunk_past_the_block_end_caches_the_state_at_its_start_before_the_fix
 
 
 @pytest.mark.parametrize("engine", ["spec", "impl"])
-def test_a_chunk_past_the_block_end_taken_back_out_of_its_pass_still_leaves_the_block_behind(engine: str) -> None:
+@pytest.mark.parametrize("name", ["withdrawn-midblock-chunk", "withdrawn-midblock-chunk-under-a-step"])
+def test_a_chunk_past_the_block_end_taken_back_out_of_its_pass_still_leaves_the_block_behind(
+    engine: str, name: str
+) -> None:
     """Real vLLM 0.24.0 alone at the safety level (the whole catalogue, `--async-scheduling`, seed 1,
     shrunk): a Mamba align chunk of positions 3-4 starts inside the block of positions 2-3, and its
     request is preempted before the chunk is dispatched. The allocation has already cached that block
     as the state at 4 tokens, which holds the state at 3 (the previous step's). The chunk never runs,
-    yet the block is left behind as when it runs: the monitor names the defect, not a bare violation."""
-    trace = load(Path(__file__).with_name("safety_traces") / "withdrawn-midblock-chunk.jsonl")
+    yet the block is left behind as when it runs: the monitor names the defect, not a bare violation.
+    In the second history the previous step is still in flight at the preemption and writes the
+    block after it."""
+    trace = load(Path(__file__).with_name("safety_traces") / f"{name}.jsonl")
     found = safety_replay(trace, load_factory(engine)(trace.config))
     assert found is not None and found[1].defect == MAMBA_ALIGN_MIDBLOCK, found
     assert "chunk of positions 3-4 started inside the block" in str(found[1])
