@@ -252,9 +252,10 @@ class SafetyMonitor(StepChecks):
         self.windowless = {k: n for k, n in self.windowless.items() if k[0] != rid}
         for g in self.checked:
             bs = self.contents.block_size(g)
-            for p in range(read_span(self.kinds[g], num_tokens, num_tokens).start, num_tokens):
-                if p // bs < len(blocks[g]) and blocks[g][p // bs] == 0:
-                    self.windowless[(rid, g, p // bs)] = num_tokens
+            first = read_span(self.kinds[g], num_tokens, num_tokens).start // bs
+            for i in range(first, min(len(blocks[g]), (num_tokens + bs - 1) // bs)):  # the window's blocks
+                if blocks[g][i] == 0:
+                    self.windowless[(rid, g, i)] = num_tokens
 
     def _allocated(self, op: Json, out: list[list[int]], view: KVView) -> None:
         rid = op["rid"]
